@@ -1,0 +1,64 @@
+# hvd_gradq on Debian 12 (bookworm): the same one-command set-up as on a bare machine,
+# scripts/setup.sh (Open MPI, .venv/, torch CPU, tensorflow-cpu, Horovod built from its sdist
+# with the C++17 fixes, `pip install -e .`).
+#
+#   docker build -t hvd_gradq .
+#   docker run --rm --shm-size=1g hvd_gradq                 # runs scripts/test.sh
+#
+# Offline torch: wheels put in .docker-wheels/ of the build context (scripts/docker_check.sh
+# does this) are offered to setup.sh as /opt/wheels during the set-up step only, and never land
+# in a layer of the image; without them setup.sh takes torch from the PyTorch CPU index.
+
+# The build context as COPY sees it (.dockerignore applied); bind-mounted by the set-up step.
+FROM debian:bookworm-slim AS src
+COPY . /ctx
+
+FROM debian:bookworm-slim
+
+# Must equal the pins in scripts/setup.sh (tests/unit/test_dockerfile.py checks this).
+ARG HOROVOD_VERSION=0.28.1
+ARG TORCH_VERSION=2.13.0
+ARG TF_VERSION=2.15.1
+
+SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
+
+LABEL org.opencontainers.image.title="hvd_gradq" \
+      org.opencontainers.image.description="Horovod gradient-compression plugin: Horovod ${HOROVOD_VERSION}, torch ${TORCH_VERSION} (CPU), tensorflow-cpu ${TF_VERSION}, Open MPI, Gloo"
+
+# Only what setup.sh needs before it can run; it installs Open MPI, cmake, g++ etc. itself.
+# DL3008 (pin apt versions) is ignored: the packages come from the bookworm suite itself; exact
+# Debian revisions disappear from the mirror with each point/security release and break the build.
+# hadolint ignore=DL3008
+RUN apt-get update \
+ && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
+      ca-certificates python3 python3-venv python3-dev \
+ && rm -rf /var/lib/apt/lists/*
+
+ENV OMPI_ALLOW_RUN_AS_ROOT=1 \
+    OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    PATH=/opt/hvd_gradq/.venv/bin:$PATH
+
+WORKDIR /opt/hvd_gradq
+
+# The repository is copied from the bind-mounted context minus .docker-wheels/, whose wheels
+# are only lent to setup.sh.
+# setup.sh pins the versions itself, so a --build-arg that differs from them fails loudly here
+# rather than being silently ignored. Caches (pip's, setup.sh's Horovod wheel) live in /tmp for
+# this step only.
+RUN --mount=type=bind,from=src,source=/ctx,target=/ctx \
+    tar -C /ctx --exclude=./.docker-wheels -cf - . | tar -C /opt/hvd_gradq -xf - \
+ && for pin in "HOROVOD_VERSION=${HOROVOD_VERSION}" "TORCH_VERSION=${TORCH_VERSION}" \
+                "TF_VERSION=${TF_VERSION}"; do \
+      grep -qx "${pin}" scripts/setup.sh \
+        || { echo "Dockerfile ARG ${pin} differs from scripts/setup.sh" >&2; exit 1; }; \
+    done \
+ && if [ -n "$(find /ctx/.docker-wheels -maxdepth 1 -name '*.whl' 2>/dev/null)" ]; then \
+      mkdir -p /opt/wheels && cp /ctx/.docker-wheels/*.whl /opt/wheels/; \
+    fi \
+ && PIP_NO_CACHE_DIR=1 HVD_GRADQ_CACHE=/tmp/hvd_gradq-cache bash scripts/setup.sh \
+ && rm -rf /opt/wheels /tmp/hvd_gradq-cache /root/.cache /var/lib/apt/lists/*
+
+RUN horovodrun --check-build
+
+CMD ["bash", "scripts/test.sh"]

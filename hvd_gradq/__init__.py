@@ -1,0 +1,31 @@
+"""hvd_gradq: gradient quantization for Horovod, real on the wire.
+
+Framework-free front (NumPy)::
+
+    import hvd_gradq
+    p = hvd_gradq.quantize(grad, "orq:levels=5", seed=0)
+    p.nbytes                      # bytes that would cross the wire
+    g = hvd_gradq.dequantize(p)   # same shape and dtype as grad
+    hvd_gradq.Payload.from_bytes(p.to_bytes())
+
+Frontends: ``hvd_gradq.torch`` and ``hvd_gradq.tensorflow`` (imported on demand, so this
+package imports without either framework).
+"""
+from .api import dequantize, quantize
+from .errors import GradqError, NonFiniteError, PayloadError, RankMismatchError, SpecError
+from .payload import Payload
+from .spec import names, parse
+
+__version__ = "0.1.0"
+__all__ = [
+    "GradqError",
+    "NonFiniteError",
+    "Payload",
+    "PayloadError",
+    "RankMismatchError",
+    "SpecError",
+    "dequantize",
+    "names",
+    "parse",
+    "quantize",
+]

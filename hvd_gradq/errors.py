@@ -1,0 +1,22 @@
+"""The one error type users catch: every bad input raises a subclass of ``ValueError``."""
+from __future__ import annotations
+
+
+class GradqError(ValueError):
+    """Bad input to hvd_gradq: the message says what was wrong and what is valid."""
+
+
+class SpecError(GradqError):
+    """A scheme name, parameter or value that cannot be used."""
+
+
+class PayloadError(GradqError):
+    """Bytes that are not a valid hvd_gradq payload (truncated, corrupt, wrong version)."""
+
+
+class NonFiniteError(GradqError):
+    """A gradient held NaN or Inf and the compressor was told to raise (``nonfinite=raise``)."""
+
+
+class RankMismatchError(GradqError):
+    """Ranks disagree on the compression configuration."""

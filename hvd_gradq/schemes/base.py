@@ -1,0 +1,286 @@
+"""What every scheme is, and the shared bucketed level-quantization pipeline.
+
+A *level scheme* maps each bucket of ``bucket`` elements onto a sorted table of ``symbols``
+values (its levels) described by a few floats (its ``meta``: min/max, a norm, or the levels
+themselves), then sends one code a element, base-s packed. Subclasses write only what is
+theirs: how ``meta`` is chosen from a bucket, how the table follows from ``meta``, and whether
+rounding is nearest (biased) or stochastic between neighbours (unbiased inside the table's
+range). Everything runs on the :class:`~hvd_gradq.xp.Ops` namespace given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import numpy as np
+
+from ..errors import SpecError
+from ..packing import layout, pack, unpack
+from ..xp import Array, Ops, tree_sum, uniforms
+
+
+class Combine(enum.Enum):
+    """How payloads of several workers may be combined."""
+
+    GATHER = "gather"  # every worker's payload is gathered and decoded, then summed
+    SUMMABLE = "summable"  # given a shared scale (a max-allreduce of ``shared_stats``), codes add
+
+
+class NonFinite(enum.Enum):
+    RAISE = "raise"
+    SKIP = "skip"
+    PROPAGATE = "propagate"
+
+
+class Scales(enum.Enum):
+    FP32 = "fp32"
+    FP16 = "fp16"
+
+
+def param(default: Any, kind: Any, doc: str = "") -> Any:
+    """A scheme parameter: its default, its kind (int, float, bool or an Enum) and a doc line."""
+    return field(default=default, metadata={"kind": kind, "doc": doc})
+
+
+@dataclass(frozen=True)
+class Section:
+    """One part of a payload on the wire."""
+
+    name: str
+    dtype: str  # numpy dtype name of the wire representation
+    count: int  # elements
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.dtype(self.dtype).itemsize) * self.count
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scheme:
+    """Base of all schemes. Parameters common to every scheme live here."""
+
+    name: ClassVar[str] = "?"
+    combine: ClassVar[Combine] = Combine.GATHER
+    unbiased: ClassVar[bool] = False
+    stochastic: ClassVar[bool] = False
+    bucket: int = param(512, int, "elements per bucket")
+    ef: bool = param(False, bool, "error feedback: e <- p - decode(Q(p)), p = g + e")
+    nonfinite: NonFinite = param(NonFinite.RAISE, NonFinite, "raise | skip | propagate")
+
+    def __post_init__(self) -> None:
+        if self.bucket <= 0:
+            raise SpecError(f"{self.name}: bucket={self.bucket} must be a positive integer (default 512)")
+        if self.bucket > 1 << 24:
+            raise SpecError(f"{self.name}: bucket={self.bucket} is too large; valid: 1 .. 2**24")
+
+    # -- identity -----------------------------------------------------------------------
+    @property
+    def spec(self) -> str:
+        from ..spec import to_spec
+
+        return to_spec(self)
+
+    def __str__(self) -> str:
+        return self.spec
+
+    def replace(self, **changes: Any) -> Scheme:
+        from ..spec import build
+
+        params = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        params.update(changes)
+        return build(self.name, **params)
+
+    # -- the wire ---------------------------------------------------------------------------
+    def sections(self, n: int) -> list[Section]:
+        """The payload's sections for a tensor of ``n`` elements, with exact sizes."""
+        raise NotImplementedError
+
+    def encode(self, ops: Ops, x: Array, seed: int) -> dict[str, Array]:
+        """Quantize a flat float32 array into wire sections (arrays of their section dtypes)."""
+        raise NotImplementedError
+
+    def decode(self, ops: Ops, parts: dict[str, Array], n: int) -> Array:
+        """Sections -> the flat float32 estimate of the input."""
+        raise NotImplementedError
+
+    def code_bits(self, n: int) -> float:
+        """Theoretical bits on the wire for ``n`` elements (entropy-free: log2 of the alphabet)."""
+        raise NotImplementedError
+
+    def nbytes(self, n: int) -> int:
+        return sum(s.nbytes for s in self.sections(n))
+
+
+def bucket_rows(n: int, d: int) -> list[tuple[int, int, int]]:
+    """[(start, rows, width)]: full buckets as one block, then the short tail bucket, if any."""
+    out = []
+    full = n // d
+    if full:
+        out.append((0, full, d))
+    if n % d:
+        out.append((full * d, 1, n % d))
+    return out
+
+
+@dataclass(frozen=True, kw_only=True)
+class LevelScheme(Scheme):
+    """A scheme that quantizes each bucket onto a sorted table of levels."""
+
+    clip: float = param(0.0, float, "clip each bucket to mean +- clip*std before levels are chosen (0: off)")
+    scales: Scales = param(Scales.FP32, Scales, "wire precision of per-bucket levels/scales")
+
+    meta_width: ClassVar[int] = 1
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if self.clip < 0:
+            raise SpecError(f"{self.name}: clip={self.clip} must be >= 0 (standard deviations; 0 turns it off)")
+
+    @property
+    def symbols(self) -> int:
+        raise NotImplementedError
+
+    @property
+    def draws(self) -> bool:
+        """Whether rounding is stochastic (needs uniform draws) rather than nearest."""
+        return self.stochastic
+
+    # --- what subclasses write ---------------------------------------------------------------
+    def choose(self, ops: Ops, x: Array) -> Array:
+        """Per-bucket ``meta`` (rows, meta_width) from buckets ``x`` (rows, width)."""
+        raise NotImplementedError
+
+    def table(self, ops: Ops, meta: Array) -> Array:
+        """Sorted levels (rows, symbols) from ``meta``."""
+        raise NotImplementedError
+
+    def locate(self, ops: Ops, x: Array, table: Array) -> Array:
+        """Index j of the interval [t_j, t_j+1] holding each x, in [0, symbols-2]."""
+        s = self.symbols
+        j = ops.zeros(ops.shape(x), "int64")
+        for k in range(1, s - 1):
+            j = j + ops.i64(x >= table[:, k : k + 1])
+        return j
+
+    # --- the shared pipeline ----------------------------------------------------------------
+    def sections(self, n: int) -> list[Section]:
+        nb = -(-n // self.bucket)
+        return [
+            Section("meta", "float32" if self.scales is Scales.FP32 else "float16", nb * self.meta_width),
+            Section("codes", "uint8", layout(self.symbols).nbytes(n)),
+        ]
+
+    def code_bits(self, n: int) -> float:
+        nb = -(-n // self.bucket)
+        mb = 32 if self.scales is Scales.FP32 else 16
+        return n * float(np.log2(self.symbols)) + nb * self.meta_width * mb
+
+    def clip_rows(self, ops: Ops, x: Array) -> Array:
+        if self.clip <= 0:
+            return x
+        w = ops.shape(x)[1]
+        inv = np.float32(1.0 / w)
+        mean = tree_sum(ops, x) * inv
+        dev = x - mean
+        std = ops.sqrt(tree_sum(ops, dev * dev) * inv)
+        c = np.float32(self.clip)
+        return ops.clip(x, mean - c * std, mean + c * std)
+
+    def round_meta(self, ops: Ops, meta: Array) -> Array:
+        """Meta as the receiver will see it, so codes are chosen against the levels decoded."""
+        if self.scales is Scales.FP16:
+            return ops.f32(ops.to_f16(meta))
+        return meta
+
+    def assign(self, ops: Ops, x: Array, table: Array, u: Array | None) -> Array:
+        """Codes for buckets ``x`` against ``table``: nearest, or stochastic given draws ``u``."""
+        j = self.locate(ops, x, table)
+        lo = ops.take_along(table, j)
+        hi = ops.take_along(table, j + 1)
+        gap = hi - lo
+        pos = gap > 0
+        p = ops.where(pos, (x - lo) / ops.where(pos, gap, ops.full((1, 1), 1.0)), ops.full((1, 1), 0.0))
+        if u is None:
+            up = p >= np.float32(0.5)
+        else:
+            up = u < p
+        return j + ops.i64(up)
+
+    def encode_rows(self, ops: Ops, x: Array, seed: int, start: int) -> tuple[Array, Array]:
+        """(meta, codes) of buckets ``x`` (rows, width) whose first element is ``start``."""
+        rows, w = ops.shape(x)
+        xc = self.clip_rows(ops, x)
+        meta = self.round_meta(ops, self.choose(ops, xc))
+        table = self.table(ops, meta)
+        u = None
+        if self.draws:
+            u = ops.reshape(uniforms(ops, seed, start, rows * w), (rows, w))
+        codes = self.assign(ops, xc, table, u)
+        return meta, codes
+
+    def encode(self, ops: Ops, x: Array, seed: int) -> dict[str, Array]:
+        n = ops.shape(x)[0]
+        metas, codes = [], []
+        for start, rows, w in bucket_rows(n, self.bucket):
+            xb = ops.reshape(x[start : start + rows * w], (rows, w))
+            m, c = self.encode_rows(ops, xb, seed, start)
+            metas.append(m)
+            codes.append(ops.reshape(c, (rows * w,)))
+        if not metas:
+            return {"meta": ops.zeros((0,), "float32"), "codes": ops.zeros((0,), "int64")}
+        meta = ops.reshape(ops.concat(metas, 0), (-1,))
+        code = ops.concat(codes, 0) if len(codes) > 1 else codes[0]
+        return {"meta": meta, "codes": pack(ops, code, self.symbols)}
+
+    def decode(self, ops: Ops, parts: dict[str, Array], n: int) -> Array:
+        codes = unpack(ops, parts["codes"], self.symbols, n)
+        meta = ops.reshape(ops.f32(parts["meta"]), (-1, self.meta_width))
+        out = []
+        b = 0
+        for start, rows, w in bucket_rows(n, self.bucket):
+            table = self.table(ops, meta[b : b + rows])
+            c = ops.reshape(codes[start : start + rows * w], (rows, w))
+            out.append(ops.reshape(ops.take_along(table, c), (rows * w,)))
+            b += rows
+        if not out:
+            return ops.zeros((0,), "float32")
+        return ops.concat(out, 0) if len(out) > 1 else out[0]
+
+
+@dataclass(frozen=True, kw_only=True)
+class EvenLevelScheme(LevelScheme):
+    """Levels evenly spaced, t_k = lo + k*step: the interval is found arithmetically, and
+    codes of several workers that share (lo, step) add up (the summable pattern)."""
+
+    combine: ClassVar[Combine] = Combine.SUMMABLE
+
+    def affine(self, ops: Ops, meta: Array) -> tuple[Array, Array]:
+        """(lo, step) per bucket, shapes (rows, 1)."""
+        raise NotImplementedError
+
+    def table(self, ops: Ops, meta: Array) -> Array:
+        lo, step = self.affine(ops, meta)
+        k = ops.f32(ops.reshape(ops.arange(self.symbols), (1, self.symbols)))
+        return lo + step * k
+
+    def locate(self, ops: Ops, x: Array, table: Array) -> Array:
+        lo = table[:, :1]
+        step = table[:, 1:2] - lo
+        pos = step > 0
+        q = ops.where(pos, (x - lo) / ops.where(pos, step, ops.full((1, 1), 1.0)), ops.full((1, 1), 0.0))
+        j = ops.i64(ops.floor(q))
+        return ops.clip(
+            j, ops.i64(ops.zeros((1, 1), "int64")), ops.i64(ops.zeros((1, 1), "int64") + (self.symbols - 2))
+        )
+
+    # -- the summable pattern: a shared scale agreed by a max-allreduce of shared_stats -------
+    def shared_stats(self, ops: Ops, x: Array) -> Array:
+        """Per-bucket statistics (rows, k) whose elementwise max over workers fixes the shared
+        table; :meth:`meta_from_stats` turns the reduced statistics into ``meta``."""
+        raise NotImplementedError
+
+    def meta_from_stats(self, ops: Ops, stats: Array) -> Array:
+        raise NotImplementedError

@@ -1,0 +1,55 @@
+"""QSGD (Alistarh et al., NeurIPS 2017): unbiased stochastic rounding of each element onto
+``levels`` evenly spaced magnitudes of the bucket's norm, with its sign: 2*levels+1 symbols.
+
+``norm=max`` (default) scales by max|x| of the bucket, the variant practitioners use;
+``norm=l2`` is the paper's ||v||_2, whose grid is much coarser (see NOTES: 14x the variance)."""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from ..errors import SpecError
+from ..spec import register
+from ..xp import Array, Ops, tree_sum
+from .base import EvenLevelScheme, param
+
+
+class Norm(enum.Enum):
+    MAX = "max"
+    L2 = "l2"
+
+
+@register("qsgd")
+@dataclass(frozen=True, kw_only=True)
+class QSGD(EvenLevelScheme):
+    unbiased: ClassVar[bool] = True
+    stochastic: ClassVar[bool] = True
+    levels: int = param(4, int, "magnitude levels q (2q+1 symbols), >= 1")
+    norm: Norm = param(Norm.MAX, Norm, "max | l2")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 1 <= self.levels <= 1 << 15:
+            raise SpecError(f"qsgd: levels={self.levels} is not valid; valid: 1 .. 32768")
+
+    @property
+    def symbols(self) -> int:
+        return 2 * self.levels + 1
+
+    def choose(self, ops: Ops, x: Array) -> Array:
+        if self.norm is Norm.MAX:
+            return ops.amax(ops.abs(x), 1)
+        return ops.sqrt(tree_sum(ops, x * x))
+
+    def affine(self, ops: Ops, meta: Array) -> tuple[Array, Array]:
+        step = meta * np.float32(1.0 / self.levels)
+        return -meta, step
+
+    def shared_stats(self, ops: Ops, x: Array) -> Array:
+        return self.choose(ops, x)
+
+    def meta_from_stats(self, ops: Ops, stats: Array) -> Array:
+        return stats

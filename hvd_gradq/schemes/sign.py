@@ -1,0 +1,32 @@
+"""Scaled sign (signSGD, Bernstein et al. 2018; EF-signSGD, Karimireddy et al. 2019 with
+``ef=true``): one bit an element and one scale a bucket, the mean |x| (= ||p||_1/d), so the
+decoded bucket keeps the L1 mass. Zero maps to +scale."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..spec import register
+from ..xp import Array, Ops, tree_sum
+from .base import LevelScheme
+
+
+@register("sign")
+@dataclass(frozen=True, kw_only=True)
+class Sign(LevelScheme):
+    @property
+    def symbols(self) -> int:
+        return 2
+
+    def choose(self, ops: Ops, x: Array) -> Array:
+        return tree_sum(ops, ops.abs(x)) * np.float32(1.0 / ops.shape(x)[1])
+
+    def table(self, ops: Ops, meta: Array) -> Array:
+        return ops.concat([-meta, meta], 1)
+
+    def locate(self, ops: Ops, x: Array, table: Array) -> Array:
+        return ops.zeros(ops.shape(x), "int64")
+
+    def assign(self, ops: Ops, x: Array, table: Array, u: Array | None) -> Array:
+        return ops.i64(x >= 0.0)

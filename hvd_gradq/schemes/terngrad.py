@@ -1,0 +1,36 @@
+"""TernGrad (Wen et al., NeurIPS 2017): each element becomes s*sign(g)*Bernoulli(|g|/s), with
+s = max|g| of the bucket after clipping at ``clip`` standard deviations (2.5 by default, as in
+the paper). Unbiased for the clipped gradient; clipping itself adds a bias on outliers, which
+the paper accepts for a much smaller s and variance."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+from ..spec import register
+from ..xp import Array, Ops
+from .base import EvenLevelScheme, param
+
+
+@register("terngrad")
+@dataclass(frozen=True, kw_only=True)
+class TernGrad(EvenLevelScheme):
+    unbiased: ClassVar[bool] = True
+    stochastic: ClassVar[bool] = True
+    clip: float = param(2.5, float, "clip at mean +- clip*std before s is taken (0: off)")
+
+    @property
+    def symbols(self) -> int:
+        return 3
+
+    def choose(self, ops: Ops, x: Array) -> Array:
+        return ops.amax(ops.abs(x), 1)
+
+    def affine(self, ops: Ops, meta: Array) -> tuple[Array, Array]:
+        return -meta, meta
+
+    def shared_stats(self, ops: Ops, x: Array) -> Array:
+        return self.choose(ops, x)
+
+    def meta_from_stats(self, ops: Ops, stats: Array) -> Array:
+        return stats

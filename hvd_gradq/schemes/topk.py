@@ -1,0 +1,97 @@
+"""Top-K sparsification (Aji & Heafield 2017; Stich et al. 2018 with error feedback): keep the
+``ratio`` share of elements of largest magnitude. Indices are sent at ceil(log2 n) bits each;
+the kept values are coded by another scheme (``values``: fp16 by default, or any registered
+scheme name with its default parameters, e.g. ``values=orq``). Biased without ``ef``."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import SpecError
+from ..spec import register
+from ..xp import Array, Ops
+from .base import Scheme, Section, param
+
+
+def index_bits(n: int) -> int:
+    return max(1, math.ceil(math.log2(max(n, 2))))
+
+
+def pack_bits(ops: Ops, v: Array, bits: int) -> Array:
+    """Non-negative int64 values < 2**bits -> a bitstream as int64 byte values (LSB first)."""
+    k = ops.shape(v)[0]
+    total = k * bits
+    nbytes = -(-total // 8)
+    shifts = ops.i64(ops.from_numpy(np.left_shift(np.int64(1), np.arange(bits, dtype=np.int64))))
+    bitmat = ops.mod(ops.floordiv_by(ops.reshape(v, (k, 1)), shifts), 2)
+    flat = ops.reshape(bitmat, (total,))
+    pad = nbytes * 8 - total
+    if pad:
+        flat = ops.concat([flat, ops.zeros((pad,), "int64")], 0)
+    weights = ops.i64(ops.from_numpy(np.left_shift(np.int64(1), np.arange(8, dtype=np.int64))))
+    return ops.reshape(ops.sum(ops.reshape(flat, (nbytes, 8)) * weights, 1), (nbytes,))
+
+
+def unpack_bits(ops: Ops, data: Array, bits: int, k: int) -> Array:
+    nbytes = -(-(k * bits) // 8)
+    shifts = ops.i64(ops.from_numpy(np.left_shift(np.int64(1), np.arange(8, dtype=np.int64))))
+    bitmat = ops.mod(ops.floordiv_by(ops.reshape(ops.i64(data), (nbytes, 1)), shifts), 2)
+    flat = ops.reshape(bitmat, (nbytes * 8,))[: k * bits]
+    weights = ops.i64(ops.from_numpy(np.left_shift(np.int64(1), np.arange(bits, dtype=np.int64))))
+    return ops.reshape(ops.sum(ops.reshape(flat, (k, bits)) * weights, 1), (k,))
+
+
+@register("topk")
+@dataclass(frozen=True, kw_only=True)
+class TopK(Scheme):
+    ratio: float = param(0.01, float, "share of elements kept, in (0, 1]")
+    values: str = param("fp16", str, "scheme name coding the kept values (fp16, none, orq, ...)")
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 0.0 < self.ratio <= 1.0:
+            raise SpecError(f"topk: ratio={self.ratio} is not valid; valid: 0 < ratio <= 1")
+        from ..spec import names
+
+        if self.values == "topk" or self.values not in names():
+            valid = [n for n in names() if n != "topk"]
+            raise SpecError(f"topk: values={self.values!r} is not valid; valid: {', '.join(valid)}")
+
+    @property
+    def value_scheme(self) -> Scheme:
+        from ..spec import build
+
+        return build(self.values, bucket=self.bucket)
+
+    def kept(self, n: int) -> int:
+        return min(n, max(1, math.ceil(self.ratio * n))) if n else 0
+
+    def sections(self, n: int) -> list[Section]:
+        k = self.kept(n)
+        vs = self.value_scheme.sections(k)
+        return [Section("indices", "uint8", -(-(k * index_bits(n)) // 8))] + [
+            Section("v_" + s.name, s.dtype, s.count) for s in vs
+        ]
+
+    def code_bits(self, n: int) -> float:
+        k = self.kept(n)
+        return k * index_bits(n) + self.value_scheme.code_bits(k)
+
+    def encode(self, ops: Ops, x: Array, seed: int) -> dict[str, Array]:
+        n = ops.shape(x)[0]
+        k = self.kept(n)
+        idx = ops.topk_abs(x, k)
+        vals = ops.take(x, idx)
+        out = {"indices": pack_bits(ops, idx, index_bits(n))}
+        for name, arr in self.value_scheme.encode(ops, vals, seed).items():
+            out["v_" + name] = arr
+        return out
+
+    def decode(self, ops: Ops, parts: dict[str, Array], n: int) -> Array:
+        k = self.kept(n)
+        idx = unpack_bits(ops, parts["indices"], index_bits(n), k)
+        vparts = {name[2:]: arr for name, arr in parts.items() if name.startswith("v_")}
+        vals = self.value_scheme.decode(ops, vparts, k)
+        return ops.scatter(n, idx, vals)

@@ -1,0 +1,44 @@
+"""Deterministic uniform quantization (INT8, INT4, ...): round-to-nearest on each bucket's
+[min, max] with 2**bits evenly spaced levels. Biased; its error is at most step/2."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import ClassVar
+
+import numpy as np
+
+from ..errors import SpecError
+from ..spec import register
+from ..xp import Array, Ops
+from .base import EvenLevelScheme, param
+
+
+@register("uniform")
+@dataclass(frozen=True, kw_only=True)
+class Uniform(EvenLevelScheme):
+    """``uniform:bits=8``: 2**bits levels from the bucket's min to its max, nearest rounding."""
+
+    bits: int = param(8, int, "bits an element, 1..8")
+    meta_width: ClassVar[int] = 2
+
+    def __post_init__(self) -> None:
+        super().__post_init__()
+        if not 1 <= self.bits <= 8:
+            raise SpecError(f"uniform: bits={self.bits} is not valid; valid: 1 .. 8")
+
+    @property
+    def symbols(self) -> int:
+        return 1 << self.bits
+
+    def choose(self, ops: Ops, x: Array) -> Array:
+        return ops.concat([ops.amin(x, 1), ops.amax(x, 1)], 1)
+
+    def affine(self, ops: Ops, meta: Array) -> tuple[Array, Array]:
+        lo, hi = meta[:, 0:1], meta[:, 1:2]
+        return lo, (hi - lo) * np.float32(1.0 / (self.symbols - 1))
+
+    def shared_stats(self, ops: Ops, x: Array) -> Array:
+        return ops.concat([-ops.amin(x, 1), ops.amax(x, 1)], 1)
+
+    def meta_from_stats(self, ops: Ops, stats: Array) -> Array:
+        return ops.concat([-stats[:, 0:1], stats[:, 1:2]], 1)

@@ -1,0 +1,304 @@
+"""The array namespace the schemes are written against, and the shared random draws.
+
+Each scheme's mathematics is written once against :class:`Ops`, a small set of primitives with
+NumPy names. :data:`NUMPY` is the reference; ``hvd_gradq.torch`` and ``hvd_gradq.tensorflow``
+provide the same primitives over torch tensors and TensorFlow tensors (the latter usable inside
+``tf.function``). All arithmetic is float32 or int64 in the same order in every namespace, so
+the same input and the same draws give bit-identical codes everywhere.
+
+Random draws come from a counter-based hash of (seed, element index), written as int64
+arithmetic on 32-bit values with multipliers below 2**31, so no product overflows int64 and
+every namespace computes the same bits.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any, Protocol
+
+import numpy as np
+from numpy.typing import NDArray
+
+Array = Any  # an array of whichever namespace is in use
+
+MASK32 = 0xFFFFFFFF
+# Odd multipliers below 2**31 (so that a 32-bit value times one fits in int64).
+_M1 = 0x2C1B3C6D
+_M2 = 0x297A2D39
+_M3 = 0x7FEB352D
+
+
+class Ops(Protocol):
+    """Primitives a scheme may use. Shapes follow NumPy broadcasting."""
+
+    name: str
+
+    def f32(self, x: Array) -> Array: ...
+    def i64(self, x: Array) -> Array: ...
+    def f64(self, x: Array) -> Array: ...
+    def flip(self, x: Array) -> Array: ...
+    def scatter(self, n: int, idx: Array, vals: Array) -> Array: ...
+    def asarray_f32(self, x: Sequence[float] | NDArray[Any]) -> Array: ...
+    def arange(self, n: int) -> Array: ...
+    def zeros(self, shape: tuple[int, ...], dtype: str) -> Array: ...
+    def full(self, shape: tuple[int, ...], value: float) -> Array: ...
+    def shape(self, x: Array) -> tuple[int, ...]: ...
+    def reshape(self, x: Array, shape: tuple[int, ...]) -> Array: ...
+    def concat(self, xs: Sequence[Array], axis: int) -> Array: ...
+    def stack(self, xs: Sequence[Array], axis: int) -> Array: ...
+    def amax(self, x: Array, axis: int) -> Array: ...
+    def amin(self, x: Array, axis: int) -> Array: ...
+    def sum(self, x: Array, axis: int) -> Array: ...
+    def cumsum(self, x: Array, axis: int) -> Array: ...
+    def sort(self, x: Array, axis: int) -> Array: ...
+    def argmax(self, x: Array, axis: int) -> Array: ...
+    def take(self, x: Array, idx: Array) -> Array: ...
+    def take_along(self, x: Array, idx: Array) -> Array: ...
+    def abs(self, x: Array) -> Array: ...
+    def sqrt(self, x: Array) -> Array: ...
+    def floor(self, x: Array) -> Array: ...
+    def where(self, c: Array, a: Array, b: Array) -> Array: ...
+    def minimum(self, a: Array, b: Array) -> Array: ...
+    def maximum(self, a: Array, b: Array) -> Array: ...
+    def clip(self, x: Array, lo: Array, hi: Array) -> Array: ...
+    def isfinite_all(self, x: Array) -> bool: ...
+    def shr(self, x: Array, k: int) -> Array: ...
+    def shl(self, x: Array, k: int) -> Array: ...
+    def xor(self, a: Array, b: Array) -> Array: ...
+    def band(self, a: Array, b: int) -> Array: ...
+    def bor(self, a: Array, b: Array) -> Array: ...
+    def floordiv(self, a: Array, b: int) -> Array: ...
+    def mod(self, a: Array, b: int) -> Array: ...
+    def floordiv_by(self, a: Array, b: Array) -> Array: ...
+    def topk_abs(self, x: Array, k: int) -> Array: ...
+    def to_f16(self, x: Array) -> Array: ...
+    def to_numpy(self, x: Array) -> NDArray[Any]: ...
+    def from_numpy(self, x: NDArray[Any]) -> Array: ...
+
+
+class NumpyOps:
+    """The reference namespace."""
+
+    name = "numpy"
+
+    def f32(self, x: Array) -> Array:
+        return np.asarray(x, dtype=np.float32)
+
+    def i64(self, x: Array) -> Array:
+        return np.asarray(x).astype(np.int64, copy=False)
+
+    def f64(self, x: Array) -> Array:
+        return np.asarray(x).astype(np.float64, copy=False)
+
+    def flip(self, x: Array) -> Array:
+        return np.flip(x, axis=-1)
+
+    def scatter(self, n: int, idx: Array, vals: Array) -> Array:
+        out = np.zeros(n, dtype=np.float32)
+        out[idx] = vals
+        return out
+
+    def asarray_f32(self, x: Sequence[float] | NDArray[Any]) -> Array:
+        return np.asarray(x, dtype=np.float32)
+
+    def arange(self, n: int) -> Array:
+        return np.arange(n, dtype=np.int64)
+
+    def zeros(self, shape: tuple[int, ...], dtype: str) -> Array:
+        return np.zeros(shape, dtype=np.dtype(dtype))
+
+    def full(self, shape: tuple[int, ...], value: float) -> Array:
+        return np.full(shape, value, dtype=np.float32)
+
+    def shape(self, x: Array) -> tuple[int, ...]:
+        return tuple(int(s) for s in np.shape(x))
+
+    def reshape(self, x: Array, shape: tuple[int, ...]) -> Array:
+        return np.reshape(x, shape)
+
+    def concat(self, xs: Sequence[Array], axis: int) -> Array:
+        return np.concatenate(list(xs), axis=axis)
+
+    def stack(self, xs: Sequence[Array], axis: int) -> Array:
+        return np.stack(list(xs), axis=axis)
+
+    def amax(self, x: Array, axis: int) -> Array:
+        return np.max(x, axis=axis, keepdims=True)
+
+    def amin(self, x: Array, axis: int) -> Array:
+        return np.min(x, axis=axis, keepdims=True)
+
+    def sum(self, x: Array, axis: int) -> Array:
+        return np.sum(x, axis=axis, keepdims=True)
+
+    def cumsum(self, x: Array, axis: int) -> Array:
+        return np.cumsum(x, axis=axis)
+
+    def sort(self, x: Array, axis: int) -> Array:
+        return np.sort(x, axis=axis)
+
+    def argmax(self, x: Array, axis: int) -> Array:
+        return np.argmax(x, axis=axis)[..., None].astype(np.int64)
+
+    def take(self, x: Array, idx: Array) -> Array:
+        return np.take(x, idx)
+
+    def take_along(self, x: Array, idx: Array) -> Array:
+        return np.take_along_axis(x, idx, axis=-1)
+
+    def abs(self, x: Array) -> Array:
+        return np.abs(x)
+
+    def sqrt(self, x: Array) -> Array:
+        return np.sqrt(x)
+
+    def floor(self, x: Array) -> Array:
+        return np.floor(x)
+
+    def where(self, c: Array, a: Array, b: Array) -> Array:
+        return np.where(c, a, b)
+
+    def minimum(self, a: Array, b: Array) -> Array:
+        return np.minimum(a, b)
+
+    def maximum(self, a: Array, b: Array) -> Array:
+        return np.maximum(a, b)
+
+    def clip(self, x: Array, lo: Array, hi: Array) -> Array:
+        return np.minimum(np.maximum(x, lo), hi)
+
+    def isfinite_all(self, x: Array) -> bool:
+        return bool(np.isfinite(x).all())
+
+    def shr(self, x: Array, k: int) -> Array:
+        return np.right_shift(x, k)
+
+    def shl(self, x: Array, k: int) -> Array:
+        return np.left_shift(x, k)
+
+    def xor(self, a: Array, b: Array) -> Array:
+        return np.bitwise_xor(a, b)
+
+    def band(self, a: Array, b: int) -> Array:
+        return np.bitwise_and(a, b)
+
+    def bor(self, a: Array, b: Array) -> Array:
+        return np.bitwise_or(a, b)
+
+    def floordiv(self, a: Array, b: int) -> Array:
+        return np.floor_divide(a, b)
+
+    def mod(self, a: Array, b: int) -> Array:
+        return np.mod(a, b)
+
+    def floordiv_by(self, a: Array, b: Array) -> Array:
+        return np.floor_divide(a, b)
+
+    def topk_abs(self, x: Array, k: int) -> Array:
+        # Indices of the k largest |x|, ascending by index so the wire order is canonical.
+        if k >= x.shape[0]:
+            return np.arange(x.shape[0], dtype=np.int64)
+        idx = np.argpartition(np.abs(x), x.shape[0] - k)[x.shape[0] - k:]
+        return np.sort(idx).astype(np.int64)
+
+    def to_f16(self, x: Array) -> Array:
+        return np.asarray(x, dtype=np.float32).astype(np.float16)
+
+    def to_numpy(self, x: Array) -> NDArray[Any]:
+        return np.asarray(x)
+
+    def from_numpy(self, x: NDArray[Any]) -> Array:
+        return x
+
+
+NUMPY = NumpyOps()
+
+
+def _mix(ops: Ops, x: Array) -> Array:
+    """A 32-bit avalanche hash (xor-shift-multiply), on int64 holding 32-bit values."""
+    x = ops.band(ops.xor(x, ops.shr(x, 16)) * _M1, MASK32)
+    x = ops.band(ops.xor(x, ops.shr(x, 15)) * _M2, MASK32)
+    x = ops.band(ops.xor(x, ops.shr(x, 16)) * _M3, MASK32)
+    return ops.xor(x, ops.shr(x, 15))
+
+
+def seed_words(seed: int) -> tuple[int, int]:
+    """Split a (possibly large) integer seed into two 32-bit words, mixed so nearby seeds differ."""
+    s = int(seed) & ((1 << 64) - 1)
+    lo, hi = s & MASK32, (s >> 32) & MASK32
+    a = int(_mix(NUMPY, np.array([lo ^ 0x9E3779B9], dtype=np.int64))[0])
+    b = int(_mix(NUMPY, np.array([hi ^ a ^ 0x85EBCA6B], dtype=np.int64))[0])
+    return a, b
+
+
+def uniforms(ops: Ops, seed: int, start: int, n: int) -> Array:
+    """``n`` float32 draws in [0, 1) for elements ``start .. start+n-1`` of stream ``seed``.
+
+    24 random bits each, so every draw is exactly representable in float32.
+    """
+    a, b = seed_words(seed)
+    idx = ops.arange(n) + int(start)
+    x = _mix(ops, ops.xor(ops.band(idx, MASK32), a))
+    x = _mix(ops, ops.xor(x, ops.band(ops.xor(ops.shr(idx, 32), b), MASK32)))
+    return ops.f32(ops.shr(x, 8)) * np.float32(1.0 / (1 << 24))
+
+
+def stream_seed(base: int, *parts: int) -> int:
+    """Derive an independent stream seed from a base seed and integers (rank, step, tensor key)."""
+    h = int(base) & ((1 << 64) - 1)
+    for p in parts:
+        a, b = seed_words(h ^ ((int(p) & ((1 << 64) - 1)) * 0x9E3779B97F4A7C15 & ((1 << 64) - 1)))
+        h = (a << 32) | b
+    return h
+
+
+def _pow2_at_least(w: int) -> int:
+    p = 1
+    while p < w:
+        p *= 2
+    return p
+
+
+def tree_sum(ops: Ops, x: Array) -> Array:
+    """Row sums (rows, 1) by a fixed pairwise tree of IEEE additions.
+
+    Library reductions add in orders of their own (NumPy pairwise, torch and Eigen vectorised
+    cascades), so their float32 results differ in the last bit across namespaces. A fixed tree
+    makes every namespace compute the same bits, and is as accurate as pairwise summation.
+    """
+    rows, w = ops.shape(x)
+    p = _pow2_at_least(max(w, 1))
+    if p != w:
+        x = ops.concat([x, ops.zeros((rows, p - w), _dtype_name(ops, x))], 1)
+    while p > 1:
+        p //= 2
+        x = x[:, :p] + x[:, p : 2 * p]
+    return x
+
+
+def scan_sum(ops: Ops, x: Array) -> Array:
+    """Inclusive prefix sums along rows by a fixed Hillis-Steele scan (same bits everywhere)."""
+    rows, w = ops.shape(x)
+    k = 1
+    while k < w:
+        x = ops.concat([x[:, :k], x[:, k:] + x[:, : w - k]], 1)
+        k *= 2
+    return x
+
+
+def _dtype_name(ops: Ops, x: Array) -> str:
+    return "float64" if "64" in str(getattr(x, "dtype", "")) else "float32"
+
+
+def first_argmax(ops: Ops, x: Array) -> Array:
+    """Index (rows, 1) of the first maximum of each row, the same in every namespace (some
+    libraries do not promise which of tied maxima their argmax returns)."""
+    rows, w = ops.shape(x)
+    m = ops.amax(x, 1)
+    idx = ops.reshape(ops.arange(w), (1, w))
+    big = ops.zeros((1, 1), "int64") + w
+    return ops.amin(ops.where(x >= m, idx, big), 1)
+
+
+def count_true(ops: Ops, c: Array) -> Array:
+    """Row counts (rows, 1) of a boolean array, as int64."""
+    return ops.sum(ops.i64(c), 1)

@@ -1,0 +1,202 @@
+#!/usr/bin/env bash
+# Build the Dockerfile and run a command in the image, with podman, on a machine with no Docker
+# engine and no reachable container registry (see shared NOTES §6):
+#   1. apt: podman, runc, debootstrap (only if missing);
+#   2. base image: if there is no localhost/debian:bookworm-slim, debootstrap a minbase bookworm
+#      from the Debian mirror apt already uses, strip docs/locales, `podman import` it and tag it
+#      docker.io/library/debian:bookworm-slim so that `FROM debian:bookworm-slim` resolves to it;
+#   3. offline wheels: the *.whl in /opt/wheels (torch's CPU build here) go to .docker-wheels/ in
+#      the build context; the Dockerfile offers them to setup.sh during the set-up step only;
+#   4. podman --runtime runc build --format docker --pull=never --network=host -t hvd_gradq:latest .
+#      If this host trusts extra CAs (/usr/local/share/ca-certificates/*.crt, e.g. a TLS-inspecting
+#      egress proxy), its CA bundle and a pip.conf naming it are lent to the RUN steps with
+#      --volume (not committed to any layer), so that pip inside the build reaches PyPI;
+#   5. podman --runtime runc run --rm --network=host (+ ulimits) hvd_gradq:latest CMD...
+#
+# Usage: sudo scripts/docker_check.sh [--build-only | --run-only] [CMD ARGS...]
+#   CMD defaults to `bash scripts/test.sh`.
+# Environment: IMAGE (default hvd_gradq:latest), WHEELS_DIR (default /opt/wheels),
+#   DEBIAN_MIRROR (default: read from apt's sources), REBUILD_BASE=1 (remake the base image).
+set -euo pipefail
+
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+cd "$ROOT"
+
+IMAGE="${IMAGE:-hvd_gradq:latest}"
+WHEELS_DIR="${WHEELS_DIR:-/opt/wheels}"
+BASE_LOCAL=localhost/debian:bookworm-slim
+BASE_DOCKER=docker.io/library/debian:bookworm-slim
+CTX_WHEELS="$ROOT/.docker-wheels"
+PODMAN=(podman --runtime runc)
+
+do_build=1 do_run=1
+case "${1:-}" in
+  --build-only) do_run=0; shift ;;
+  --run-only) do_build=0; shift ;;
+  -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+esac
+[ "${1:-}" = "--" ] && shift
+if (($#)); then CMD=("$@"); else CMD=(bash scripts/test.sh); fi
+
+die() { echo "docker_check.sh: $*" >&2; exit 1; }
+T0=$(date +%s)
+TIMINGS=()
+phase_start() { PHASE=$1; PT0=$(date +%s); printf '\n==== [%5ss] %s\n' "$((PT0 - T0))" "$PHASE"; }
+phase_end() {
+  local dt=$(( $(date +%s) - PT0 ))
+  TIMINGS+=("$(printf '%-44s %6ss' "$PHASE" "$dt")")
+  printf '==== %s: %ss\n' "$PHASE" "$dt"
+}
+print_timings() {
+  local rc=$1
+  printf '\n==== timings (total %ss, exit %s)\n' "$(( $(date +%s) - T0 ))" "$rc"
+  local t; for t in "${TIMINGS[@]}"; do echo "  $t"; done
+}
+
+TMP_ROOTFS="" TMP_PIPCONF=""
+cleanup() {
+  local rc=$?
+  if [ -n "$TMP_ROOTFS" ]; then rm -rf --one-file-system "$TMP_ROOTFS" "$TMP_ROOTFS.log"; fi
+  if [ -n "$TMP_PIPCONF" ]; then rm -rf "$TMP_PIPCONF"; fi
+  if [ -n "${REMOVE_CTX_WHEELS:-}" ]; then rm -rf "$CTX_WHEELS"; fi
+  print_timings "$rc"
+}
+trap cleanup EXIT
+
+[ "$(id -u)" -eq 0 ] || die "must run as root (it installs packages with apt, and rootful podman with runc is what works here): sudo $0 $*"
+[ -f Dockerfile ] || die "no Dockerfile in $ROOT"
+
+# ---- 1. tools -------------------------------------------------------------------------------
+phase_start "apt: podman runc debootstrap"
+missing=()
+for p in podman runc debootstrap; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "installing ${missing[*]}"
+  apt-get update -qq || die "apt-get update failed"
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${missing[@]}" \
+    || die "apt-get install ${missing[*]} failed"
+else
+  echo "all present: $(podman --version), runc $(runc --version | sed -n 's/^runc version //p')"
+fi
+phase_end
+
+# ---- 2. base image --------------------------------------------------------------------------
+# The first bookworm (not -security) mirror in apt's sources, one-line or deb822 format.
+debian_mirror() {
+  local f
+  if [ -f /etc/apt/sources.list ]; then
+    awk '$1 == "deb" { i = 2; if ($2 ~ /^\[/) while ($i !~ /\]$/) i++; if ($2 ~ /^\[/) i++;
+                       if ($(i+1) ~ /^bookworm(-updates)?$/) { print $i; exit } }' /etc/apt/sources.list
+  fi
+  for f in /etc/apt/sources.list.d/*.sources; do
+    [ -f "$f" ] || continue
+    awk 'BEGIN { RS = ""; FS = "\n" }
+         { uris = ""; suites = ""; enabled = 1
+           for (k = 1; k <= NF; k++) {
+             if ($k ~ /^URIs:/) { uris = $k; sub(/^URIs:[ \t]*/, "", uris) }
+             if ($k ~ /^Suites:/) { suites = $k; sub(/^Suites:[ \t]*/, "", suites) }
+             if ($k ~ /^Enabled:[ \t]*no/) enabled = 0 }
+           if (enabled && (" " suites " ") ~ / bookworm /) { split(uris, u, " "); print u[1]; exit } }' "$f"
+  done
+}
+
+phase_start "base image $BASE_LOCAL"
+if [ -n "${REBUILD_BASE:-}" ] || ! podman image exists "$BASE_LOCAL"; then
+  MIRROR="${DEBIAN_MIRROR:-$(debian_mirror | head -n1)}"
+  MIRROR="${MIRROR:-http://deb.debian.org/debian}"
+  TMP_ROOTFS=$(mktemp -d /var/tmp/hvd_gradq-rootfs.XXXXXX)
+  echo "debootstrap --variant=minbase bookworm $TMP_ROOTFS $MIRROR"
+  debootstrap --variant=minbase bookworm "$TMP_ROOTFS" "$MIRROR" >"$TMP_ROOTFS.log" 2>&1 || {
+    tail -n 30 "$TMP_ROOTFS.log" >&2; rm -f "$TMP_ROOTFS.log"; die "debootstrap failed (mirror $MIRROR)"; }
+  rm -f "$TMP_ROOTFS.log"
+  # Like the official -slim image: no docs, man pages or locales, now or in later installs.
+  cat >"$TMP_ROOTFS/etc/dpkg/dpkg.cfg.d/docker-slim" <<'EOF'
+path-exclude /usr/share/doc/*
+path-include /usr/share/doc/*/copyright
+path-exclude /usr/share/man/*
+path-exclude /usr/share/info/*
+path-exclude /usr/share/locale/*
+path-include /usr/share/locale/locale.alias
+path-exclude /usr/share/lintian/*
+EOF
+  find "$TMP_ROOTFS/usr/share/doc" -mindepth 1 -not -name copyright -not -type d -delete
+  find "$TMP_ROOTFS/usr/share/doc" -mindepth 1 -type d -empty -delete
+  rm -rf "$TMP_ROOTFS"/usr/share/{man,info,lintian}/* "$TMP_ROOTFS"/var/cache/apt/*.bin \
+         "$TMP_ROOTFS"/var/cache/apt/archives/*.deb "$TMP_ROOTFS"/var/lib/apt/lists/* \
+         "$TMP_ROOTFS"/var/log/*.log "$TMP_ROOTFS"/var/log/apt/*
+  find "$TMP_ROOTFS/usr/share/locale" -mindepth 1 -maxdepth 1 -not -name locale.alias -exec rm -rf {} +
+  # apt in the image: the same mirror for bookworm and bookworm-updates, plus security.
+  rm -f "$TMP_ROOTFS/etc/apt/sources.list"
+  cat >"$TMP_ROOTFS/etc/apt/sources.list.d/debian.sources" <<EOF
+Types: deb
+URIs: $MIRROR
+Suites: bookworm bookworm-updates
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+
+Types: deb
+URIs: http://deb.debian.org/debian-security
+Suites: bookworm-security
+Components: main
+Signed-By: /usr/share/keyrings/debian-archive-keyring.gpg
+EOF
+  echo "rootfs: $(du -sh --one-file-system "$TMP_ROOTFS" | cut -f1)"
+  podman image rm -f "$BASE_LOCAL" "$BASE_DOCKER" >/dev/null 2>&1 || true
+  tar -C "$TMP_ROOTFS" --numeric-owner -c . \
+    | podman import \
+        --change 'ENV PATH=/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin' \
+        --change 'CMD ["bash"]' - "$BASE_LOCAL" >/dev/null
+  rm -rf --one-file-system "$TMP_ROOTFS"; TMP_ROOTFS=""
+else
+  echo "exists"
+fi
+podman tag "$BASE_LOCAL" "$BASE_DOCKER"
+podman image ls --format '{{.Repository}}:{{.Tag}} {{.ID}} {{.Size}}' | grep -F 'debian:bookworm-slim' || true
+phase_end
+
+# ---- 3 + 4. offline wheels, build --------------------------------------------------------------
+if ((do_build)); then
+  phase_start "wheels -> .docker-wheels/"
+  if [ ! -e "$CTX_WHEELS" ]; then REMOVE_CTX_WHEELS=1; fi
+  if compgen -G "$WHEELS_DIR/*.whl" >/dev/null; then
+    mkdir -p "$CTX_WHEELS"
+    for w in "$WHEELS_DIR"/*.whl; do
+      [ -e "$CTX_WHEELS/${w##*/}" ] || cp -l "$w" "$CTX_WHEELS/" 2>/dev/null || cp "$w" "$CTX_WHEELS/"
+    done
+    ls -l "$CTX_WHEELS"
+  else
+    echo "none in $WHEELS_DIR: setup.sh will use the PyTorch CPU index inside the build"
+  fi
+  phase_end
+
+  phase_start "podman build $IMAGE"
+  BUILD_VOLUMES=()
+  HOST_CA_BUNDLE="${HOST_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
+  if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null && [ -f "$HOST_CA_BUNDLE" ]; then
+    TMP_PIPCONF=$(mktemp -d /var/tmp/hvd_gradq-pipconf.XXXXXX)
+    printf '[global]\ncert = /etc/ssl/host-ca-bundle.crt\n' >"$TMP_PIPCONF/pip.conf"
+    BUILD_VOLUMES+=(--volume "$HOST_CA_BUNDLE:/etc/ssl/host-ca-bundle.crt:ro"
+                    --volume "$TMP_PIPCONF:/etc/xdg/pip:ro")
+    echo "lending this host's CA bundle to pip in the build (local CAs: $(cd /usr/local/share/ca-certificates && echo ./*.crt))"
+  fi
+  "${PODMAN[@]}" build --format docker --pull=never --network=host "${BUILD_VOLUMES[@]}" \
+    -t "$IMAGE" . \
+    || die "podman build failed (phase '$PHASE')"
+  podman image ls --format '{{.Repository}}:{{.Tag}} {{.ID}} {{.Size}}' | grep -F "${IMAGE%%:*}" || true
+  phase_end
+  if [ -n "${REMOVE_CTX_WHEELS:-}" ]; then rm -rf "$CTX_WHEELS"; REMOVE_CTX_WHEELS=""; fi
+fi
+
+# ---- 5. run ---------------------------------------------------------------------------------
+if ((do_run)); then
+  podman image exists "$IMAGE" || die "no image $IMAGE; build it first (without --run-only)"
+  phase_start "podman run: ${CMD[*]}"
+  rc=0
+  "${PODMAN[@]}" run --rm --network=host --shm-size=1g \
+    --ulimit nofile=20000:20000 --ulimit nproc=32768:32768 \
+    "$IMAGE" "${CMD[@]}" || rc=$?
+  phase_end
+  ((rc == 0)) || die "command in the image exited with $rc: ${CMD[*]}"
+fi

