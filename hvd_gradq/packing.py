@@ -124,3 +124,22 @@ def _pow2(shifts: NDArray[Any]) -> NDArray[Any]:
 
 def _powers(symbols: int, group: int) -> NDArray[Any]:
     return np.array([symbols**k for k in range(group)], dtype=np.int64)
+
+
+def pack_lanes(ops: Ops, codes: Array, field_bits: int, fields: int) -> Array:
+    """Codes (n,) -> int64 lanes of ``fields`` fields of ``field_bits`` bits (values < 2**31)."""
+    n = ops.shape(codes)[0]
+    lanes = -(-n // fields)
+    pad = lanes * fields - n
+    if pad:
+        codes = ops.concat([codes, ops.zeros((pad,), "int64")], 0)
+    w = _const(ops, _pow2(np.arange(fields) * field_bits))
+    return ops.reshape(ops.sum(ops.reshape(codes, (lanes, fields)) * w, 1), (lanes,))
+
+
+def unpack_lanes(ops: Ops, lanes: Array, field_bits: int, fields: int, n: int) -> Array:
+    """Inverse of :func:`pack_lanes` (after the lanes were summed: fields hold sums)."""
+    k = ops.shape(lanes)[0]
+    w = _const(ops, _pow2(np.arange(fields) * field_bits))
+    f = ops.mod(ops.floordiv_by(ops.reshape(ops.i64(lanes), (k, 1)), w), 1 << field_bits)
+    return ops.reshape(f, (k * fields,))[:n]

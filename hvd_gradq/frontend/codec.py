@@ -1,0 +1,47 @@
+"""Host-side (NumPy) encoding to wire bytes and decoding of gathered payloads, shared by the
+frontends. Uses the fused kernels of :mod:`hvd_gradq.kernels` when they are available."""
+from __future__ import annotations
+
+import zlib
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..api import dequantize, quantize
+from ..payload import split
+from ..schemes.base import Scheme
+from ..xp import stream_seed
+
+
+def tensor_key(name: str) -> int:
+    """A stable 32-bit key for a tensor name (the same on every rank and every run)."""
+    return zlib.crc32(name.encode())
+
+
+def draw_seed(base: int, rank: int, step: int, name: str) -> int:
+    """Independent rounding noise for every (rank, step, tensor), reproducible from ``base``."""
+    return stream_seed(base, rank, step, tensor_key(name))
+
+
+def encode(scheme: Scheme, x: NDArray[Any], seed: int, name: str) -> tuple[NDArray[np.uint8], NDArray[np.float32]]:
+    """Payload bytes of flat float32 ``x`` and this rank's own decoded values (for EF and for
+    summing without decoding one's own payload twice)."""
+    p = quantize(x, scheme, seed=seed, name=name)
+    own = dequantize(p).astype(np.float32, copy=False).reshape(-1)
+    return p.to_array(), own
+
+
+def decode_sum(buf: NDArray[np.uint8], own_rank: int, own: NDArray[np.float32] | None) -> tuple[NDArray[np.float32], int]:
+    """Sum of every payload in a gathered buffer, in rank order; returns (sum, payload count).
+
+    ``own`` (this rank's decoded payload) is used in place of decoding it again: decoding is
+    deterministic, so the result is the same bits on every rank.
+    """
+    payloads = split(buf)
+    total: NDArray[np.float32] | None = None
+    for r, p in enumerate(payloads):
+        v = own if (r == own_rank and own is not None) else dequantize(p).astype(np.float32, copy=False).reshape(-1)
+        total = v.copy() if total is None else total + v
+    assert total is not None
+    return total, len(payloads)

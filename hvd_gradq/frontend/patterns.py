@@ -1,0 +1,103 @@
+"""Communication patterns, and the cost model that picks one for a tensor.
+
+* ``gather``: every rank's payload is allgathered; each rank decodes all N payloads in rank
+  order and sums them. A rank receives (N-1) payloads. Works for every scheme.
+* ``summable``: for schemes whose levels are evenly spaced (``Combine.SUMMABLE``), the ranks
+  first agree on a shared scale per bucket (a max-allreduce of a few floats a bucket); then
+  integer codes add up exactly. Codes are packed ``fields`` to an int32 lane with enough
+  headroom that the sum over N ranks cannot carry into the next field, and summed by an
+  ordinary (ring) allreduce: about 2(N-1)/N lanes a rank, whatever N.
+The choice reads the scheme's declaration (``combine``) and the bytes a rank would move
+(NOTES §4), never a scheme's name.
+"""
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+from ..errors import SpecError
+from ..payload import header_size
+from ..schemes.base import Combine, EvenLevelScheme, Scheme
+
+
+class Pattern(enum.Enum):
+    AUTO = "auto"
+    GATHER = "gather"
+    SUMMABLE = "summable"
+
+
+def parse_pattern(value: "str | Pattern") -> Pattern:
+    if isinstance(value, Pattern):
+        return value
+    try:
+        return Pattern(str(value).lower())
+    except ValueError:
+        raise SpecError(f"pattern={value!r} is not valid; valid: {', '.join(p.value for p in Pattern)}") from None
+
+
+@dataclass(frozen=True)
+class Lanes:
+    """``fields`` codes of ``field_bits`` bits in each int32 lane (31 bits used: no sign)."""
+
+    field_bits: int
+    fields: int
+
+    def lanes(self, n: int) -> int:
+        return -(-n // self.fields)
+
+
+def lanes_for(symbols: int, nranks: int) -> Lanes:
+    """The lane layout for codes in [0, symbols) summed over ``nranks`` ranks."""
+    top = (symbols - 1) * nranks
+    fb = max(1, top.bit_length())
+    if fb > 31:
+        raise SpecError(f"{symbols} symbols summed over {nranks} ranks do not fit a 31-bit lane; use pattern=gather")
+    return Lanes(fb, 31 // fb)
+
+
+@dataclass(frozen=True)
+class Cost:
+    """Bytes a rank sends and receives for one tensor (model)."""
+
+    sent: int
+    received: int
+
+
+def fp32_cost(n: int, nranks: int) -> Cost:
+    """What a ring allreduce of the uncompressed fp32 tensor moves: 2(N-1)/N * 4n each way."""
+    b = int(round(2 * (nranks - 1) / nranks * 4 * n))
+    return Cost(b, b)
+
+
+def cost(scheme: Scheme, n: int, shape_ndim: int, nranks: int, pattern: Pattern) -> Cost:
+    if pattern is Pattern.GATHER:
+        c = header_size(scheme.spec, shape_ndim) + scheme.nbytes(n)
+        return Cost((nranks - 1) * c, (nranks - 1) * c)
+    if pattern is Pattern.SUMMABLE:
+        assert isinstance(scheme, EvenLevelScheme)
+        lanes = lanes_for(scheme.symbols, nranks).lanes(n)
+        nb = -(-n // scheme.bucket)
+        stats = 4 * nb * scheme.meta_width
+        b = int(round(2 * (nranks - 1) / nranks * (4 * lanes + stats)))
+        return Cost(b, b)
+    raise ValueError(pattern)
+
+
+def choose(scheme: Scheme, n: int, shape_ndim: int, nranks: int, requested: Pattern) -> Pattern:
+    """The pattern for one tensor: the requested one if the scheme allows it, else the cheaper."""
+    can_sum = scheme.combine is Combine.SUMMABLE and isinstance(scheme, EvenLevelScheme)
+    if requested is Pattern.SUMMABLE:
+        if not can_sum:
+            raise SpecError(
+                f"{scheme.name}: pattern=summable needs evenly spaced levels shared across ranks; "
+                "this scheme declares gather. Valid here: gather, auto"
+            )
+        return Pattern.SUMMABLE
+    if requested is Pattern.GATHER or not can_sum:
+        return Pattern.GATHER
+    try:
+        g = cost(scheme, n, shape_ndim, nranks, Pattern.GATHER)
+        s = cost(scheme, n, shape_ndim, nranks, Pattern.SUMMABLE)
+    except SpecError:
+        return Pattern.GATHER
+    return Pattern.SUMMABLE if s.received < g.received else Pattern.GATHER

@@ -1,0 +1,152 @@
+"""The :class:`~hvd_gradq.xp.Ops` namespace over torch tensors (CPU or CUDA)."""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+Array = Any
+_DT = {"int64": torch.int64, "float32": torch.float32, "float64": torch.float64, "uint8": torch.uint8}
+
+
+class TorchOps:
+    name = "torch"
+
+    def __init__(self, device: "torch.device | str" = "cpu") -> None:
+        self.device = torch.device(device)
+
+    def f32(self, x: Array) -> Array:
+        return torch.as_tensor(x, device=self.device).to(torch.float32)
+
+    def i64(self, x: Array) -> Array:
+        return torch.as_tensor(x, device=self.device).to(torch.int64)
+
+    def f64(self, x: Array) -> Array:
+        return torch.as_tensor(x, device=self.device).to(torch.float64)
+
+    def asarray_f32(self, x: Sequence[float] | NDArray[Any]) -> Array:
+        return torch.as_tensor(np.asarray(x, dtype=np.float32), device=self.device)
+
+    def arange(self, n: int) -> Array:
+        return torch.arange(n, dtype=torch.int64, device=self.device)
+
+    def zeros(self, shape: tuple[int, ...], dtype: str) -> Array:
+        return torch.zeros(shape, dtype=_DT[dtype], device=self.device)
+
+    def full(self, shape: tuple[int, ...], value: float) -> Array:
+        return torch.full(shape, value, dtype=torch.float32, device=self.device)
+
+    def shape(self, x: Array) -> tuple[int, ...]:
+        return tuple(int(s) for s in x.shape)
+
+    def reshape(self, x: Array, shape: tuple[int, ...]) -> Array:
+        return torch.reshape(x, shape)
+
+    def concat(self, xs: Sequence[Array], axis: int) -> Array:
+        return torch.cat(list(xs), dim=axis)
+
+    def stack(self, xs: Sequence[Array], axis: int) -> Array:
+        return torch.stack(list(xs), dim=axis)
+
+    def amax(self, x: Array, axis: int) -> Array:
+        return torch.amax(x, dim=axis, keepdim=True)
+
+    def amin(self, x: Array, axis: int) -> Array:
+        return torch.amin(x, dim=axis, keepdim=True)
+
+    def sum(self, x: Array, axis: int) -> Array:
+        return torch.sum(x, dim=axis, keepdim=True)
+
+    def cumsum(self, x: Array, axis: int) -> Array:
+        return torch.cumsum(x, dim=axis)
+
+    def sort(self, x: Array, axis: int) -> Array:
+        return torch.sort(x, dim=axis).values
+
+    def argmax(self, x: Array, axis: int) -> Array:
+        return torch.argmax(x, dim=axis, keepdim=True)
+
+    def take(self, x: Array, idx: Array) -> Array:
+        return x.reshape(-1)[idx]
+
+    def take_along(self, x: Array, idx: Array) -> Array:
+        if x.shape[0] != idx.shape[0]:
+            x = x.expand(idx.shape[0], x.shape[1])
+        return torch.gather(x, -1, idx)
+
+    def abs(self, x: Array) -> Array:
+        return torch.abs(x)
+
+    def sqrt(self, x: Array) -> Array:
+        # torch's float32 sqrt is not correctly rounded on CPU (SLEEF); through float64 it is,
+        # to the bit, which keeps codes identical to NumPy's.
+        return torch.sqrt(x.to(torch.float64)).to(x.dtype) if x.dtype == torch.float32 else torch.sqrt(x)
+
+    def floor(self, x: Array) -> Array:
+        return torch.floor(x)
+
+    def where(self, c: Array, a: Array, b: Array) -> Array:
+        return torch.where(c, a, b)
+
+    def minimum(self, a: Array, b: Array) -> Array:
+        return torch.minimum(a, b)
+
+    def maximum(self, a: Array, b: Array) -> Array:
+        return torch.maximum(a, b)
+
+    def clip(self, x: Array, lo: Array, hi: Array) -> Array:
+        return torch.minimum(torch.maximum(x, lo), hi)
+
+    def isfinite_all(self, x: Array) -> bool:
+        return bool(torch.isfinite(x).all())
+
+    def shr(self, x: Array, k: int) -> Array:
+        return torch.bitwise_right_shift(x, k)
+
+    def shl(self, x: Array, k: int) -> Array:
+        return torch.bitwise_left_shift(x, k)
+
+    def xor(self, a: Array, b: Array) -> Array:
+        return torch.bitwise_xor(a, torch.as_tensor(b, device=self.device) if isinstance(b, int) else b)
+
+    def band(self, a: Array, b: int) -> Array:
+        return torch.bitwise_and(a, b)
+
+    def bor(self, a: Array, b: Array) -> Array:
+        return torch.bitwise_or(a, b)
+
+    def floordiv(self, a: Array, b: int) -> Array:
+        return torch.div(a, b, rounding_mode="floor")
+
+    def floordiv_by(self, a: Array, b: Array) -> Array:
+        return torch.div(a, b, rounding_mode="floor")
+
+    def mod(self, a: Array, b: int) -> Array:
+        return torch.remainder(a, b)
+
+    def flip(self, x: Array) -> Array:
+        return torch.flip(x, dims=(-1,))
+
+    def scatter(self, n: int, idx: Array, vals: Array) -> Array:
+        out = torch.zeros(n, dtype=torch.float32, device=self.device)
+        out[idx] = vals.to(torch.float32)
+        return out
+
+    def topk_abs(self, x: Array, k: int) -> Array:
+        n = x.shape[0]
+        if k >= n:
+            return torch.arange(n, dtype=torch.int64, device=self.device)
+        idx = torch.topk(torch.abs(x), k, sorted=False).indices
+        return torch.sort(idx).values
+
+    def to_f16(self, x: Array) -> Array:
+        return x.to(torch.float16)
+
+    def to_numpy(self, x: Array) -> NDArray[Any]:
+        return x.detach().cpu().numpy() if isinstance(x, torch.Tensor) else np.asarray(x)
+
+    def from_numpy(self, x: NDArray[Any]) -> Array:
+        return torch.from_numpy(np.ascontiguousarray(x)).to(self.device)

@@ -1,0 +1,161 @@
+"""Every scheme, with and without error feedback, in one launch: 100 steps of a small CNN under
+stock hvd.DistributedOptimizer; per scheme, a digest of the weights and the final eval loss; then
+the oracle check (decoded mean gradient == the NumPy oracle's decode of every rank's payload),
+stats at this world size, and the parameter-identity check."""
+import argparse
+import hashlib
+import json
+
+import horovod.torch as hvd
+import numpy as np
+import torch
+
+import hvd_gradq
+import hvd_gradq.torch as gq
+from harness import report
+from hvd_gradq.frontend import codec
+from hvd_gradq.frontend.patterns import Pattern, choose
+from hvd_gradq.schemes.base import decode_codes, encode_shared, local_stats
+from hvd_gradq.xp import NUMPY
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--steps", type=int, default=100)
+ap.add_argument("--schemes", default="")
+ap.add_argument("--skip-identity", action="store_true")
+args = ap.parse_args()
+
+SCHEMES = [
+    "none", "fp16", "uniform:bits=8", "uniform:bits=4", "qsgd:levels=4",
+    "terngrad", "sign", "topk:ratio=0.05", "bingrad", "bingrad:variant=pb", "orq:levels=3", "orq:levels=5",
+    "orq:levels=9",
+]
+if args.schemes:
+    SCHEMES = args.schemes.split(";")
+
+hvd.init()
+torch.set_num_threads(1)
+rank, size = hvd.rank(), hvd.size()
+
+
+def make_model() -> torch.nn.Module:
+    torch.manual_seed(0)
+    return torch.nn.Sequential(
+        torch.nn.Conv1d(1, 8, 5, padding=2), torch.nn.ReLU(), torch.nn.MaxPool1d(2),
+        torch.nn.Conv1d(8, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
+        torch.nn.Linear(8 * 20, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4),
+    )
+
+
+# a learnable synthetic task: class = which quarter of the signal holds a bump
+data_rng = np.random.default_rng(1234)
+def batch(rng: np.random.Generator, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    y = rng.integers(0, 4, n)
+    x = rng.standard_normal((n, 1, 40)).astype(np.float32) * 0.5
+    for i, c in enumerate(y):
+        x[i, 0, c * 10 + 3 : c * 10 + 7] += 2.0
+    return torch.from_numpy(x), torch.from_numpy(y)
+
+
+xe, ye = batch(np.random.default_rng(999), 512)
+
+
+def train(spec: str, steps: int, **opt_kw):
+    model = make_model()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    comp = hvd.Compression.none if spec == "stock" else gq.from_spec(spec, named_parameters=model.named_parameters(), seed=7)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=comp, **opt_kw)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    rng = np.random.default_rng(100 + rank)
+    with torch.no_grad():
+        loss0 = float(torch.nn.functional.cross_entropy(model(xe), ye))
+    for _ in range(steps):
+        x, y = batch(rng, 32)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+    with torch.no_grad():
+        loss = float(torch.nn.functional.cross_entropy(model(xe), ye))
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().numpy().tobytes())
+    st = comp.stats() if hasattr(comp, "stats") else None
+    return {"digest": h.hexdigest(), "loss0": loss0, "loss": loss, "stats": st}
+
+
+results = {}
+for spec in ["stock"] + SCHEMES + [s + ",ef=true" if ":" in s else s + ":ef=true" for s in SCHEMES if s != "none"]:
+    try:
+        results[spec] = train(spec, args.steps)
+    except hvd_gradq.NonFiniteError as e:  # every rank sees the same decoded gradient, so all stop here
+        results[spec] = {"digest": "", "loss0": 0.0, "loss": float("inf"), "stats": None, "error": str(e)}
+# grouped allreduce and a Sum op, once each
+results["orq:levels=5|num_groups=2"] = train("orq:levels=5", 10, num_groups=2)
+results["qsgd|op=Sum"] = train("qsgd:levels=4", 10, op=hvd.Sum)
+
+
+# -- oracle: the decoded mean gradient equals the NumPy oracle's decode of all ranks' payloads
+def oracle_check(spec: str, pattern: str) -> bool:
+    p = torch.nn.Parameter(torch.zeros(1000))
+    comp = gq.from_spec(spec, named_parameters=[("w", p)], seed=3, pattern=pattern)
+    g = torch.from_numpy(np.random.default_rng(rank).standard_t(3, 1000).astype(np.float32))
+    setattr(g, "_hvd_gradq_name", "w")
+    dummy, ctx = comp.compress(g)
+    dummy = hvd.allreduce(dummy, op=hvd.Average, name=f"oracle.dummy.{spec}.{pattern}")
+    out = comp.decompress(dummy, ctx).numpy()
+    allx = hvd.allgather(g[None], name=f"oracle.x.{spec}.{pattern}").numpy()
+    scheme = hvd_gradq.parse(spec)
+    used = ctx.pattern.value
+    if used == "gather":
+        total = None
+        for r in range(size):
+            seed = codec.draw_seed(3, r, 0, "w")
+            d = hvd_gradq.dequantize(hvd_gradq.Payload.from_bytes(hvd_gradq.quantize(allx[r], scheme, seed=seed).to_bytes()))
+            total = d if total is None else total + d
+        ref = total / size
+    else:
+        stats = np.max([local_stats(scheme, NUMPY, allx[r]) for r in range(size)], axis=0)
+        codes = sum(encode_shared(scheme, NUMPY, allx[r], stats, codec.draw_seed(3, r, 0, "w"))[0] for r in range(size))
+        meta = encode_shared(scheme, NUMPY, allx[0], stats, 0)[1]
+        ref = decode_codes(scheme, NUMPY, codes, meta, 1000, count=size) / size
+    return bool(np.array_equal(out, ref.astype(np.float32))), used
+
+
+oracle = {}
+for spec in ["orq:levels=5", "bingrad", "topk:ratio=0.1", "sign"]:
+    oracle[spec] = oracle_check(spec, "gather")
+for spec in ["qsgd:levels=4", "uniform:bits=4", "terngrad"]:
+    oracle[spec + "|summable"] = oracle_check(spec, "summable")
+    oracle[spec + "|gather"] = oracle_check(spec, "gather")
+
+
+# -- identity: two same-shape parameters, different gradients, separate EF residuals
+def identity_check(bpps: int) -> dict:
+    a = torch.nn.Parameter(torch.zeros(600))
+    b = torch.nn.Parameter(torch.zeros(600))
+    ca = torch.linspace(-1, 1, 600)
+    cb = torch.linspace(2, -3, 600) ** 3
+    named = [("a", a), ("b", b)]
+    comp = gq.from_spec("sign:ef=true", named_parameters=named, seed=1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([a, b], lr=0.0), named_parameters=named, compression=comp,
+                                   backward_passes_per_step=bpps)
+    for _ in range(3):
+        opt.zero_grad()
+        for _ in range(bpps):
+            ((a * ca).sum() + (b * cb).sum()).backward()
+        opt.step()
+    # simulate each parameter's EF on its own with the NumPy oracle
+    ok = {}
+    for name, c in (("a", ca), ("b", cb)):
+        e = np.zeros(600, np.float32)
+        for step in range(3):
+            pvec = (c.numpy() * bpps).astype(np.float32) + e
+            d = hvd_gradq.dequantize(hvd_gradq.quantize(pvec, "sign:ef=true", seed=codec.draw_seed(1, rank, step, name)))
+            e = pvec - d
+        ok[name] = bool(np.array_equal(comp.state_dict()["residuals"][name].numpy(), e))
+    ra, rb = comp.state_dict()["residuals"]["a"], comp.state_dict()["residuals"]["b"]
+    ok["distinct"] = not torch.equal(ra, rb)
+    return ok
+
+
+identity = {} if args.skip_identity else {"bpps1": identity_check(1), "bpps2": identity_check(2)}
+report(rank, {"results": results, "oracle": oracle, "identity": identity, "size": size})
