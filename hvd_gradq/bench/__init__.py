@@ -1,0 +1,1 @@
+"""Benchmark tools: an emulated multi-host network (:mod:`hvd_gradq.bench.netemu`)."""
