@@ -1,5 +1,6 @@
 """Host-side (NumPy) encoding to wire bytes and decoding of gathered payloads, shared by the
 frontends. Uses the fused kernels of :mod:`hvd_gradq.kernels` when they are available."""
+
 from __future__ import annotations
 
 import zlib
@@ -9,6 +10,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..api import dequantize, quantize
+from ..errors import NonFiniteError, RankMismatchError
 from ..payload import split
 from ..schemes.base import Scheme
 from ..xp import stream_seed
@@ -32,13 +34,29 @@ def encode(scheme: Scheme, x: NDArray[Any], seed: int, name: str) -> tuple[NDArr
     return p.to_array(), own
 
 
-def decode_sum(buf: NDArray[np.uint8], own_rank: int, own: NDArray[np.float32] | None) -> tuple[NDArray[np.float32], int]:
+def poison() -> NDArray[np.uint8]:
+    """The payload a rank sends in place of a gradient that held NaN/Inf (nonfinite=raise): an
+    empty ``none`` payload, which tells the others to stop with an error too."""
+    return quantize(np.zeros(0, np.float32), "none").to_array()
+
+
+def decode_sum(
+    buf: NDArray[np.uint8], own_rank: int, own: NDArray[np.float32] | None, name: str = "tensor"
+) -> tuple[NDArray[np.float32], int]:
     """Sum of every payload in a gathered buffer, in rank order; returns (sum, payload count).
 
     ``own`` (this rank's decoded payload) is used in place of decoding it again: decoding is
     deterministic, so the result is the same bits on every rank.
     """
     payloads = split(buf)
+    sizes = {p.n for p in payloads}
+    if len(sizes) > 1:
+        bad = [r for r, p in enumerate(payloads) if p.n == 0]
+        if bad:
+            raise NonFiniteError(f"{name}: rank(s) {bad} had non-finite values (NaN/Inf) in this gradient")
+        raise RankMismatchError(
+            f"{name}: ranks sent payloads of {sorted(sizes)} elements; the model differs across ranks"
+        )
     total: NDArray[np.float32] | None = None
     for r, p in enumerate(payloads):
         v = own if (r == own_rank and own is not None) else dequantize(p).astype(np.float32, copy=False).reshape(-1)

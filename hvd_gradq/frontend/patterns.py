@@ -10,6 +10,7 @@
 The choice reads the scheme's declaration (``combine``) and the bytes a rank would move
 (NOTES §4), never a scheme's name.
 """
+
 from __future__ import annotations
 
 import enum
@@ -26,7 +27,7 @@ class Pattern(enum.Enum):
     SUMMABLE = "summable"
 
 
-def parse_pattern(value: "str | Pattern") -> Pattern:
+def parse_pattern(value: str | Pattern) -> Pattern:
     if isinstance(value, Pattern):
         return value
     try:
@@ -65,7 +66,7 @@ class Cost:
 
 def fp32_cost(n: int, nranks: int) -> Cost:
     """What a ring allreduce of the uncompressed fp32 tensor moves: 2(N-1)/N * 4n each way."""
-    b = int(round(2 * (nranks - 1) / nranks * 4 * n))
+    b = round(2 * (nranks - 1) / nranks * 4 * n)
     return Cost(b, b)
 
 
@@ -78,7 +79,7 @@ def cost(scheme: Scheme, n: int, shape_ndim: int, nranks: int, pattern: Pattern)
         lanes = lanes_for(scheme.symbols, nranks).lanes(n)
         nb = -(-n // scheme.bucket)
         stats = 4 * nb * scheme.meta_width
-        b = int(round(2 * (nranks - 1) / nranks * (4 * lanes + stats)))
+        b = round(2 * (nranks - 1) / nranks * (4 * lanes + stats))
         return Cost(b, b)
     raise ValueError(pattern)
 

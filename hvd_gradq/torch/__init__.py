@@ -8,6 +8,7 @@
 ``gq.from_spec("orq:levels=5,ef=true", named_parameters=...)`` builds any scheme from a config
 string; ``gq.from_env(named_parameters=...)`` reads it from ``HVD_GRADQ``.
 """
+
 from __future__ import annotations
 
 import os
@@ -39,7 +40,9 @@ def from_env(
 
 
 def _factory(name: str, doc: str) -> Any:
-    def make(named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None, **kwargs: Any) -> GradqCompressor:
+    def make(
+        named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None, **kwargs: Any
+    ) -> GradqCompressor:
         comp = {k: kwargs.pop(k) for k in _COMPRESSOR_KEYS if k in kwargs}
         try:
             scheme = build(name, **kwargs)
@@ -63,6 +66,17 @@ BinGrad = _factory("bingrad", "BinGrad (Xu et al. 2020): ``BinGrad(variant='b'|'
 ORQ = _factory("orq", "ORQ (Xu et al. 2020): ``ORQ(levels=5, ...)``.")
 
 __all__ = [
-    "ENV", "FP16", "ORQ", "QSGD", "BinGrad", "GradqCompressor", "NoCompression", "Sign", "TernGrad", "TopK",
-    "Uniform", "from_env", "from_spec",
+    "ENV",
+    "FP16",
+    "ORQ",
+    "QSGD",
+    "BinGrad",
+    "GradqCompressor",
+    "NoCompression",
+    "Sign",
+    "TernGrad",
+    "TopK",
+    "Uniform",
+    "from_env",
+    "from_spec",
 ]

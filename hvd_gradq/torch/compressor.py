@@ -12,10 +12,10 @@ Parameter identity: a ``register_post_accumulate_grad_hook`` on each named param
 before Horovod's own hook) tags ``p.grad`` with the parameter's name, so ``compress()`` finds it
 in O(1) even though torch hands over a new gradient tensor every step.
 """
+
 from __future__ import annotations
 
 import hashlib
-import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -67,7 +67,7 @@ class GradqCompressor:
         named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
         *,
         seed: int = 0,
-        pattern: "str | Pattern" = "auto",
+        pattern: str | Pattern = "auto",
         check_ranks: bool = True,
     ) -> None:
         if named_parameters is None:
@@ -95,7 +95,7 @@ class GradqCompressor:
                 raise GradqError(f"parameter name {name!r} appears twice in named_parameters")
             self._params[name] = p
             if p.requires_grad:
-                p.register_post_accumulate_grad_hook(_tagger(name))
+                p.register_post_accumulate_grad_hook(_tagger(name))  # type: ignore[no-untyped-call]
         self._steps: dict[str, int] = {}
         self._residuals: dict[str, torch.Tensor] = {}
         self._stats = Stats()
@@ -163,9 +163,13 @@ class GradqCompressor:
         ctx = _Ctx(name, tensor.shape, tensor.dtype, tensor.device, pattern, None)
         if pattern is Pattern.GATHER:
             xs = x.cpu().numpy()
-            with warnings.catch_warnings():
-                warnings.simplefilter("ignore" if False else "default")
+            try:
                 buf, own = codec.encode(self.scheme, xs, seed, f"{name} (step {step})")
+            except NonFiniteError:
+                # Tell the other ranks before stopping, so that they raise too instead of
+                # waiting forever for this rank's payload.
+                hvd.allgather(torch.from_numpy(codec.poison()), name=f"hvd_gradq.g.{name}")
+                raise
             ctx.own = own
             ctx.handle = hvd.allgather_async(torch.from_numpy(buf), name=f"hvd_gradq.g.{name}")
             decoded = own
@@ -180,12 +184,20 @@ class GradqCompressor:
     def _summable_start(self, x: torch.Tensor, seed: int, name: str, step: int, ctx: _Ctx) -> Any:
         scheme = self.scheme
         assert isinstance(scheme, EvenLevelScheme)
-        if not bool(torch.isfinite(x).all()):
-            raise NonFiniteError(f"{name} (step {step}): non-finite values (NaN/Inf) in the gradient")
         size = hvd.size()
         xc = x.cpu()
-        stats = local_stats(scheme, _CPU, xc)
+        finite = bool(torch.isfinite(xc).all())
+        stats = (
+            local_stats(scheme, _CPU, xc)
+            if finite
+            else torch.full((-(-x.numel() // scheme.bucket), scheme.meta_width), float("inf"))
+        )
+        # a rank with NaN/Inf sends +inf statistics: every rank sees it in the max and stops
         stats = hvd.allreduce(stats.contiguous(), op=hvd.Max, name=f"hvd_gradq.s.{name}")
+        if not finite:
+            raise NonFiniteError(f"{name} (step {step}): non-finite values (NaN/Inf) in the gradient")
+        if not bool(torch.isfinite(stats).all()):
+            raise NonFiniteError(f"{name} (step {step}): another rank had non-finite values (NaN/Inf) in this gradient")
         codes, meta = encode_shared(scheme, _CPU, xc, stats, seed)
         lay = lanes_for(scheme.symbols, size)
         lanes = pack_lanes(_CPU, codes, lay.field_bits, lay.fields).to(torch.int32)
@@ -205,7 +217,7 @@ class GradqCompressor:
         averaged = float(tensor.reshape(-1)[0]) < 1.5
         if ctx.pattern is Pattern.GATHER:
             gathered = hvd.synchronize(ctx.handle)
-            total, count = codec.decode_sum(gathered.numpy(), hvd.rank(), ctx.own)
+            total, count = codec.decode_sum(gathered.numpy(), hvd.rank(), ctx.own, ctx.name)
             if count != size:
                 raise RankMismatchError(f"{ctx.name}: gathered {count} payloads from {size} ranks")
             pattern, sent, _, fp32 = self._stats.last[ctx.name]
@@ -228,6 +240,8 @@ class GradqCompressor:
         """Error-feedback residuals and per-tensor step counters (the random streams' positions)."""
         return {
             "config": self.config(),
+            "rank": hvd.rank(),
+            "size": hvd.size(),
             "steps": dict(self._steps),
             "residuals": {k: v.detach().clone().cpu() for k, v in self._residuals.items()},
         }
@@ -236,8 +250,19 @@ class GradqCompressor:
         if not isinstance(state, dict) or not {"config", "steps", "residuals"} <= set(state):
             raise GradqError("load_state_dict expects a dict from GradqCompressor.state_dict()")
         if state["config"] != self.config():
+            raise GradqError(f"the checkpoint was made with {state['config']!r}, this compressor is {self.config()!r}")
+        here = (hvd.rank(), hvd.size())
+        there = (state.get("rank", here[0]), state.get("size", here[1]))
+        if there[1] != here[1] and state["residuals"]:
             raise GradqError(
-                f"the checkpoint was made with {state['config']!r}, this compressor is {self.config()!r}"
+                f"the checkpoint holds error-feedback residuals of {there[1]} ranks; this job has {here[1]}. "
+                "Residuals are per rank: resume on the same number of ranks, or drop them with "
+                "state['residuals'] = {} (a one-step bias, then EF resumes)"
+            )
+        if there[0] != here[0] and state["residuals"]:
+            raise GradqError(
+                f"this is rank {here[0]}, the checkpoint holds rank {there[0]}'s residuals; "
+                "save and load one compressor state per rank"
             )
         unknown = sorted(set(state["residuals"]) - set(self._params))
         if unknown:

@@ -15,7 +15,7 @@ _DT = {"int64": torch.int64, "float32": torch.float32, "float64": torch.float64,
 class TorchOps:
     name = "torch"
 
-    def __init__(self, device: "torch.device | str" = "cpu") -> None:
+    def __init__(self, device: torch.device | str = "cpu") -> None:
         self.device = torch.device(device)
 
     def f32(self, x: Array) -> Array:

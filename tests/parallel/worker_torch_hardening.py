@@ -1,0 +1,154 @@
+"""Hardening checks for the PyTorch frontend, several per launch (imports cost seconds).
+
+Modes (--mode): ``resume`` (checkpoint at step 50 == uninterrupted 100 steps, bitwise, on every
+rank; a different world size is refused), ``nonfinite`` (NaN on one rank: every rank stops with
+an error naming the parameter, none hangs), ``disagree`` (rank 1 uses another spec: every rank
+stops with an error naming the ranks and the difference), ``die`` (rank 1 exits mid-step),
+``long`` (many steps of a model with >= 300 parameter tensors: memory flat, EF memory = one fp32
+copy of the parameters, no pending Horovod handles).
+"""
+import argparse
+import copy
+import hashlib
+import io
+import os
+import resource
+
+import horovod.torch as hvd
+import horovod.torch.mpi_ops as mpi_ops
+import numpy as np
+import torch
+
+import hvd_gradq
+import hvd_gradq.torch as gq
+from harness import report
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--mode", required=True)
+ap.add_argument("--steps", type=int, default=2000)
+args = ap.parse_args()
+hvd.init()
+torch.set_num_threads(1)
+rank, size = hvd.rank(), hvd.size()
+
+
+def model_and_opt(spec: str, seed: int = 0):
+    torch.manual_seed(seed)
+    model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
+                                torch.nn.Linear(64, 3))
+    comp = gq.from_spec(spec, named_parameters=model.named_parameters(), seed=11)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
+                                   named_parameters=model.named_parameters(), compression=comp)
+    return model, opt, comp
+
+
+def data(step: int):
+    g = torch.Generator().manual_seed(1000 * step + rank)
+    x = torch.randn(16, 20, generator=g)
+    return x, (x[:, 0] > 0).long() + (x[:, 1] > 0).long()
+
+
+def run(model, opt, first: int, last: int) -> None:
+    for step in range(first, last):
+        x, y = data(step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+
+
+def digest(model) -> str:
+    h = hashlib.sha256()
+    for p in model.parameters():
+        h.update(p.detach().numpy().tobytes())
+    return h.hexdigest()
+
+
+out: dict = {"size": size}
+if args.mode == "resume":
+    for spec in ("orq:levels=5,ef=true", "qsgd:levels=4,ef=true", "sign:ef=true", "topk:ratio=0.05,ef=true"):
+        model, opt, comp = model_and_opt(spec)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        run(model, opt, 0, 100)
+        full = digest(model)
+        model, opt, comp = model_and_opt(spec)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        run(model, opt, 0, 50)
+        buf = io.BytesIO()
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "gradq": comp.state_dict()}, buf)
+        del model, opt, comp
+        buf.seek(0)
+        ck = torch.load(buf)
+        model, opt, comp = model_and_opt(spec, seed=5)  # different init: everything must come from the checkpoint
+        model.load_state_dict(ck["model"])
+        opt.load_state_dict(ck["opt"])
+        comp.load_state_dict(ck["gradq"])
+        run(model, opt, 50, 100)
+        out[spec] = {"full": full, "resumed": digest(model)}
+    # a checkpoint from another world size is refused with a clear message
+    st = copy.deepcopy(ck["gradq"])
+    st["size"] = size + 1
+    try:
+        comp.load_state_dict(st)
+        out["other_size"] = "accepted"
+    except hvd_gradq.GradqError as e:
+        out["other_size"] = str(e)
+elif args.mode == "nonfinite":
+    model, opt, comp = model_and_opt(args_spec := os.environ.get("SPEC", "orq:levels=5"))
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    run(model, opt, 0, 2)
+    x, y = data(3)
+    if rank == 1:
+        x[0, 0] = float("nan")
+    try:
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.step()
+        out["error"] = ""
+    except hvd_gradq.NonFiniteError as e:
+        out["error"] = str(e)
+    except RuntimeError as e:  # the rank that raised first may end Horovod before this one decodes
+        out["error"] = "RuntimeError: " + str(e)
+elif args.mode == "disagree":
+    spec = "orq:levels=5" if rank != 1 else "orq:levels=3"
+    model, opt, comp = model_and_opt(spec)
+    try:
+        run(model, opt, 0, 1)
+        out["error"] = ""
+    except hvd_gradq.RankMismatchError as e:
+        out["error"] = str(e)
+elif args.mode == "die":
+    model, opt, comp = model_and_opt("orq:levels=5")
+    run(model, opt, 0, 2)
+    if rank == 1:
+        os._exit(3)
+    run(model, opt, 2, 10**6)
+elif args.mode == "long":
+    torch.manual_seed(0)
+    layers = []
+    for _ in range(150):  # 300 parameter tensors
+        layers += [torch.nn.Linear(16, 16), torch.nn.Tanh()]
+    model = torch.nn.Sequential(*layers)
+    comp = gq.from_spec("sign:ef=true", named_parameters=model.named_parameters(), seed=1)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3),
+                                   named_parameters=model.named_parameters(), compression=comp)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    x = torch.randn(8, 16)
+    rss = []
+    for step in range(args.steps):
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+        if step % 100 == 99:
+            with open("/proc/self/statm") as f:
+                rss.append(int(f.read().split()[1]) * resource.getpagesize())
+    n_params = sum(p.numel() for p in model.parameters())
+    ef = comp.state_dict()["residuals"]
+    out.update({
+        "tensors": len(list(model.parameters())),
+        "rss": rss,
+        "ef_elements": sum(v.numel() for v in ef.values()),
+        "ef_fp32": all(v.dtype == torch.float32 for v in ef.values()),
+        "params": n_params,
+        "pending": len(mpi_ops._handle_map),
+    })
+report(rank, out)
