@@ -7,6 +7,11 @@
   integer codes add up exactly. Codes are packed ``fields`` to an int32 lane with enough
   headroom that the sum over N ranks cannot carry into the next field, and summed by an
   ordinary (ring) allreduce: about 2(N-1)/N lanes a rank, whatever N.
+* ``scatter``: scatter-reduce + allgather. Each rank's tensor is cut into N chunks on bucket
+  boundaries, each chunk compressed on its own; an alltoall hands rank j every rank's chunk j,
+  rank j decodes and sums them, re-compresses the sum (with its own error feedback when ``ef``)
+  and an allgather spreads the N reduced chunks. About 2(N-1)/N payloads a rank, whatever N, at
+  the price of a second quantization of the sum.
 The choice reads the scheme's declaration (``combine``) and the bytes a rank would move
 (NOTES §4), never a scheme's name.
 """
@@ -25,6 +30,7 @@ class Pattern(enum.Enum):
     AUTO = "auto"
     GATHER = "gather"
     SUMMABLE = "summable"
+    SCATTER = "scatter"
 
 
 def parse_pattern(value: str | Pattern) -> Pattern:
@@ -81,7 +87,25 @@ def cost(scheme: Scheme, n: int, shape_ndim: int, nranks: int, pattern: Pattern)
         stats = 4 * nb * scheme.meta_width
         b = round(2 * (nranks - 1) / nranks * (4 * lanes + stats))
         return Cost(b, b)
+    if pattern is Pattern.SCATTER:
+        h = header_size(scheme.spec, 1)
+        chunks = [hi - lo for lo, hi in chunk_bounds(n, scheme.bucket, nranks)]
+        sizes = [h + scheme.nbytes(k) for k in chunks]
+        mine, others = max(sizes), sum(sizes) - max(sizes)
+        # alltoall: send the others' chunks, receive N-1 of mine; allgather: N-1 reduced chunks
+        return Cost(others + (nranks - 1) * mine, (nranks - 1) * mine + others)
     raise ValueError(pattern)
+
+
+def chunk_bounds(n: int, bucket: int, nranks: int) -> list[tuple[int, int]]:
+    """[lo, hi) element ranges of the N chunks of the scatter pattern, on bucket boundaries."""
+    nb = -(-n // bucket)
+    out = []
+    for j in range(nranks):
+        lo = min(n, (j * nb // nranks) * bucket)
+        hi = min(n, ((j + 1) * nb // nranks) * bucket)
+        out.append((lo, hi))
+    return out
 
 
 def choose(scheme: Scheme, n: int, shape_ndim: int, nranks: int, requested: Pattern) -> Pattern:
@@ -94,11 +118,15 @@ def choose(scheme: Scheme, n: int, shape_ndim: int, nranks: int, requested: Patt
                 "this scheme declares gather. Valid here: gather, auto"
             )
         return Pattern.SUMMABLE
-    if requested is Pattern.GATHER or not can_sum:
-        return Pattern.GATHER
-    try:
-        g = cost(scheme, n, shape_ndim, nranks, Pattern.GATHER)
-        s = cost(scheme, n, shape_ndim, nranks, Pattern.SUMMABLE)
-    except SpecError:
-        return Pattern.GATHER
-    return Pattern.SUMMABLE if s.received < g.received else Pattern.GATHER
+    if requested in (Pattern.GATHER, Pattern.SCATTER):
+        return requested
+    options = [Pattern.GATHER, Pattern.SCATTER] + ([Pattern.SUMMABLE] if can_sum else [])
+    best, best_cost = Pattern.GATHER, cost(scheme, n, shape_ndim, nranks, Pattern.GATHER).received
+    for p in options[1:]:
+        try:
+            c = cost(scheme, n, shape_ndim, nranks, p).received
+        except SpecError:
+            continue
+        if c < 0.9 * best_cost:  # a clear win only: gather quantizes once
+            best, best_cost = p, c
+    return best

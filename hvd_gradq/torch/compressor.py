@@ -24,16 +24,23 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 
+from ..api import dequantize
 from ..errors import GradqError, NonFiniteError, RankMismatchError
 from ..frontend import codec
-from ..frontend.patterns import Pattern, choose, cost, fp32_cost, lanes_for, parse_pattern
+from ..frontend.patterns import Pattern, choose, chunk_bounds, cost, fp32_cost, lanes_for, parse_pattern
 from ..frontend.stats import Stats
 from ..packing import pack_lanes, unpack_lanes
+from ..payload import split
 from ..schemes.base import EvenLevelScheme, NonFinite, Scheme, decode_codes, encode_shared, local_stats
 from .ops import TorchOps
 
 TAG = "_hvd_gradq_name"
 _CPU = TorchOps("cpu")
+
+
+@dataclass
+class _Pass:
+    dtype: torch.dtype
 
 
 @dataclass
@@ -47,6 +54,11 @@ class _Ctx:
     own: Any = None  # this rank's decoded contribution (gather)
     meta: Any = None  # shared meta (summable)
     lanes: Any = None
+    step: int = 0
+    bounds: Any = None  # chunk ranges (scatter)
+    sent: int = 0  # bytes this rank sent for this tensor (known at compress)
+    fp32: int = 0
+    own_bytes: int = 0
 
 
 class GradqCompressor:
@@ -157,11 +169,24 @@ class GradqCompressor:
                 x = x + e.to(x.device)
         n = x.numel()
         pattern = choose(self.scheme, n, tensor.dim(), size, self.pattern)
+        if (
+            self.pattern is Pattern.AUTO
+            and cost(self.scheme, n, tensor.dim(), size, pattern).received >= fp32_cost(n, size).received
+        ):
+            # Tiny tensors (biases): a payload header costs more than the values. Horovod's own
+            # fp32 allreduce takes them, exactly (torch's allreduce has no bf16: sent as fp32).
+            self._stats.record(
+                name, "fp32", fp32_cost(n, size).sent, fp32_cost(n, size).received, fp32_cost(n, size).sent
+            )
+            return tensor.to(torch.float32) if tensor.dtype == torch.bfloat16 else tensor, _Pass(tensor.dtype)
         if pattern is Pattern.SUMMABLE and self.scheme.nonfinite is not NonFinite.RAISE:
             pattern = Pattern.GATHER  # skip/propagate change a rank's payload on its own
         seed = codec.draw_seed(self.seed, rank, step, name)
-        ctx = _Ctx(name, tensor.shape, tensor.dtype, tensor.device, pattern, None)
-        if pattern is Pattern.GATHER:
+        ctx = _Ctx(name, tensor.shape, tensor.dtype, tensor.device, pattern, None, step=step)
+        ctx.fp32 = fp32_cost(n, size).sent
+        if pattern is Pattern.SCATTER:
+            decoded = self._scatter_start(x, name, step, ctx)
+        elif pattern is Pattern.GATHER:
             xs = x.cpu().numpy()
             try:
                 buf, own = codec.encode(self.scheme, xs, seed, f"{name} (step {step})")
@@ -173,13 +198,54 @@ class GradqCompressor:
             ctx.own = own
             ctx.handle = hvd.allgather_async(torch.from_numpy(buf), name=f"hvd_gradq.g.{name}")
             decoded = own
-            c = buf.shape[0] * (size - 1)
-            self._stats.record(name, "gather", c, -1, fp32_cost(n, size).sent)
+            ctx.sent = buf.shape[0] * (size - 1)
         else:
             decoded = self._summable_start(x, seed, name, step, ctx)
         if self.scheme.ef:
             self._residuals[name] = x - torch.as_tensor(decoded, device=x.device)
         return torch.ones(1, dtype=torch.float32), ctx
+
+    def _scatter_start(self, x: torch.Tensor, name: str, step: int, ctx: _Ctx) -> Any:
+        rank, size = hvd.rank(), hvd.size()
+        xs = x.cpu().numpy()
+        ctx.bounds = chunk_bounds(xs.shape[0], self.scheme.bucket, size)
+        bufs, owns = [], []
+        for j, (lo, hi) in enumerate(ctx.bounds):
+            seed = codec.draw_seed(self.seed, rank, step, f"{name}#{j}")
+            try:
+                b, own = codec.encode(self.scheme, xs[lo:hi], seed, f"{name} (step {step})")
+            except NonFiniteError:
+                b, own = codec.poison(), None
+            bufs.append(b)
+            owns.append(own)
+        lens = torch.tensor([b.shape[0] for b in bufs], dtype=torch.int32)
+        ctx.handle = hvd.alltoall_async(torch.from_numpy(np.concatenate(bufs)), splits=lens, name=f"hvd_gradq.a.{name}")
+        ctx.own = owns[rank]
+        ctx.own_bytes = int(bufs[rank].shape[0])
+        if any(o is None for o in owns):
+            hvd.synchronize(ctx.handle)  # the others learn of it from the poison payload
+            raise NonFiniteError(f"{name} (step {step}): non-finite values (NaN/Inf) in the gradient")
+        ctx.sent = sum(b.shape[0] for j, b in enumerate(bufs) if j != rank)
+        return np.concatenate([o for o in owns if o is not None])
+
+    def _scatter_finish(self, ctx: _Ctx) -> torch.Tensor:
+        rank = hvd.rank()
+        recv, _ = hvd.synchronize(ctx.handle)
+        part, count = codec.decode_sum(recv.numpy(), rank, ctx.own, ctx.name)
+        received = int(recv.numel()) - ctx.own_bytes
+        key = f"{ctx.name}#reduce"
+        if self.scheme.ef and key in self._residuals:
+            part = part + self._residuals[key].numpy()
+        seed = codec.draw_seed(self.seed, rank, ctx.step, key)
+        buf, own = codec.encode(self.scheme, part, seed, f"{ctx.name} (step {ctx.step}, reduced)")
+        if self.scheme.ef:
+            self._residuals[key] = torch.from_numpy(part - own)
+        gathered = hvd.allgather(torch.from_numpy(buf), name=f"hvd_gradq.r.{ctx.name}").numpy()
+        pieces = [own if r == rank else dequantize(p).reshape(-1) for r, p in enumerate(split(gathered))]
+        ctx.sent += buf.shape[0] * (hvd.size() - 1)
+        received += int(gathered.shape[0]) - buf.shape[0]
+        self._stats.record(ctx.name, "scatter", ctx.sent, received, ctx.fp32)
+        return torch.from_numpy(np.concatenate(pieces).astype(np.float32, copy=False))
 
     def _summable_start(self, x: torch.Tensor, seed: int, name: str, step: int, ctx: _Ctx) -> Any:
         scheme = self.scheme
@@ -206,23 +272,27 @@ class GradqCompressor:
         ctx.handle = hvd.allreduce_async(lanes, op=hvd.Sum, name=f"hvd_gradq.l.{name}")
         c = cost(scheme, x.numel(), 1, size, Pattern.SUMMABLE)
         self._stats.record(name, "summable", c.sent, c.received, fp32_cost(x.numel(), size).sent)
+        ctx.sent = -1  # recorded here: the ring allreduce's bytes follow from the lane count
         return decode_codes(scheme, _CPU, codes, meta, x.numel())
 
     def decompress(self, tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
         if ctx is None:  # sparse gradients bypass compression
             return tensor
+        if isinstance(ctx, _Pass):
+            return tensor.to(ctx.dtype)
         if not isinstance(ctx, _Ctx):
             raise GradqError("decompress() got a context hvd_gradq did not make")
         size = hvd.size()
         averaged = float(tensor.reshape(-1)[0]) < 1.5
-        if ctx.pattern is Pattern.GATHER:
+        if ctx.pattern is Pattern.SCATTER:
+            out = self._scatter_finish(ctx)
+        elif ctx.pattern is Pattern.GATHER:
             gathered = hvd.synchronize(ctx.handle)
             total, count = codec.decode_sum(gathered.numpy(), hvd.rank(), ctx.own, ctx.name)
             if count != size:
                 raise RankMismatchError(f"{ctx.name}: gathered {count} payloads from {size} ranks")
-            pattern, sent, _, fp32 = self._stats.last[ctx.name]
-            self._stats.last[ctx.name] = (pattern, sent, int(gathered.numel()) - sent // max(size - 1, 1), fp32)
-            self._stats.total["gather"].received += int(gathered.numel()) - sent // max(size - 1, 1)
+            own_len = ctx.sent // max(size - 1, 1)
+            self._stats.record(ctx.name, "gather", ctx.sent, int(gathered.numel()) - own_len, ctx.fp32)
             out = torch.from_numpy(total)
         else:
             scheme = self.scheme
@@ -264,10 +334,12 @@ class GradqCompressor:
                 f"this is rank {here[0]}, the checkpoint holds rank {there[0]}'s residuals; "
                 "save and load one compressor state per rank"
             )
-        unknown = sorted(set(state["residuals"]) - set(self._params))
+        unknown = sorted({k.split("#")[0] for k in state["residuals"]} - set(self._params))
         if unknown:
             raise GradqError(f"the checkpoint has residuals for unknown parameters: {unknown[:5]}")
         for k, v in state["residuals"].items():
+            if "#" in k:  # a scatter chunk's residual: its size follows the chunking
+                continue
             n = self._params[k].numel()
             if v.numel() != n:
                 raise GradqError(f"residual of {k!r} has {v.numel()} elements; the parameter has {n}")

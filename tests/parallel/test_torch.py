@@ -32,8 +32,8 @@ def check(reports: dict) -> None:
     assert not failures, "\n".join(failures)
     for key, (ok, used) in reports[0]["oracle"].items():
         assert ok, f"oracle mismatch for {key} (pattern {used}) at {size} ranks"
-        if key.endswith("|summable"):
-            assert used == "summable"
+        if key.endswith("|summable") or key.endswith("|scatter"):
+            assert used == key.rsplit("|", 1)[1]
     for r in reports:
         for case, ok in reports[r]["identity"].items():
             assert all(ok.values()), f"rank {r} identity {case}: {ok}"

@@ -125,8 +125,8 @@ elif args.mode == "die":
 elif args.mode == "long":
     torch.manual_seed(0)
     layers = []
-    for _ in range(150):  # 300 parameter tensors
-        layers += [torch.nn.Linear(16, 16), torch.nn.Tanh()]
+    for _ in range(300):  # 300 parameter tensors, each large enough to be compressed
+        layers += [torch.nn.Linear(16, 16, bias=False), torch.nn.Tanh()]
     model = torch.nn.Sequential(*layers)
     comp = gq.from_spec("sign:ef=true", named_parameters=model.named_parameters(), seed=1)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3),

@@ -105,7 +105,20 @@ def oracle_check(spec: str, pattern: str) -> bool:
     allx = hvd.allgather(g[None], name=f"oracle.x.{spec}.{pattern}").numpy()
     scheme = hvd_gradq.parse(spec)
     used = ctx.pattern.value
-    if used == "gather":
+    if used == "scatter":
+        from hvd_gradq.frontend.patterns import chunk_bounds
+
+        pieces = []
+        for j, (lo, hi) in enumerate(chunk_bounds(1000, scheme.bucket, size)):
+            part = None
+            for r in range(size):
+                q = hvd_gradq.quantize(allx[r][lo:hi], scheme, seed=codec.draw_seed(3, r, 0, f"w#{j}"))
+                d = hvd_gradq.dequantize(q)
+                part = d if part is None else part + d
+            red = hvd_gradq.quantize(part, scheme, seed=codec.draw_seed(3, j, 0, "w#reduce"))
+            pieces.append(hvd_gradq.dequantize(red))
+        ref = np.concatenate(pieces) / size
+    elif used == "gather":
         total = None
         for r in range(size):
             seed = codec.draw_seed(3, r, 0, "w")
@@ -123,6 +136,8 @@ def oracle_check(spec: str, pattern: str) -> bool:
 oracle = {}
 for spec in ["orq:levels=5", "bingrad", "topk:ratio=0.1", "sign"]:
     oracle[spec] = oracle_check(spec, "gather")
+for spec in ["orq:levels=5", "sign:ef=true", "qsgd:levels=4"]:
+    oracle[spec + "|scatter"] = oracle_check(spec, "scatter")
 for spec in ["qsgd:levels=4", "uniform:bits=4", "terngrad"]:
     oracle[spec + "|summable"] = oracle_check(spec, "summable")
     oracle[spec + "|gather"] = oracle_check(spec, "gather")
