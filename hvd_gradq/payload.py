@@ -32,7 +32,7 @@ from numpy.typing import NDArray
 from .errors import PayloadError, SpecError
 
 if TYPE_CHECKING:
-    from .schemes.base import Scheme
+    from .schemes.base import Scheme, Section
 
 MAGIC = b"HVGQ"
 VERSION = 1
@@ -45,17 +45,31 @@ DTYPE_CODES = {v: k for k, v in DTYPES.items()}
 _MOD = 65521
 
 
+_WEIGHTS = np.zeros(0, np.int64)
+
+
+def _weights(n: int) -> NDArray[np.int64]:
+    global _WEIGHTS
+    if _WEIGHTS.shape[0] < n:
+        _WEIGHTS = (np.arange(max(n, 2 * _WEIGHTS.shape[0], 1 << 16), dtype=np.int64) % _MOD) + 1
+    return _WEIGHTS[:n]
+
+
 def checksum(buf: NDArray[Any]) -> int:
     """The payload checksum of a uint8 array whose check field is already zeroed."""
     n = buf.shape[0]
-    w = (np.arange(n, dtype=np.int64) % _MOD) + 1
+    w = _weights(n)
     # chunks keep the int64 dot product exact (255 * 65521 * 2**20 < 2**63)
     total = 0
     step = 1 << 20
-    b = buf.astype(np.int64)
     for i in range(0, n, step):
-        total += int(np.dot(b[i : i + step], w[i : i + step]))
+        total += int(np.dot(buf[i : i + step].astype(np.int64), w[i : i + step]))
     return total & 0xFFFFFFFF
+
+
+@lru_cache(maxsize=4096)
+def _sections(scheme: "Scheme", n: int) -> "list[Section]":
+    return scheme.sections(n)
 
 
 @lru_cache(maxsize=4096)
@@ -84,7 +98,10 @@ class Payload:
 
     @property
     def n(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64)) if self.shape else 1
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
 
     @property
     def nbytes(self) -> int:
@@ -103,7 +120,7 @@ class Payload:
         """The payload as a uint8 array (no copy of the sections beyond one concatenation)."""
         spec = self.scheme.spec
         pieces = [np.frombuffer(header_bytes(spec, self.dtype, self.shape, self.nbytes), np.uint8)]
-        for sec in self.scheme.sections(self.n):
+        for sec in _sections(self.scheme, self.n):
             arr = np.ascontiguousarray(np.asarray(self.parts[sec.name]).astype(sec.dtype, copy=False))
             if arr.size != sec.count:
                 raise PayloadError(f"section {sec.name!r} holds {arr.size} values; the scheme needs {sec.count}")
@@ -155,6 +172,8 @@ def parse_one(buf: NDArray[Any], offset: int = 0) -> tuple[Payload, int]:
     dims = struct.unpack(f"<{ndim}Q", bytes(view[_FIXED.size : _FIXED.size + 8 * ndim]))
     n = 1
     for d in dims:
+        if d > MAX_ELEMENTS:
+            raise PayloadError(f"payload claims a dimension of {d}; at most {MAX_ELEMENTS}")
         n *= d
     if n > MAX_ELEMENTS:
         raise PayloadError(f"payload claims {n} elements; at most {MAX_ELEMENTS}")
@@ -163,9 +182,12 @@ def parse_one(buf: NDArray[Any], offset: int = 0) -> tuple[Payload, int]:
         scheme = parse(spec_text)
     except (UnicodeDecodeError, SpecError) as e:
         raise PayloadError(f"payload names an invalid scheme: {e}") from None
+    if scheme.spec != spec_text:
+        # one spelling per payload: "ORQ:..." would decode alike but re-encode to other bytes
+        raise PayloadError(f"payload scheme spec {spec_text!r} is not canonical; expected {scheme.spec!r}")
     parts: dict[str, NDArray[Any]] = {}
     pos = hlen
-    for sec in scheme.sections(n):
+    for sec in _sections(scheme, n):
         if pos + sec.nbytes > total:
             raise PayloadError(
                 f"truncated payload: section {sec.name!r} needs {sec.nbytes} bytes at {pos}, total {total}"

@@ -221,21 +221,31 @@ def _mix(ops: Ops, x: Array) -> Array:
     return ops.xor(x, ops.shr(x, 15))
 
 
+def _mix_int(x: int) -> int:
+    """:func:`_mix` on one Python int (seeds are mixed on the host, once per tensor)."""
+    x = ((x ^ (x >> 16)) * _M1) & MASK32
+    x = ((x ^ (x >> 15)) * _M2) & MASK32
+    x = ((x ^ (x >> 16)) * _M3) & MASK32
+    return x ^ (x >> 15)
+
+
 def seed_words(seed: int) -> tuple[int, int]:
     """Split a (possibly large) integer seed into two 32-bit words, mixed so nearby seeds differ."""
     s = int(seed) & ((1 << 64) - 1)
     lo, hi = s & MASK32, (s >> 32) & MASK32
-    a = int(_mix(NUMPY, np.array([lo ^ 0x9E3779B9], dtype=np.int64))[0])
-    b = int(_mix(NUMPY, np.array([hi ^ a ^ 0x85EBCA6B], dtype=np.int64))[0])
+    a = _mix_int(lo ^ 0x9E3779B9)
+    b = _mix_int(hi ^ a ^ 0x85EBCA6B)
     return a, b
 
 
-def uniforms(ops: Ops, seed: int, start: int, n: int) -> Array:
+def uniforms(ops: Ops, seed: int | tuple[Array, Array], start: int, n: int) -> Array:
     """``n`` float32 draws in [0, 1) for elements ``start .. start+n-1`` of stream ``seed``.
 
-    24 random bits each, so every draw is exactly representable in float32.
+    24 random bits each, so every draw is exactly representable in float32. ``seed`` may also be
+    its two seed words already split (int64 scalars of ``ops``: a TF graph derives them from a
+    step counter it holds in a variable, see ``hvd_gradq.tensorflow.ops.step_words``).
     """
-    a, b = seed_words(seed)
+    a, b = seed if isinstance(seed, tuple) else seed_words(seed)
     idx = ops.arange(n) + int(start)
     x = _mix(ops, ops.xor(ops.band(idx, MASK32), a))
     x = _mix(ops, ops.xor(x, ops.band(ops.xor(ops.shr(idx, 32), b), MASK32)))

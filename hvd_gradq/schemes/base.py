@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import functools
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -77,8 +78,9 @@ class Scheme:
             raise SpecError(f"{self.name}: bucket={self.bucket} is too large; valid: 1 .. 2**24")
 
     # -- identity -----------------------------------------------------------------------
-    @property
+    @functools.cached_property
     def spec(self) -> str:
+        """The canonical spec string (computed once: it is in every payload header)."""
         from ..spec import to_spec
 
         return to_spec(self)
@@ -130,7 +132,7 @@ class LevelScheme(Scheme):
     """A scheme that quantizes each bucket onto a sorted table of levels."""
 
     clip: float = param(0.0, float, "clip each bucket to mean +- clip*std before levels are chosen (0: off)")
-    scales: Scales = param(Scales.FP32, Scales, "wire precision of per-bucket levels/scales")
+    scales: Scales = param(Scales.FP32, Scales, "wire precision of per-bucket levels/scales (fp16 saturates at 65504)")
 
     meta_width: ClassVar[int] = 1
 
@@ -192,7 +194,10 @@ class LevelScheme(Scheme):
     def round_meta(self, ops: Ops, meta: Array) -> Array:
         """Meta as the receiver will see it, so codes are chosen against the levels decoded."""
         if self.scales is Scales.FP16:
-            return ops.f32(ops.to_f16(meta))
+            # saturate at fp16's largest finite value: a scale beyond it would become inf and
+            # decode the whole bucket to inf/NaN; saturated, elements beyond it clamp instead
+            lim = np.float32(65504.0)
+            return ops.f32(ops.to_f16(ops.clip(meta, -lim, lim)))
         return meta
 
     def assign(self, ops: Ops, x: Array, table: Array, u: Array | None) -> Array:
