@@ -6,12 +6,18 @@
 #   docker run --rm --shm-size=1g hvd_gradq                 # runs scripts/test.sh
 #
 # Offline torch: wheels put in .docker-wheels/ of the build context (scripts/docker_check.sh
-# does this) are offered to setup.sh as /opt/wheels during the set-up step only, and never land
+# does this) are lent to setup.sh as /opt/wheels during the set-up step only, and never land
 # in a layer of the image; without them setup.sh takes torch from the PyTorch CPU index.
 
-# The build context as COPY sees it (.dockerignore applied); bind-mounted by the set-up step.
+# The build context as COPY sees it (.dockerignore applied), with the optional wheels moved
+# out of the tree to /wheels.
 FROM debian:bookworm-slim AS src
 COPY . /ctx
+RUN mkdir -p /wheels \
+ && if [ -d /ctx/.docker-wheels ]; then \
+      find /ctx/.docker-wheels -maxdepth 1 -name '*.whl' -exec mv -t /wheels {} + \
+      && rm -rf /ctx/.docker-wheels; \
+    fi
 
 FROM debian:bookworm-slim
 
@@ -41,20 +47,20 @@ ENV OMPI_ALLOW_RUN_AS_ROOT=1 \
 
 WORKDIR /opt/hvd_gradq
 
-# The repository is copied from the bind-mounted context minus .docker-wheels/, whose wheels
-# are only lent to setup.sh.
+COPY --from=src /ctx /opt/hvd_gradq
+
 # setup.sh pins the versions itself, so a --build-arg that differs from them fails loudly here
-# rather than being silently ignored. Caches (pip's, setup.sh's Horovod wheel) live in /tmp for
-# this step only.
-RUN --mount=type=bind,from=src,source=/ctx,target=/ctx \
-    tar -C /ctx --exclude=./.docker-wheels -cf - . | tar -C /opt/hvd_gradq -xf - \
- && for pin in "HOROVOD_VERSION=${HOROVOD_VERSION}" "TORCH_VERSION=${TORCH_VERSION}" \
-                "TF_VERSION=${TF_VERSION}"; do \
+# rather than being silently ignored. The wheels from the src stage are bind-mounted, and
+# /opt/wheels (where setup.sh looks) points at them for this step only. Caches (pip's,
+# setup.sh's Horovod wheel) live in /tmp for this step only.
+RUN --mount=type=bind,from=src,source=/wheels,target=/tmp/lent-wheels \
+    for pin in "HOROVOD_VERSION=${HOROVOD_VERSION}" "TORCH_VERSION=${TORCH_VERSION}" \
+               "TF_VERSION=${TF_VERSION}"; do \
       grep -qx "${pin}" scripts/setup.sh \
         || { echo "Dockerfile ARG ${pin} differs from scripts/setup.sh" >&2; exit 1; }; \
     done \
- && if [ -n "$(find /ctx/.docker-wheels -maxdepth 1 -name '*.whl' 2>/dev/null)" ]; then \
-      mkdir -p /opt/wheels && cp /ctx/.docker-wheels/*.whl /opt/wheels/; \
+ && if [ -n "$(find /tmp/lent-wheels -maxdepth 1 -name '*.whl')" ]; then \
+      ln -s /tmp/lent-wheels /opt/wheels; \
     fi \
  && PIP_NO_CACHE_DIR=1 HVD_GRADQ_CACHE=/tmp/hvd_gradq-cache bash scripts/setup.sh \
  && rm -rf /opt/wheels /tmp/hvd_gradq-cache /root/.cache /var/lib/apt/lists/*

@@ -7,6 +7,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
+from . import kernels
 from .errors import GradqError, NonFiniteError
 from .payload import Payload
 from .schemes.base import NonFinite, Scheme
@@ -51,7 +52,8 @@ def quantize(x: Any, spec: str | Scheme, *, seed: int = 0, name: str = "tensor")
             parts = scheme.encode(NUMPY, flat, seed)
             return Payload(scheme, tuple(arr.shape), dtype, {k: np.asarray(v) for k, v in parts.items()})
         return _propagate(scheme, flat, arr.shape, dtype, seed)
-    parts = scheme.encode(NUMPY, flat, seed)
+    fast = kernels.encode(scheme, flat, seed)  # the compiled fast path (bit-identical), or None
+    parts = fast if fast is not None else scheme.encode(NUMPY, flat, seed)
     return Payload(scheme, tuple(arr.shape), dtype, {k: _wire(np.asarray(v)) for k, v in parts.items()})
 
 
@@ -80,7 +82,9 @@ def _propagate(scheme: Scheme, flat: NDArray[Any], shape: tuple[int, ...], dtype
 
 def dequantize(payload: Payload) -> NDArray[Any]:
     """Decode a payload to an array of its original shape and dtype."""
-    parts = {k: (v.astype(np.int64) if v.dtype == np.uint8 else v) for k, v in payload.parts.items()}
-    flat = np.asarray(payload.scheme.decode(NUMPY, parts, payload.n), dtype=np.float32)
+    flat = kernels.decode(payload.scheme, payload.parts, payload.n)  # fast path, or None
+    if flat is None:
+        parts = {k: (v.astype(np.int64) if v.dtype == np.uint8 else v) for k, v in payload.parts.items()}
+        flat = np.asarray(payload.scheme.decode(NUMPY, parts, payload.n), dtype=np.float32)
     dt = payload.dtype if payload.dtype != "bfloat16" else "float32"
     return flat.reshape(payload.shape).astype(dt)

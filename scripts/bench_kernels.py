@@ -1,0 +1,195 @@
+"""Time quantize + dequantize of 64 MB of float32 (16M elements, buckets of 512) per scheme on
+ONE thread, as a share of a plain 64 MB copy into a preallocated buffer timed in the same run,
+for the NumPy reference (``scheme.encode(NUMPY, ...)`` / ``scheme.decode``) and for the
+compiled fast path (``hvd_gradq.kernels``, preallocated output buffers). Writes
+results/kernels.md and results/raw/kernels.json.
+
+    .venv/bin/python scripts/bench_kernels.py            # everything (the reference takes minutes)
+    .venv/bin/python scripts/bench_kernels.py --no-ref   # the fast path only
+
+"% of copy" is copy_ms / total_ms * 100 (the bandwidth of quantize+dequantize as a share of a
+memcpy's); targets: uniform, qsgd, terngrad, sign >= 20%; orq, bingrad >= 5%. Every figure is
+the best of several runs (wall clock), as is the copy's.
+"""
+from __future__ import annotations
+
+import os
+
+for _var in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLAS_NUM_THREADS"):
+    os.environ[_var] = "1"
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import platform  # noqa: E402
+import sys  # noqa: E402
+import time  # noqa: E402
+from collections.abc import Callable  # noqa: E402
+from pathlib import Path  # noqa: E402
+from typing import Any  # noqa: E402
+
+import numpy as np  # noqa: E402
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from hvd_gradq import kernels  # noqa: E402
+from hvd_gradq.spec import parse  # noqa: E402
+from hvd_gradq.xp import NUMPY  # noqa: E402
+
+# (spec, target %): the issue's schemes at their defaults, plus the variants worth seeing
+SCHEMES: list[tuple[str, float]] = [
+    ("uniform:bits=8", 20.0),
+    ("uniform:bits=4", 20.0),
+    ("qsgd:levels=4", 20.0),
+    ("qsgd:levels=1", 20.0),
+    ("terngrad", 20.0),
+    ("sign", 20.0),
+    ("bingrad", 5.0),
+    ("bingrad:variant=pb", 5.0),
+    ("orq:levels=3", 5.0),
+    ("orq:levels=5", 5.0),
+    ("orq:levels=9", 5.0),
+]
+
+
+def best_of(fn: Callable[[], Any], reps: int) -> tuple[float, float]:
+    """(best wall-clock ms, best thread-CPU ms) over ``reps`` runs."""
+    wall = cpu = float("inf")
+    for _ in range(reps):
+        t0, c0 = time.perf_counter(), time.thread_time()
+        fn()
+        c1, t1 = time.thread_time(), time.perf_counter()
+        wall, cpu = min(wall, (t1 - t0) * 1e3), min(cpu, (c1 - c0) * 1e3)
+    return wall, cpu
+
+
+def fast_path(spec: str, x: np.ndarray, reps: int) -> dict[str, float] | None:
+    scheme = parse(spec)
+    n = x.size
+    sec = {s.name: s for s in scheme.sections(n)}
+    out = {"meta": np.empty(sec["meta"].count, np.float32), "codes": np.empty(sec["codes"].count, np.uint8)}
+    parts = kernels.encode(scheme, x, 1, out=out)  # compiles (or loads the cache), touches the buffers
+    if parts is None:
+        return None
+    dst = np.empty(n, np.float32)
+    kernels.decode(scheme, parts, n, out=dst)
+    enc = best_of(lambda: kernels.encode(scheme, x, 1, out=out), reps)
+    dec = best_of(lambda: kernels.decode(scheme, parts, n, out=dst), reps)
+    return {"encode_ms": enc[0], "decode_ms": dec[0], "encode_cpu_ms": enc[1], "decode_cpu_ms": dec[1]}
+
+
+def reference(spec: str, x: np.ndarray, reps: int) -> dict[str, float]:
+    scheme = parse(spec)
+    holder: dict[str, Any] = {}
+
+    def enc() -> None:
+        holder["parts"] = scheme.encode(NUMPY, x, 1)
+
+    e = best_of(enc, reps)
+    parts = {k: np.asarray(v) for k, v in holder["parts"].items()}
+    d = best_of(lambda: scheme.decode(NUMPY, parts, x.size), reps)
+    return {"encode_ms": e[0], "decode_ms": d[0], "encode_cpu_ms": e[1], "decode_cpu_ms": d[1]}
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--elements", type=int, default=1 << 24, help="float32 elements (default 16M = 64 MB)")
+    ap.add_argument("--reps", type=int, default=9, help="runs of each fast-path timing (best kept)")
+    ap.add_argument("--ref-reps", type=int, default=1, help="runs of each reference timing")
+    ap.add_argument("--no-ref", action="store_true", help="skip the (slow) NumPy reference")
+    ap.add_argument("--schemes", nargs="*", help="specs to time (default: the issue's list)")
+    ap.add_argument("--out", default=str(ROOT / "results" / "kernels.md"))
+    args = ap.parse_args()
+
+    n = args.elements
+    x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    dst = np.empty_like(x)
+    np.copyto(dst, x)
+    copy_ms, copy_cpu = best_of(lambda: np.copyto(dst, x), max(15, args.reps))
+    print(f"copy of {x.nbytes / 2**20:.0f} MB into a preallocated buffer: {copy_ms:.2f} ms "
+          f"({x.nbytes / copy_ms / 1e6:.1f} GB/s)", flush=True)
+    targets = dict(SCHEMES)
+    specs = args.schemes or [s for s, _ in SCHEMES]
+    rows: list[dict[str, Any]] = []
+    for spec in specs:
+        target = targets.get(spec, 20.0 if parse(spec).name in ("uniform", "qsgd", "terngrad", "sign") else 5.0)
+        paths: list[tuple[str, dict[str, float] | None]] = []
+        if kernels.available():
+            paths.append(("fast (numba)", fast_path(spec, x, args.reps)))
+        if not args.no_ref:
+            paths.append(("reference (NumPy)", reference(spec, x, args.ref_reps)))
+        for path, r in paths:
+            row: dict[str, Any] = {"scheme": spec, "path": path, "target_pct": target}
+            if r is None:
+                row["note"] = "no fast path for this scheme (the reference runs instead)"
+            else:
+                total = r["encode_ms"] + r["decode_ms"]
+                row.update(r, total_ms=total, pct_of_copy=copy_ms / total * 100.0)
+                row["met"] = row["pct_of_copy"] >= target
+            rows.append(row)
+            if "total_ms" in row:
+                print(f"{spec:22s} {path:18s} enc {row['encode_ms']:9.1f}  dec {row['decode_ms']:8.1f}  "
+                      f"total {row['total_ms']:9.1f} ms  {row['pct_of_copy']:6.2f}% of copy "
+                      f"(target {target:.0f}%: {'met' if row['met'] else 'NOT met'})", flush=True)
+            else:
+                print(f"{spec:22s} {path:18s} {row['note']}", flush=True)
+
+    out = Path(args.out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    load = os.getloadavg()
+    lines = [
+        f"# Kernel throughput: quantize + dequantize of {x.nbytes / 2**20:.0f} MB of float32",
+        "",
+        f"{n} float32 elements ({x.nbytes / 2**20:.0f} MB, standard normal), buckets of 512, ONE thread "
+        "(NUMBA_NUM_THREADS=OMP_NUM_THREADS=MKL_NUM_THREADS=1). Baseline: `np.copyto(dst, src)` into a "
+        f"preallocated buffer, best of {max(15, args.reps)} in the same run. % of copy = copy_ms / total_ms "
+        f"* 100. Best of {args.reps} runs (fast path) and {args.ref_reps} (reference).",
+        "",
+        "Fast path: `hvd_gradq.kernels.encode(..., out=...)` / `decode(..., out=...)` (numba, preallocated "
+        "output buffers, bit-identical to the reference: tests/unit/test_kernels.py). Reference: "
+        "`scheme.encode(NUMPY, ...)` / `scheme.decode(NUMPY, ...)`.",
+        "",
+        f"Load average during the run: {load[0]:.1f} / {load[1]:.1f} / {load[2]:.1f} on {os.cpu_count()} CPUs "
+        "(a shared machine: wall-clock figures include time spent waiting for a CPU and for memory).",
+        "",
+    ]
+    for clock, key, label in (("wall", "", "wall clock"), ("cpu", "_cpu", "thread CPU time")):
+        cms = copy_ms if clock == "wall" else copy_cpu
+        lines += [
+            f"## {label} (copy: {cms:.2f} ms, {x.nbytes / cms / 1e6:.1f} GB/s)",
+            "",
+            "| scheme | path | encode ms | decode ms | total ms | % of copy bandwidth | target | met? |",
+            "|---|---|---:|---:|---:|---:|---:|---|",
+        ]
+        for r in rows:
+            if "total_ms" in r:
+                e, d = r["encode" + key + "_ms"], r["decode" + key + "_ms"]
+                pct = cms / (e + d) * 100.0
+                lines.append(
+                    f"| {r['scheme']} | {r['path']} | {e:.1f} | {d:.1f} | {e + d:.1f} | {pct:.2f}% "
+                    f"| {r['target_pct']:.0f}% | {'yes' if pct >= r['target_pct'] else 'no'} |"
+                )
+            else:
+                lines.append(f"| {r['scheme']} | {r['path']} | - | - | - | - | {r['target_pct']:.0f}% | {r['note']} |")
+        lines.append("")
+    lines += [
+        f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
+        f"NumPy {np.__version__}" + (f", numba {_numba_version()}" if kernels.available() else "") + ".",
+        "",
+    ]
+    out.write_text("\n".join(lines))
+    raw = ROOT / "results" / "raw" / "kernels.json"
+    raw.parent.mkdir(parents=True, exist_ok=True)
+    raw.write_text(json.dumps({"elements": n, "copy_ms": copy_ms, "copy_cpu_ms": copy_cpu, "rows": rows}, indent=1))
+    print(f"wrote {out} and {raw}")
+    return 0
+
+
+def _numba_version() -> str:
+    import numba
+
+    return str(numba.__version__)
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

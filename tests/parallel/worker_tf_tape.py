@@ -1,0 +1,253 @@
+"""hvd_gradq.tensorflow with hvd.DistributedGradientTape: checkpoint/resume, dtypes, eager,
+sparse gradients, Sum vs Average, the NumPy oracle, and a rank-configuration mismatch.
+
+Each section reports what the launching test (tests/parallel/test_tf.py) checks; ``--only``
+runs a comma-separated subset of sections.
+"""
+import argparse
+import hashlib
+import os
+import tempfile
+import time
+
+import horovod.tensorflow as hvd
+import numpy as np
+import tensorflow as tf
+from harness import report
+
+import hvd_gradq
+import hvd_gradq.tensorflow as gq
+from hvd_gradq.errors import GradqError
+from hvd_gradq.payload import split
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--only", default="")
+ap.add_argument("--ckpt-specs", default="orq:levels=3,ef=true;qsgd:ef=true")
+args = ap.parse_args()
+only = set(filter(None, args.only.split(",")))
+
+hvd.init()
+tf.config.threading.set_inter_op_parallelism_threads(2)
+tf.config.threading.set_intra_op_parallelism_threads(1)
+rank, size = hvd.rank(), hvd.size()
+out: dict = {"size": size}
+
+
+def want(section: str) -> bool:
+    """Whether to run a section; its CPU seconds are reported under "cpu"."""
+    if only and section not in only:
+        return False
+    out.setdefault("cpu", {})[section] = -time.process_time()
+    return True
+
+
+def done(section: str) -> None:
+    out["cpu"][section] += time.process_time()
+
+
+def digest(variables) -> str:
+    h = hashlib.sha256()
+    for v in variables:
+        h.update(v.numpy().tobytes())
+    return h.hexdigest()
+
+
+def build(dtype="float32", seed=0):
+    tf.keras.backend.clear_session()
+    tf.keras.utils.set_random_seed(seed)
+    model = tf.keras.Sequential([
+        tf.keras.Input((12,), dtype=dtype),
+        tf.keras.layers.Dense(48, activation="tanh", dtype=dtype),  # 576 = a bucket of 512 and a tail
+        tf.keras.layers.Dense(3, dtype=dtype),
+    ])
+    return model
+
+
+def batch(step, dtype="float32"):
+    rng = np.random.default_rng(1000 * step + rank)
+    x = rng.standard_normal((16, 12)).astype(dtype)
+    y = rng.integers(0, 3, 16)
+    return tf.constant(x), tf.constant(y)
+
+
+def make_step(model, opt, comp, eager=False):
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    def step(x, y):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, tf.cast(model(x, training=True), tf.float32))
+        tape = hvd.DistributedGradientTape(tape, compression=comp)
+        grads = tape.gradient(loss, model.trainable_variables)
+        opt.apply_gradients(zip(grads, model.trainable_variables))
+        return loss
+
+    return step if eager else tf.function(step)
+
+
+# -- 1. checkpoint after 5 steps, resume, same weights after 10 as an uninterrupted run ---------
+if want("ckpt"):
+    ckdir = os.path.join(tempfile.gettempdir(), f"hvdq-tf-ckpt-{os.getpid()}")
+    res = {}
+    for spec in args.ckpt_specs.split(";"):
+        def fresh(spec=spec):
+            model = build()
+            opt = tf.keras.optimizers.SGD(0.1, momentum=0.9)
+            comp = gq.from_spec(spec, name="ck")
+            return model, opt, comp, make_step(model, opt, comp)
+
+        model, opt, comp, step = fresh()
+        for i in range(10):
+            step(*batch(i))
+        straight = digest(model.trainable_variables)
+        straight_res = [r.numpy().tobytes() for r in comp.residuals]
+        n_slots = len(comp.slots())
+
+        model, opt, comp, step = fresh()
+        for i in range(5):
+            step(*batch(i))
+        at5 = {"residuals": [r.numpy().copy() for r in comp.residuals], "steps": [s["steps"] for s in comp.slots()]}
+        path = tf.train.Checkpoint(model=model, optimizer=opt, compressor=comp).save(os.path.join(ckdir, "c"))
+
+        model, opt, comp, step = fresh()  # new objects: nothing carried over but the checkpoint
+        status = tf.train.Checkpoint(model=model, optimizer=opt, compressor=comp).restore(path)
+        x0, y0 = batch(5)
+        step.get_concrete_function(x0, y0)  # the trace creates the slots: restored on creation
+        restored = [r.numpy() for r in comp.residuals]
+        status.assert_existing_objects_matched()
+        for i in range(5, 10):
+            step(*batch(i))
+        resumed = digest(model.trainable_variables)
+        res[spec] = {
+            "straight": straight,
+            "resumed": resumed,
+            "slots": n_slots,
+            "residuals_exact": all(np.array_equal(a, b) for a, b in zip(at5["residuals"], restored))
+            and len(restored) == len(at5["residuals"]),
+            "residuals_nonzero": any(float(np.abs(r).max()) > 0 for r in at5["residuals"]),
+            "steps_at5": at5["steps"],
+            "steps_end": [s["steps"] for s in comp.slots()],
+            "residual_end_same": [r.numpy().tobytes() for r in comp.residuals] == straight_res,
+        }
+    out["ckpt"] = res
+    done("ckpt")
+
+# -- 2. gradient dtypes: fp16, bf16, fp64 (and fp32), compressed and cast back ----------------
+if want("dtypes"):
+    res = {}
+    cases = [("float16", "qsgd:ef=true"), ("bfloat16", "orq:levels=3"), ("float64", "topk:ratio=0.2,ef=true"),
+             ("float32", "uniform:bits=4")]
+    for dtype, spec in cases:
+        model = build(dtype)
+        opt = tf.keras.optimizers.SGD(0.05)
+        comp = gq.from_spec(spec)
+        step = make_step(model, opt, comp)
+        losses = [float(step(*batch(i, "float32" if dtype == "bfloat16" else dtype))) for i in range(3)]
+        res[dtype] = {"digest": digest(model.trainable_variables), "finite": bool(np.isfinite(losses).all()),
+                      "var_dtypes": sorted({v.dtype.name for v in model.trainable_variables}),
+                      "slot_dtypes": sorted({s["dtype"] for s in comp.slots()}),
+                      "steps": [s["steps"] for s in comp.slots()]}
+    out["dtypes"] = res
+    done("dtypes")
+
+# -- 3. an eager tape (Horovod wraps the reduction in its own tf.function) ---------------------
+if want("eager"):
+    model = build()
+    opt = tf.keras.optimizers.SGD(0.1)
+    comp = gq.ORQ(levels=3, ef=True)
+    step = make_step(model, opt, comp, eager=True)
+    for i in range(3):
+        step(*batch(i))
+    out["eager"] = {"digest": digest(model.trainable_variables), "steps": [s["steps"] for s in comp.slots()]}
+    done("eager")
+
+# -- 4. sparse gradients: Horovod allgathers IndexedSlices itself unless sparse_as_dense --------
+if want("sparse"):
+    res = {}
+    for dense in (False, True):
+        tf.keras.backend.clear_session()
+        tf.keras.utils.set_random_seed(0)
+        model = tf.keras.Sequential([tf.keras.Input((5,), dtype="int32"), tf.keras.layers.Embedding(50, 8),
+                                     tf.keras.layers.GlobalAveragePooling1D(), tf.keras.layers.Dense(2)])
+        opt = tf.keras.optimizers.SGD(0.1)
+        comp = gq.QSGD(ef=True)
+
+        @tf.function
+        def sstep(x, y, model=model, opt=opt, comp=comp, dense=dense):
+            with tf.GradientTape() as tape:
+                loss = tf.keras.losses.sparse_categorical_crossentropy(y, model(x), from_logits=True)
+            tape = hvd.DistributedGradientTape(tape, compression=comp, sparse_as_dense=dense)
+            grads = tape.gradient(loss, model.trainable_variables)
+            opt.apply_gradients(zip(grads, model.trainable_variables))
+
+        for i in range(3):
+            rng = np.random.default_rng(10 * i + rank)
+            sstep(tf.constant(rng.integers(0, 50, (8, 5)), tf.int32), tf.constant(rng.integers(0, 2, 8)))
+        res["dense" if dense else "sparse"] = {"digest": digest(model.trainable_variables),
+                                               "slot_shapes": [s["shape"] for s in comp.slots()]}
+    out["sparse"] = res
+    done("sparse")
+
+# -- 5. Sum and Average, and the NumPy oracle for the decoded sum ------------------------------
+if want("oracle"):
+    res = {}
+    rng = np.random.default_rng(rank)
+    t = tf.constant(rng.standard_normal((37, 29)).astype(np.float32))
+    for spec in ["none", "orq:levels=5", "bingrad:variant=pb", "topk:ratio=0.1", "sign", "fp16"]:
+        comp = gq.from_spec(spec, pattern="gather")
+
+        @tf.function
+        def red(t, comp=comp):
+            c1, ctx1 = comp.compress(t)
+            avg = comp.decompress(hvd.allreduce(c1, op=hvd.Average, name="oracle.avg"), ctx1)
+            c2, ctx2 = comp.compress(t)
+            tot = comp.decompress(hvd.allreduce(c2, op=hvd.Sum, name="oracle.sum"), ctx2)
+            return avg, tot, ctx1.result, ctx2.result
+
+        avg, tot, g1, g2 = red(t)
+        # the NumPy reference: parse the gathered payloads, decode each, sum in rank order
+        ok = True
+        for res_bytes, got, avg_ in ((g1, avg, True), (g2, tot, False)):
+            payloads = split(res_bytes.numpy())
+            ref = None
+            for p in payloads:
+                v = hvd_gradq.dequantize(p).reshape(-1)
+                ref = v.copy() if ref is None else ref + v
+            ref = (ref / np.float32(size)) if avg_ else ref
+            ok = ok and len(payloads) == size and np.array_equal(ref.reshape(37, 29), got.numpy())
+        entry = {"oracle_equal": bool(ok), "digest": digest([avg, tot])}
+        if spec == "none":
+            allt = hvd.allgather(tf.reshape(t, (1, 37, 29)), name="oracle.raw").numpy()
+            exact = allt[0].copy()
+            for r in range(1, size):
+                exact = exact + allt[r]
+            entry["sum_exact"] = bool(np.array_equal(exact, tot.numpy()))
+            entry["avg_exact"] = bool(np.array_equal(exact / np.float32(size), avg.numpy()))
+        res[spec] = entry
+    # an eager hvd.allreduce(compression=...) works without error feedback, and refuses it
+    plain = hvd.allreduce(t, op=hvd.Average, name="oracle.plain").numpy()
+    e0 = hvd.allreduce(t, compression=gq.NoCompression(), op=hvd.Average, name="oracle.eager0").numpy()
+    e1 = hvd.allreduce(t, compression=gq.QSGD(levels=4), op=hvd.Average, name="oracle.eager1").numpy()
+    step = hvd.allreduce(tf.reduce_max(tf.abs(t)), op=hvd.Max, name="oracle.max").numpy() / 4
+    res["eager_none_close"] = bool(np.allclose(e0, plain, rtol=1e-6, atol=1e-6))
+    res["eager_qsgd_within_step"] = bool(np.abs(e1 - plain).max() <= step * 1.0001)
+    try:
+        hvd.allreduce(t, compression=gq.QSGD(ef=True), name="oracle.eager.ef")
+        res["eager_ef_refused"] = False
+    except GradqError:
+        res["eager_ef_refused"] = True
+    out["oracle"] = res
+    done("oracle")
+
+# -- 6. ranks that disagree on the configuration fail on every rank, naming the difference ----
+if want("mismatch"):
+    comp = gq.ORQ(levels=5 if rank == 0 else 9, name="mm")
+    model = build()
+    step = make_step(model, tf.keras.optimizers.SGD(0.1), comp)
+    try:
+        step(*batch(0))
+        out["mismatch"] = "no error"
+    except Exception as e:  # AutoGraph re-raises it as a StagingError carrying the message
+        out["mismatch"] = f"{type(e).__name__}: {e}"
+    done("mismatch")
+
+report(rank, out)

@@ -1,0 +1,182 @@
+"""The compiled fast paths (hvd_gradq/kernels) against the NumPy reference: bit-identical metas,
+packed bytes and decoded floats for every level scheme, on inputs with tails, zero and constant
+buckets, outliers, clipping and fp16 scales."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+
+from hvd_gradq import dequantize, kernels, quantize
+from hvd_gradq.schemes import orq as orq_mod
+from hvd_gradq.spec import parse
+from hvd_gradq.xp import NUMPY
+
+pytestmark = pytest.mark.skipif(not kernels.available(), reason="numba is not installed")
+
+SCHEMES = (
+    [f"uniform:bits={b}" for b in range(1, 9)]
+    + [f"qsgd:levels={q},norm={nm}" for q in (1, 2, 4) for nm in ("max", "l2")]
+    + ["terngrad", "terngrad:clip=0", "sign", "bingrad", "bingrad:variant=pb"]
+    + [f"orq:levels={s}" for s in range(2, 10)]
+    + ["orq:levels=18", "orq:levels=33"]  # the greedy levels (beyond the dynamic programs)
+)
+OPTIONS = ["", "clip=2.5", "scales=fp16", "clip=0.7,scales=fp16", "bucket=100", "bucket=37,clip=1"]
+
+
+def _with(spec: str, opt: str) -> str:
+    if not opt:
+        return spec
+    if "clip=" in spec and "clip=" in opt:
+        opt = ",".join(o for o in opt.split(",") if not o.startswith("clip="))
+        if not opt:
+            return spec
+    return spec + ("," if ":" in spec else ":") + opt
+
+
+def _inputs() -> list[np.ndarray]:
+    rng = np.random.default_rng(7)
+    mixed = rng.standard_normal(2600).astype(np.float32)
+    mixed[512:1024] = 0.0  # a zero bucket
+    mixed[1024:1536] = -1.5  # a constant bucket
+    mixed[1700] = 3e4  # an outlier
+    mixed[1800:1810] = 1e-30  # tiny values next to large ones
+    heavy = rng.standard_cauchy(1031).astype(np.float32)
+    return [mixed, heavy, rng.standard_normal(7).astype(np.float32), np.float32([0.25]), np.zeros(0, np.float32)]
+
+
+INPUTS = _inputs()
+
+
+def _bits(a: np.ndarray) -> np.ndarray:
+    a = np.asarray(a)
+    if a.dtype.kind == "f":
+        return np.ascontiguousarray(a, dtype=np.float32).view(np.uint32)
+    return a.astype(np.int64)
+
+
+def _assert_same(a: np.ndarray, b: np.ndarray, what: str) -> None:
+    a, b = _bits(a), _bits(b)
+    assert a.shape == b.shape, f"{what}: shapes {a.shape} != {b.shape}"
+    bad = np.nonzero(a != b)[0]
+    assert bad.size == 0, f"{what}: {bad.size} differ, first at {bad[:5]}"
+
+
+def _has_fast_path(spec: str) -> bool:
+    s = parse(spec)
+    dp_max = getattr(orq_mod, "DP_MAX_LEVELS", 0)
+    return not (s.name == "orq" and 4 <= s.symbols <= dp_max)
+
+
+@pytest.mark.parametrize("base", SCHEMES)
+def test_bit_identical_to_reference(base: str) -> None:
+    for opt in OPTIONS:
+        spec = _with(base, opt)
+        scheme = parse(spec)
+        for x in INPUTS:
+            got = kernels.encode(scheme, x, 12345)
+            if not _has_fast_path(spec):
+                assert got is None
+                continue
+            assert got is not None, spec
+            ref = scheme.encode(NUMPY, x, 12345)
+            what = f"{spec} n={x.size}"
+            _assert_same(ref["meta"], got["meta"], what + " meta")
+            assert got["codes"].dtype == np.uint8
+            _assert_same(ref["codes"], got["codes"], what + " codes")
+            dref = scheme.decode(NUMPY, {k: np.asarray(v) for k, v in ref.items()}, x.size)
+            dgot = kernels.decode(scheme, got, x.size)
+            assert dgot is not None and dgot.dtype == np.float32
+            _assert_same(dref, dgot, what + " decoded")
+
+
+def test_many_buckets_and_seeds() -> None:
+    # several full buckets, a long code stream (units straddle buckets), other seeds
+    x = (np.random.default_rng(3).standard_normal(40 * 512 + 333) * 1e-3).astype(np.float32)
+    for spec in ("qsgd", "terngrad", "orq:levels=3", "bingrad:variant=pb", "uniform:bits=3", "qsgd:levels=2"):
+        scheme = parse(spec)
+        for seed in (0, 2**40 + 17):
+            ref = scheme.encode(NUMPY, x, seed)
+            got = kernels.encode(scheme, x, seed)
+            assert got is not None
+            _assert_same(ref["meta"], got["meta"], spec)
+            _assert_same(ref["codes"], got["codes"], spec)
+
+
+def test_decode_sum_adds_in_list_order() -> None:
+    rng = np.random.default_rng(11)
+    n = 3 * 512 + 77
+    for spec in ("qsgd", "orq:levels=3", "sign", "uniform:bits=4"):
+        scheme = parse(spec)
+        parts = [kernels.encode(scheme, (rng.standard_normal(n) * 10.0**k).astype(np.float32), k) for k in range(4)]
+        assert all(p is not None for p in parts)
+        want = None
+        for p in parts:
+            v = np.asarray(scheme.decode(NUMPY, {k: np.asarray(a) for k, a in p.items()}, n), np.float32)
+            want = v.copy() if want is None else want + v
+        out = np.full(n, np.nan, np.float32)
+        assert kernels.decode_sum(scheme, parts, n, out)
+        _assert_same(want, out, spec)
+        assert not kernels.decode_sum(scheme, parts, n, np.zeros(n, np.float64))  # wrong dtype: no fast path
+
+
+def test_out_buffers_and_wire_dtypes() -> None:
+    x = np.random.default_rng(5).standard_normal(1500).astype(np.float32)
+    scheme = parse("qsgd:scales=fp16")
+    sec = {s.name: s for s in scheme.sections(x.size)}
+    out = {"meta": np.empty(sec["meta"].count, np.float32), "codes": np.empty(sec["codes"].count, np.uint8)}
+    got = kernels.encode(scheme, x, 1, out=out)
+    assert got is not None and got["meta"] is out["meta"] and got["codes"] is out["codes"]
+    # decode takes the wire's float16 meta and int64 byte values as the reference returns them
+    ref = scheme.encode(NUMPY, x, 1)
+    wire = {"meta": np.asarray(ref["meta"]).astype(np.float16), "codes": np.asarray(ref["codes"])}
+    dst = np.empty(x.size, np.float32)
+    assert kernels.decode(scheme, wire, x.size, out=dst) is dst
+    _assert_same(scheme.decode(NUMPY, {k: np.asarray(v) for k, v in ref.items()}, x.size), dst, "decode")
+    with pytest.raises(ValueError):
+        kernels.encode(scheme, x, 1, out={"meta": np.empty(7, np.float32)})
+
+
+def test_no_fast_path_for_other_schemes() -> None:
+    x = np.ones(10, np.float32)
+    for spec in ("none", "fp16", "topk"):
+        assert kernels.encode(parse(spec), x, 0) is None
+    assert kernels.decode(parse("qsgd"), {"meta": np.zeros(5, np.float32), "codes": np.zeros(1, np.uint8)}, 10) is None
+
+
+def test_api_uses_the_fast_path_with_the_same_bytes() -> None:
+    x = np.random.default_rng(9).standard_normal((37, 41)).astype(np.float32)
+    for spec in ("orq:levels=3", "qsgd:levels=2,scales=fp16", "bingrad"):
+        p = quantize(x, spec, seed=4)
+        scheme = parse(spec)
+        ref = scheme.encode(NUMPY, x.reshape(-1), 4)
+        _assert_same(ref["codes"], p.parts["codes"], spec)
+        back = dequantize(p)
+        want = scheme.decode(NUMPY, {k: np.asarray(v) for k, v in ref.items()}, x.size)
+        _assert_same(want, back.reshape(-1), spec)
+
+
+def test_fp16_scales_round_like_the_reference() -> None:
+    from hvd_gradq.kernels import _numba
+
+    bits = np.arange(0, 1 << 32, 65537, dtype=np.uint64).astype(np.uint32)
+    edge = np.float32([0.0, -0.0, 65504, 65519.996, 65520, -65520, 6.1035156e-05, 6.097555e-05, 2.9802322e-08,
+                       2.9802326e-08, 5.9604645e-08, 1e-45, 3e38, np.inf, -np.inf])
+    vals = np.concatenate([bits.view(np.float32), edge])
+    vals = vals[~np.isnan(vals)]
+    vals = vals[:: max(1, vals.size // 20000)]
+    want = np.asarray(parse("qsgd:scales=fp16").round_meta(NUMPY, vals), np.float32)
+    got = np.array([_numba.f16_round(v) for v in vals], np.float32)
+    _assert_same(want, got, "fp16 scales")
+
+
+def test_imports_without_numba() -> None:
+    code = ("import sys; sys.modules['numba'] = None; import numpy as np, hvd_gradq; "
+            "from hvd_gradq import kernels; assert not kernels.available(); "
+            "p = hvd_gradq.quantize(np.arange(9, dtype=np.float32), 'qsgd'); print(hvd_gradq.dequantize(p)[0])")
+    env = dict(os.environ)
+    subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True)

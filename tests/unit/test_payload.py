@@ -1,0 +1,289 @@
+"""The wire format (hvd_gradq/payload.py): bit-exact round trips and refusal of bad bytes."""
+
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import hvd_gradq
+from hvd_gradq import payload as pl
+from hvd_gradq.errors import PayloadError
+
+SCHEMES = [
+    "none",
+    "fp16",
+    "uniform:bits=8",
+    "uniform:bits=4,scales=fp16",
+    "qsgd:levels=1",
+    "qsgd:levels=4,norm=l2",
+    "terngrad",
+    "sign",
+    "topk",
+    "topk:values=orq,ratio=0.1",
+    "bingrad",
+    "bingrad:variant=pb",
+    "orq:levels=3",
+    "orq:levels=9",
+    "orq:levels=5,bucket=64",
+]
+SHAPES = [(), (0,), (1,), (7,), (600,), (3, 5, 41), (2, 0, 3)]
+DTYPES = [np.float16, np.float32, np.float64]
+
+
+def _data(shape: tuple[int, ...], dtype: type, seed: int = 0) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    return (rng.standard_normal(shape) * 3).astype(dtype)
+
+
+def reseal(buf: bytes | bytearray) -> bytes:
+    """Recompute the checksum field, so an edit reaches the checks behind the checksum."""
+    a = np.frombuffer(bytes(buf), np.uint8).copy()
+    if a.size < pl.CHECK_OFFSET + 4:
+        return bytes(a)
+    a[pl.CHECK_OFFSET : pl.CHECK_OFFSET + 4] = 0
+    a[pl.CHECK_OFFSET : pl.CHECK_OFFSET + 4] = np.frombuffer(struct.pack("<I", pl.checksum(a)), np.uint8)
+    return bytes(a)
+
+
+def _same_array(a: np.ndarray, b: np.ndarray) -> bool:
+    return a.dtype == b.dtype and a.shape == b.shape and a.tobytes() == b.tobytes()
+
+
+@pytest.mark.parametrize("spec", SCHEMES)
+@pytest.mark.parametrize("dtype", DTYPES, ids=lambda d: d.__name__)
+def test_round_trip_bit_exact(spec, dtype):
+    for i, shape in enumerate(SHAPES):
+        x = _data(shape, dtype, i)
+        p = hvd_gradq.quantize(x, spec, seed=11)
+        raw = p.to_bytes()
+        assert len(raw) == p.nbytes
+        q = hvd_gradq.Payload.from_bytes(raw)
+        assert q.scheme == p.scheme and q.shape == x.shape and q.dtype == np.dtype(dtype).name
+        assert q.to_bytes() == raw
+        assert set(q.parts) == set(p.parts)
+        for k in p.parts:  # (quantize may hold a section wider than its wire dtype: fp16 scales)
+            assert q.parts[k].tobytes() == np.asarray(p.parts[k]).astype(q.parts[k].dtype).tobytes(), k
+        # also from a uint8 array, as an allgather hands it over
+        assert hvd_gradq.Payload.from_bytes(np.frombuffer(raw, np.uint8)).to_bytes() == raw
+        y1, y2 = hvd_gradq.dequantize(p), hvd_gradq.dequantize(q)
+        assert y1.shape == x.shape and y1.dtype == x.dtype
+        assert _same_array(y1, y2)
+
+
+def test_header_layout_is_as_documented():
+    x = _data((4, 6), np.float64)
+    p = hvd_gradq.quantize(x, "orq:levels=3")
+    raw = p.to_bytes()
+    magic, version, dcode, ndim, flags, total, check, speclen = struct.unpack("<4sBBBBQIH", raw[:22])
+    assert (magic, version, ndim, flags, total) == (b"HVGQ", 1, 2, 0, len(raw))
+    assert pl.DTYPES[dcode] == "float64"
+    assert struct.unpack("<2Q", raw[22:38]) == (4, 6)
+    assert raw[38 : 38 + speclen].decode() == p.scheme.spec
+    # the checksum, written out independently: sum(byte_i * (1 + i mod 65521)) mod 2**32
+    zeroed = raw[:16] + b"\0\0\0\0" + raw[20:]
+    assert check == sum(b * (1 + i % 65521) for i, b in enumerate(zeroed)) % (1 << 32)
+    # sections follow in the scheme's order with their exact sizes
+    body = raw[38 + speclen :]
+    assert len(body) == p.body_nbytes == sum(s.nbytes for s in p.scheme.sections(24))
+
+
+def _small_payloads() -> list[bytes]:
+    return [
+        hvd_gradq.quantize(_data((5,), np.float32), "orq:levels=3", seed=1).to_bytes(),
+        hvd_gradq.quantize(_data((2, 3), np.float16), "bingrad:variant=pb").to_bytes(),
+        hvd_gradq.quantize(_data((9,), np.float32), "topk:ratio=0.5").to_bytes(),
+    ]
+
+
+@pytest.mark.parametrize("which", range(3))
+def test_every_single_bit_flip_is_refused(which):
+    raw = _small_payloads()[which]
+    p = hvd_gradq.Payload.from_bytes(raw)
+    hlen = pl.header_size(p.scheme.spec, len(p.shape))
+    assert hlen < len(raw)
+    # every bit of the header, and every bit of these small bodies too
+    for bit in range(len(raw) * 8):
+        bad = bytearray(raw)
+        bad[bit // 8] ^= 1 << (bit % 8)
+        with pytest.raises(PayloadError) as e:
+            hvd_gradq.Payload.from_bytes(bytes(bad))
+        assert str(e.value)
+
+
+def test_sampled_body_bit_flips_are_refused():
+    raw = hvd_gradq.quantize(_data((5000,), np.float32), "orq:levels=5", seed=3).to_bytes()
+    rng = np.random.default_rng(0)
+    for bit in rng.choice(len(raw) * 8, size=300, replace=False):
+        bad = bytearray(raw)
+        bad[bit // 8] ^= 1 << (bit % 8)
+        with pytest.raises(PayloadError, match=r"checksum|truncated|trailing|total|corrupt|magic|version"):
+            hvd_gradq.Payload.from_bytes(bytes(bad))
+
+
+def test_every_truncation_is_refused():
+    for raw in _small_payloads():
+        for n in range(len(raw)):
+            with pytest.raises(PayloadError, match=r"truncated|checksum|short"):
+                hvd_gradq.Payload.from_bytes(raw[:n])
+
+
+def test_specific_corruptions_have_clear_messages():
+    raw = _small_payloads()[0]
+
+    def edit(offset: int, fmt: str, value: int, seal: bool = True) -> bytes:
+        b = bytearray(raw)
+        struct.pack_into(fmt, b, offset, value)
+        return reseal(b) if seal else bytes(b)
+
+    cases = [
+        (b"XXXX" + raw[4:], "magic"),
+        (edit(4, "<B", 2, seal=False), "version 2 is not supported"),
+        (edit(4, "<B", 0), "version 0"),
+        (edit(5, "<B", 99), "dtype code 99"),
+        (edit(6, "<B", 17), "17 dimensions"),
+        (edit(7, "<B", 1), "flags"),
+        (edit(8, "<Q", len(raw) + 1000), f"header says {len(raw) + 1000} bytes, {len(raw)} present"),
+        (edit(8, "<Q", (1 << 64) - 1), "truncated"),
+        (edit(8, "<Q", 10), "shorter than its header"),
+        (edit(8, "<Q", len(raw) - 1), "checksum|trailing"),  # the checksum then covers one byte less
+        (edit(16, "<I", 12345, seal=False), "checksum"),
+        (raw + b"\0", "1 trailing bytes"),
+        (raw + raw, f"trailing bytes after a payload of {len(raw)} bytes"),
+        (edit(22, "<Q", 1 << 41), "dimension of 2199023255552"),
+        (edit(22, "<Q", 6), "section|sections end"),  # 6 elements no longer fit the sections
+        (edit(20, "<H", 3), "scheme|corrupt"),  # spec text cut to "orq"
+    ]
+    for bad, words in cases:
+        with pytest.raises(PayloadError, match=words):
+            hvd_gradq.Payload.from_bytes(bad)
+    # each dimension allowed, their product not
+    raw2 = _small_payloads()[1]  # shape (2, 3)
+    b = bytearray(raw2)
+    struct.pack_into("<2Q", b, 22, 1 << 21, 1 << 20)
+    with pytest.raises(PayloadError, match="2199023255552 elements"):
+        hvd_gradq.Payload.from_bytes(reseal(b))
+
+
+def test_invalid_spec_text_is_refused():
+    raw = _small_payloads()[0]
+    spec = hvd_gradq.Payload.from_bytes(raw).scheme.spec.encode()
+    i = raw.index(spec)
+    for replacement, words in [
+        (b"\xff", "invalid scheme"),  # not UTF-8
+        (b"x", "invalid scheme"),  # unknown scheme "xrq"
+    ]:
+        bad = bytearray(raw)
+        bad[i : i + 1] = replacement
+        with pytest.raises(PayloadError, match=words):
+            hvd_gradq.Payload.from_bytes(reseal(bad))
+
+
+def test_non_canonical_spec_is_refused():
+    """The same scheme spelt another way ("ORQ", "EF=FALSE") would decode to the same payload
+    yet re-encode to other bytes: the format has one spelling per payload."""
+    raw = _small_payloads()[0]
+    spec = hvd_gradq.Payload.from_bytes(raw).scheme.spec
+    i = raw.index(spec.encode())
+    for variant in ("O" + spec[1:], spec.replace("ef=false", "ef=FALSE"), spec.replace("levels=3", "LEVELS=3")):
+        assert hvd_gradq.parse(variant) == hvd_gradq.parse(spec)  # the parser accepts it...
+        bad = bytearray(raw)
+        bad[i : i + len(spec)] = variant.encode()
+        with pytest.raises(PayloadError, match="canonical"):  # ...the wire does not
+            hvd_gradq.Payload.from_bytes(reseal(bad))
+
+
+def test_huge_dimension_with_a_zero_is_refused():
+    raw = hvd_gradq.quantize(np.zeros((0, 3), np.float32), "none").to_bytes()
+    bad = bytearray(raw)
+    struct.pack_into("<Q", bad, 30, 1 << 63)  # shape (0, 2**63): zero elements, absurd shape
+    with pytest.raises(PayloadError, match="dimension"):
+        hvd_gradq.Payload.from_bytes(reseal(bad))
+
+
+def test_non_uint8_array_refused():
+    with pytest.raises(PayloadError, match="uint8"):
+        hvd_gradq.Payload.from_bytes(np.zeros(40, np.float32))
+
+
+def test_split_a_concatenation():
+    xs = [_data((n,), np.float32, n) for n in (0, 1, 600, 1030)]
+    specs = ["orq:levels=9", "none", "bingrad", "topk:values=orq"]
+    ps = [hvd_gradq.quantize(x, s, seed=i) for i, (x, s) in enumerate(zip(xs, specs))]
+    blob = np.frombuffer(b"".join(p.to_bytes() for p in ps), np.uint8)
+    back = pl.split(blob)
+    assert len(back) == len(ps)
+    for p, q in zip(ps, back):
+        assert q.to_bytes() == p.to_bytes()
+        assert _same_array(hvd_gradq.dequantize(q), hvd_gradq.dequantize(p))
+    assert pl.split(np.zeros(0, np.uint8)) == []
+    # a corrupt payload in the middle, or a cut at the end, is refused
+    bad = blob.copy()
+    bad[len(ps[0].to_bytes()) + 30] ^= 4
+    with pytest.raises(PayloadError):
+        pl.split(bad)
+    with pytest.raises(PayloadError, match="truncated"):
+        pl.split(blob[:-1])
+
+
+# -- fuzzing ---------------------------------------------------------------------------------
+_BASES = [
+    hvd_gradq.quantize(_data(s, np.float32, i), spec, seed=i).to_bytes()
+    for i, (s, spec) in enumerate(
+        [((5,), "orq:levels=3"), ((3, 2), "bingrad"), ((9,), "topk:ratio=0.5"), ((), "none"), ((4,), "uniform:bits=4"),
+         ((0,), "qsgd"), ((7,), "fp16")]
+    )
+]
+
+
+def _check(data: bytes) -> None:
+    try:
+        p = hvd_gradq.Payload.from_bytes(data)
+    except PayloadError as e:
+        assert str(e)
+        return
+    assert p.to_bytes() == data
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(st.binary(max_size=200))
+def test_fuzz_random_bytes(data):
+    _check(data)
+    _check(reseal(b"HVGQ\x01" + data))  # past magic, version and checksum
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    base=st.sampled_from(_BASES),
+    edits=st.lists(st.tuples(st.integers(0, 1 << 16), st.integers(0, 255)), max_size=4),
+    flips=st.lists(st.tuples(st.integers(0, 1 << 16), st.sampled_from([1, 2, 0x20, 0x80])), max_size=2),
+    cut=st.integers(0, 8),
+    extra=st.binary(max_size=8),
+    seal=st.booleans(),
+)
+def test_fuzz_mutated_payloads(base, edits, flips, cut, extra, seal):
+    b = bytearray(base)
+    for pos, val in edits:
+        b[pos % len(b)] = val
+    for pos, bit in flips:  # 0x20 flips the case of a letter: a spec spelt differently
+        b[pos % len(b)] ^= bit
+    b = b[: len(b) - cut] + extra if cut or extra else b
+    data = reseal(b) if seal else bytes(b)
+    _check(data)
+
+
+@settings(max_examples=100, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(base=st.sampled_from(_BASES), where=st.lists(st.floats(0, 1, exclude_max=True), min_size=1, max_size=3),
+       bit=st.sampled_from([1, 0x20]))
+def test_fuzz_header_text_mutations(base, where, bit):
+    """Edits aimed at the header's spec text, checksum resealed: every spelling that parses must
+    be the canonical one (else the payload would not re-encode to its own bytes)."""
+    speclen = struct.unpack_from("<H", base, 20)[0]
+    start = 22 + 8 * base[6]  # after the fixed fields and the dims
+    b = bytearray(base)
+    for w in where:
+        b[start + int(w * speclen)] ^= bit
+    _check(reseal(b))

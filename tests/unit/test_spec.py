@@ -1,0 +1,221 @@
+"""Config strings and the scheme registry (hvd_gradq/spec.py)."""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+
+import pytest
+
+import hvd_gradq
+from hvd_gradq import spec
+from hvd_gradq.errors import GradqError, SpecError
+from hvd_gradq.schemes.base import Scheme
+
+# Non-default parameter sets: every parameter of every scheme is moved off its default at
+# least once here (checked by test_examples_cover_every_parameter).
+NON_DEFAULT = [
+    "none:bucket=64,ef=true,nonfinite=skip",
+    "fp16:overflow=saturate,bucket=1",
+    "uniform:bits=4,clip=2.0,scales=fp16",
+    "uniform:bits=1,nonfinite=propagate",
+    "qsgd:levels=2,norm=l2",
+    "qsgd:levels=7,bucket=100,ef=true",
+    "terngrad:clip=0",
+    "terngrad:clip=3.25,scales=fp16",
+    "sign:ef=true,bucket=1000",
+    "topk:ratio=0.30000000000000004,values=orq",
+    "topk:ratio=1,values=none",
+    "bingrad:variant=pb,scales=fp16",
+    "orq:levels=3,clip=1.5",
+    "orq:levels=9,bucket=128",
+    "orq:levels=256",
+]
+
+
+def _default(f: dataclasses.Field) -> object:
+    return f.default
+
+
+def test_names_lists_every_builtin_scheme():
+    assert set(hvd_gradq.names()) >= {"none", "fp16", "uniform", "qsgd", "terngrad", "sign", "topk", "bingrad", "orq"}
+    assert hvd_gradq.names() == sorted(hvd_gradq.names())
+
+
+@pytest.mark.parametrize("name", spec.names())
+def test_canonical_round_trip_defaults(name):
+    s = spec.parse(name)
+    assert s.name == name
+    assert s.spec.startswith(name + ":")
+    again = spec.parse(s.spec)
+    assert again == s
+    assert again.spec == s.spec
+    # the canonical spec names every init parameter, in declaration order
+    keys = [item.split("=")[0] for item in s.spec.split(":", 1)[1].split(",")]
+    assert keys == [f.name for f in dataclasses.fields(s) if f.init]
+
+
+@pytest.mark.parametrize("text", NON_DEFAULT)
+def test_canonical_round_trip_non_default(text):
+    s = spec.parse(text)
+    assert spec.parse(s.spec) == s
+    assert spec.parse(s.spec).spec == s.spec
+    # every value given is what the object holds
+    for item in text.split(":", 1)[1].split(","):
+        key, val = item.split("=")
+        got = getattr(s, key)
+        if isinstance(got, enum.Enum):
+            got = got.value
+        if isinstance(got, bool):
+            assert got == (val == "true")
+        elif isinstance(got, (int, float)):
+            assert got == type(got)(val)
+        else:
+            assert got == val
+    # and a different spec is a different object
+    assert s != spec.parse(s.name)
+
+
+def test_examples_cover_every_parameter():
+    from hvd_gradq.schemes.base import LevelScheme
+
+    shared = {f.name for f in dataclasses.fields(LevelScheme)}
+    moved: dict[str, set[str]] = {}
+    for text in NON_DEFAULT:
+        s = spec.parse(text)
+        for f in dataclasses.fields(s):
+            if f.init and getattr(s, f.name) != _default(f):
+                moved.setdefault(s.name, set()).add(f.name)
+    everything: set[str] = set().union(*moved.values())
+    for name in spec.names():
+        fields = {f.name for f in dataclasses.fields(spec.scheme_class(name)) if f.init}
+        # each scheme's own parameters are exercised on that scheme, shared ones somewhere
+        assert fields - shared <= moved.get(name, set()), name
+        assert fields <= everything, name
+
+
+def test_parse_is_lenient_about_case_and_spaces():
+    assert spec.parse("  ORQ : Levels = 3 , EF = TRUE ") == spec.parse("orq:levels=3,ef=true")
+
+
+def test_build_and_replace():
+    s = spec.build("orq", levels=9, ef=True)
+    assert s == spec.parse("orq:levels=9,ef=true")
+    assert s.replace(levels=3) == spec.parse("orq:levels=3,ef=true")
+    with pytest.raises(SpecError, match="levels"):
+        s.replace(levels=1)
+
+
+def test_duplicate_registration_refused():
+    class Impostor(Scheme):
+        pass
+
+    with pytest.raises(SpecError, match=r"orq.*already registered"):
+        spec.register("orq")(Impostor)
+    # the registry is unchanged and the impostor was not renamed
+    assert spec.scheme_class("orq").__name__ == "ORQ"
+    assert Impostor.name != "orq"
+    assert type(spec.parse("orq:levels=3")).__name__ == "ORQ"
+
+
+def test_errors_are_value_errors():
+    assert issubclass(SpecError, GradqError)
+    assert issubclass(SpecError, ValueError)
+
+
+def test_unknown_scheme_lists_valid_names():
+    with pytest.raises(SpecError) as e:
+        spec.parse("orq5:levels=5")
+    msg = str(e.value)
+    assert "orq5" in msg
+    for name in spec.names():
+        assert name in msg
+
+
+def test_empty_spec_lists_valid_names():
+    with pytest.raises(SpecError) as e:
+        spec.parse("   ")
+    for name in spec.names():
+        assert name in str(e.value)
+
+
+@pytest.mark.parametrize("name", spec.names())
+def test_unknown_key_lists_valid_keys(name):
+    with pytest.raises(SpecError) as e:
+        spec.parse(f"{name}:levls=5")
+    msg = str(e.value)
+    assert "levls" in msg
+    for f in dataclasses.fields(spec.scheme_class(name)):
+        if f.init:
+            assert f.name in msg
+
+
+BAD = [
+    # (spec, words the message must contain)
+    ("orq:levels=1", ["levels", "2"]),
+    ("orq:levels=0", ["levels"]),
+    ("orq:levels=257", ["levels", "256"]),
+    ("orq:levels=2.5", ["levels", "integer"]),
+    ("orq:levels=3.0", ["levels", "integer"]),
+    ("orq:levels=five", ["levels", "integer"]),
+    ("qsgd:levels=0", ["levels", "1"]),
+    ("uniform:bits=0", ["bits", "1 .. 8"]),
+    ("uniform:bits=9", ["bits", "1 .. 8"]),
+    ("uniform:bits=-1", ["bits"]),
+    ("orq:bucket=0", ["bucket", "positive"]),
+    ("sign:bucket=-512", ["bucket", "positive"]),
+    ("none:bucket=0", ["bucket"]),
+    ("orq:bucket=99999999999", ["bucket", "too large"]),
+    ("topk:ratio=0", ["ratio", "0 < ratio <= 1"]),
+    ("topk:ratio=-0.5", ["ratio"]),
+    ("topk:ratio=1.5", ["ratio", "0 < ratio <= 1"]),
+    ("topk:ratio=nan", ["ratio", "finite"]),
+    ("topk:ratio=inf", ["ratio", "finite"]),
+    ("topk:ratio=lots", ["ratio", "number"]),
+    ("topk:values=topk", ["values", "fp16"]),
+    ("topk:values=zip", ["values", "orq"]),
+    ("orq:ef=maybe", ["ef", "boolean", "true or false"]),
+    ("orq:ef=2", ["ef", "boolean"]),
+    ("qsgd:norm=l3", ["norm", "max", "l2"]),
+    ("bingrad:variant=x", ["variant", "b", "pb"]),
+    ("orq:nonfinite=ignore", ["nonfinite", "raise", "skip", "propagate"]),
+    ("orq:scales=fp8", ["scales", "fp32", "fp16"]),
+    ("fp16:overflow=wrap", ["overflow", "raise", "saturate"]),
+    ("terngrad:clip=-1", ["clip", ">= 0"]),
+    ("orq:levels", ["levels", "key=value"]),
+    ("orq:levels=", ["key=value"]),
+    ("orq:=3", ["key=value"]),
+    ("orq:levels=3,levels=5", ["levels", "twice"]),
+]
+
+
+@pytest.mark.parametrize("text,words", BAD)
+def test_bad_values_raise_spec_error_naming_the_problem(text, words):
+    with pytest.raises(SpecError) as e:
+        spec.parse(text)
+    assert isinstance(e.value, ValueError)
+    msg = str(e.value)
+    for w in words:
+        assert w in msg, (text, msg)
+
+
+def test_bad_python_values_through_build():
+    with pytest.raises(SpecError, match="integer"):
+        spec.build("orq", levels=True)
+    with pytest.raises(SpecError, match="integer"):
+        spec.build("orq", levels=4.5)
+    with pytest.raises(SpecError, match="number"):
+        spec.build("topk", ratio=False)
+    assert spec.build("orq", levels=4.0) == spec.parse("orq:levels=4")
+
+
+def test_non_string_spec_refused():
+    with pytest.raises(SpecError, match="string"):
+        spec.parse(5)  # type: ignore[arg-type]
+
+
+def test_quantize_rejects_a_bad_spec_with_spec_error():
+    import numpy as np
+
+    with pytest.raises(SpecError):
+        hvd_gradq.quantize(np.zeros(4, np.float32), "orq:levels=1")

@@ -1,0 +1,331 @@
+"""TensorFlow's Ops namespace (hvd_gradq/tensorflow/ops.py) against the NumPy reference, byte for
+byte, for every scheme: eagerly and inside ``tf.function`` (where Grappler rewrites graphs), and
+the TF compressor in one process (Horovod at size 1: the collectives are identities)."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+
+tf = pytest.importorskip("tensorflow")
+
+import hvd_gradq  # noqa: E402
+from hvd_gradq import Payload, parse  # noqa: E402
+from hvd_gradq.errors import GradqError  # noqa: E402
+from hvd_gradq.spec import names  # noqa: E402
+from hvd_gradq.tensorflow.ops import TF, step_words  # noqa: E402
+from hvd_gradq.xp import NUMPY, first_argmax, scan_sum, seed_words, tree_sum, uniforms  # noqa: E402
+
+# Every registered scheme, with the parameters that change its arithmetic.
+SPECS = [
+    "none", "fp16", "fp16:overflow=saturate",
+    "uniform:bits=8", "uniform:bits=3,bucket=100", "uniform:bits=1,clip=2.0",
+    "qsgd", "qsgd:levels=1,norm=l2", "qsgd:scales=fp16,bucket=64",
+    "terngrad", "terngrad:clip=0.0",
+    "sign", "sign:bucket=7,scales=fp16",
+    "topk:ratio=0.1", "topk:ratio=0.3,values=orq", "topk:ratio=0.05,values=none", "topk:ratio=0.2,values=qsgd",
+    "bingrad", "bingrad:variant=pb", "bingrad:clip=2.0,bucket=64",
+    "orq:levels=2", "orq:levels=3", "orq:levels=4,bucket=64", "orq:levels=5", "orq:levels=9",
+    "orq:levels=5,scales=fp16,clip=2.5", "orq:levels=20,bucket=128",
+]
+# In a graph: one spec per scheme name (tracing the heavier ones costs seconds each).
+GRAPH_SPECS = ["none", "fp16", "uniform:bits=3,bucket=100", "qsgd:scales=fp16,bucket=64", "terngrad", "sign",
+               "topk:ratio=0.3,values=orq", "bingrad:variant=pb", "orq:levels=5", "orq:levels=9,bucket=64"]
+SIZES = [1, 7, 512, 1300]
+
+
+def _data(n: int, seed: int) -> np.ndarray:
+    rng = np.random.default_rng(seed)
+    x = rng.standard_t(3, n).astype(np.float32) * np.float32(rng.choice([1e-3, 1.0, 50.0]))
+    if n > 20:
+        x[rng.integers(0, n, 4)] = 0.0  # exact zeros and repeats
+        x[rng.integers(0, n, 2)] = x[0]
+    return x
+
+
+def _wire(parts: dict) -> dict:
+    """Sections as they go on the wire (int64 byte values as uint8), NumPy arrays."""
+    out = {}
+    for k, v in parts.items():
+        a = v.numpy() if hasattr(v, "numpy") else np.asarray(v)
+        out[k] = a.astype(np.uint8) if a.dtype == np.int64 else a
+    return out
+
+
+def _as_decode_input(wire: dict) -> dict:
+    return {k: (v.astype(np.int64) if v.dtype == np.uint8 else v) for k, v in wire.items()}
+
+
+def _assert_same(ref: dict, got: dict, what: str) -> None:
+    assert sorted(ref) == sorted(got), what
+    for k in ref:
+        assert ref[k].dtype == got[k].dtype, (what, k, ref[k].dtype, got[k].dtype)
+        assert ref[k].tobytes() == got[k].tobytes(), (what, k, np.flatnonzero(ref[k] != got[k])[:8])
+
+
+def test_every_registered_scheme_is_covered():
+    assert {s.split(":")[0] for s in SPECS} == set(names())
+    assert {s.split(":")[0] for s in GRAPH_SPECS} == set(names())
+
+
+@pytest.mark.parametrize("spec", SPECS)
+def test_eager_encode_decode_bit_identical(spec):
+    scheme = parse(spec)
+    for n in SIZES:
+        x = _data(n, n)
+        ref = _wire(scheme.encode(NUMPY, x, 1234 + n))
+        got = _wire(scheme.encode(TF, tf.constant(x), 1234 + n))
+        _assert_same(ref, got, f"{spec} n={n} encode")
+        dref = np.asarray(scheme.decode(NUMPY, _as_decode_input(ref), n))
+        dgot = scheme.decode(TF, {k: tf.constant(v) for k, v in _as_decode_input(ref).items()}, n).numpy()
+        assert dref.dtype == dgot.dtype == np.float32
+        assert dref.tobytes() == dgot.tobytes(), (spec, n, "decode")
+
+
+@pytest.mark.parametrize("spec", GRAPH_SPECS)
+def test_graph_encode_decode_bit_identical(spec):
+    """Inside tf.function, with the input and the seed words as arguments (as the compressor
+    runs them): Grappler's constant folding must not change a bit."""
+    scheme = parse(spec)
+    n = 1300  # two full buckets of 512 and a tail (or more, for smaller buckets)
+
+    @tf.function(autograph=False)
+    def run(x, a, b):
+        parts = scheme.encode(TF, x, (a, b))
+        wire = {k: (tf.cast(v, tf.uint8) if v.dtype == tf.int64 else v) for k, v in parts.items()}
+        back = {k: (tf.cast(v, tf.int64) if v.dtype == tf.uint8 else v) for k, v in wire.items()}
+        return wire, scheme.decode(TF, back, n)
+
+    for step in (0, 7):
+        x = _data(n, step + 3)
+        words = step_words(NUMPY, 99, np.int64(step))
+        ref = _wire(scheme.encode(NUMPY, x, words))
+        a, b = step_words(TF, 99, tf.constant(step, tf.int64))
+        wire, dec = run(tf.constant(x), a, b)
+        _assert_same(ref, _wire(wire), f"{spec} step={step} graph encode")
+        dref = np.asarray(scheme.decode(NUMPY, _as_decode_input(ref), n))
+        assert dref.tobytes() == dec.numpy().tobytes(), (spec, step, "graph decode")
+
+
+def test_seed_words_and_uniforms_match():
+    for step in [0, 1, 5, (1 << 32) + 3, (1 << 40) - 1]:
+        ref = step_words(NUMPY, 12345, np.int64(step))
+        got = step_words(TF, 12345, tf.constant(step, tf.int64))
+        assert [int(v) for v in ref] == [int(v.numpy()) for v in got]
+        ur = uniforms(NUMPY, ref, 1000, 777)
+        ug = uniforms(TF, got, 1000, 777).numpy()
+        assert ur.tobytes() == ug.tobytes()
+        assert 0.0 <= ug.min() and ug.max() < 1.0
+    # an int seed and its words give the same draws
+    assert uniforms(NUMPY, 5, 0, 64).tobytes() == uniforms(TF, seed_words(5), 0, 64).numpy().tobytes()
+
+
+def test_step_words_differ_per_step():
+    words = {tuple(int(v) for v in step_words(NUMPY, 1, np.int64(s))) for s in range(1000)}
+    assert len(words) == 1000
+
+
+def test_sqrt_is_correctly_rounded():
+    rng = np.random.default_rng(0)
+    bits = rng.integers(0, 0x7F800000, 200_000, dtype=np.int64).astype(np.uint32)
+    x = bits.view(np.float32)  # every positive finite float32 pattern region, subnormals included
+    x = np.concatenate([x, np.float32([0.0, 1.0, 2.0, 4.0, 3.4e38, 1e-45])])
+    assert np.sqrt(x).tobytes() == TF.sqrt(tf.constant(x)).numpy().tobytes()
+
+
+def test_to_f16_rounds_like_numpy():
+    rng = np.random.default_rng(1)
+    x = np.concatenate([
+        rng.standard_normal(10_000).astype(np.float32) * np.float32(1e4),
+        (rng.standard_normal(10_000) * 1e-6).astype(np.float32),  # fp16 subnormals
+        np.float32([65504.0, 65519.99, 65520.0, -65520.0, 6e-8, 2.9802322e-08, 0.0, -0.0]),
+    ])
+    assert np.asarray(x).astype(np.float16).tobytes() == TF.to_f16(tf.constant(x)).numpy().tobytes()
+
+
+def test_tree_scan_and_first_argmax_match():
+    rng = np.random.default_rng(2)
+    for w in (1, 5, 512, 777):
+        x = rng.standard_normal((3, w)).astype(np.float32)
+        assert tree_sum(NUMPY, x).tobytes() == tree_sum(TF, tf.constant(x)).numpy().tobytes()
+        assert scan_sum(NUMPY, x).tobytes() == scan_sum(TF, tf.constant(x)).numpy().tobytes()
+        t = np.round(x * 2)  # ties
+        assert np.array_equal(first_argmax(NUMPY, t), first_argmax(TF, tf.constant(t)).numpy())
+
+
+def test_take_along_broadcasts_rows_and_topk_is_sorted():
+    table = np.float32([[1.0, 2.0, 3.0]])
+    idx = np.int64([[0, 2], [1, 1]])
+    assert np.array_equal(TF.take_along(tf.constant(table), tf.constant(idx)).numpy(),
+                          NUMPY.take_along(np.broadcast_to(table, (2, 3)), idx))
+    x = np.float32([0.5, -3.0, 2.0, -0.1, 3.5])
+    assert TF.topk_abs(tf.constant(x), 2).numpy().tolist() == NUMPY.topk_abs(x, 2).tolist() == [1, 4]
+    assert TF.topk_abs(tf.constant(x), 9).numpy().tolist() == [0, 1, 2, 3, 4]
+
+
+def test_fp16_overflow_check_eager_and_graph():
+    big = tf.constant(np.float32([1.0, 70000.0]))
+    with pytest.raises(GradqError, match="exceeds fp16's range"):
+        parse("fp16").encode(TF, big, 0)
+    run = tf.function(lambda t: parse("fp16").encode(TF, t, 0)["values"], autograph=False)
+    with pytest.raises(tf.errors.InvalidArgumentError, match="exceeds fp16's range"):
+        run(big)
+    ok = np.float32([1.0, -65504.0, np.inf])  # non-finite values are the nonfinite policy's business
+    assert run(tf.constant(ok)).numpy().tobytes() == ok.astype(np.float16).tobytes()
+
+
+def test_host_only_primitives_refuse_graphs():
+    with pytest.raises(GradqError, match="eager"):
+        tf.function(lambda t: TF.to_numpy(t), autograph=False)(tf.constant([1.0]))
+    assert TF.isfinite_all(tf.constant([1.0, 2.0])) and not TF.isfinite_all(tf.constant([1.0, np.nan]))
+
+
+# -- the compressor in one process: Horovod at size 1 -------------------------------------------
+@pytest.fixture(scope="module")
+def hvd():
+    os.environ.setdefault("HOROVOD_CPU_OPERATIONS", "gloo")
+    hvd = pytest.importorskip("horovod.tensorflow")
+    hvd.init()
+    assert hvd.size() == 1
+    return hvd
+
+
+def _reduce(comp, hvd, tensors):
+    """compress -> Horovod allreduce (Average) -> decompress, for several tensors in one trace."""
+    outs, payloads = [], []
+    for t in tensors:
+        c, ctx = comp.compress(t)
+        outs.append(comp.decompress(hvd.allreduce(c, op=hvd.Average), ctx))
+        payloads.append(ctx.result if ctx.pattern.value == "gather" else tf.zeros((0,), tf.uint8))
+    return outs, payloads
+
+
+@pytest.mark.parametrize("spec", ["orq:levels=5", "qsgd:ef=true", "topk:ratio=0.1", "fp16", "bingrad:variant=pb",
+                                  "uniform:bits=4,nonfinite=propagate", "sign:scales=fp16"])
+def test_compressor_payload_is_the_reference_payload(hvd, spec):
+    import hvd_gradq.tensorflow as gq
+    from hvd_gradq.api import _wire as wire
+    from hvd_gradq.xp import stream_seed
+
+    comp = gq.from_spec(spec, pattern="gather", seed=11)
+    shapes = [(30, 40), (7,)]
+    rng = np.random.default_rng(3)
+    gs = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    run = tf.function(lambda *ts: _reduce(comp, hvd, ts))
+    residuals = [np.zeros(g.size, np.float32) for g in gs]
+    for step in range(2):
+        outs, payloads = run(*[tf.constant(g) for g in gs])
+        for i, (g, out, pay) in enumerate(zip(gs, outs, payloads)):
+            scheme = parse(spec)
+            words = step_words(NUMPY, stream_seed(11, 0, i), np.int64(step))
+            x = g.reshape(-1)
+            if scheme.ef:
+                x = x + residuals[i]
+            ref = Payload(scheme, g.shape, "float32", {k: wire(np.asarray(v))
+                                                       for k, v in scheme.encode(NUMPY, x, words).items()})
+            assert pay.numpy().tobytes() == ref.to_array().tobytes(), (spec, i, step)
+            p = Payload.from_bytes(pay.numpy())  # a valid payload: header, checksum, sections
+            assert p.shape == g.shape and p.scheme.spec == scheme.spec
+            assert out.numpy().tobytes() == hvd_gradq.dequantize(p).tobytes()
+        if parse(spec).ef:
+            residuals = [r.numpy() for r in comp.residuals]
+    assert [s["steps"] for s in comp.slots()] == [2, 2]
+
+
+def test_compressor_traced_twice_keeps_one_set_of_state(hvd):
+    import hvd_gradq.tensorflow as gq
+
+    comp = gq.ORQ(levels=3, ef=True)
+    made: list = []
+
+    @tf.function
+    def step(g1, g2):
+        if not made:  # a variable created on the first trace makes tf.function trace twice
+            made.append(tf.Variable(tf.zeros((5, 3))))
+        outs, _ = _reduce(comp, hvd, [g1, g2])
+        made[0].assign_add(outs[0])
+        return outs
+
+    for _ in range(3):
+        step(tf.ones((5, 3)), tf.ones((4,)))
+    assert [s["shape"] for s in comp.slots()] == [[5, 3], [4]]
+    assert [s["steps"] for s in comp.slots()] == [3, 3]
+    assert len(comp.residuals) == 2 and len(comp.steps) == 2
+    # a different gradient list in the same position is refused, naming both shapes
+    with pytest.raises(GradqError, match=r"slot #0 was made for \[5, 3\]"):
+        tf.function(lambda g: _reduce(comp, hvd, [g]))(tf.ones((2, 2)))
+
+
+def test_compressor_checkpoint_restores_exactly(hvd, tmp_path):
+    import hvd_gradq.tensorflow as gq
+
+    rng = np.random.default_rng(4)
+    gs = [tf.constant(rng.standard_normal(s).astype(np.float32)) for s in [(40, 30), (9,)]]
+
+    def fresh():
+        comp = gq.QSGD(levels=2, ef=True)
+        return comp, tf.function(lambda *ts: _reduce(comp, hvd, ts)[0])
+
+    comp, run = fresh()
+    for _ in range(3):
+        run(*gs)
+    path = tf.train.Checkpoint(compressor=comp).save(str(tmp_path / "c"))
+    saved = [r.numpy() for r in comp.residuals]
+    after = [o.numpy() for o in run(*gs)]
+
+    comp2, run2 = fresh()
+    status = tf.train.Checkpoint(compressor=comp2).restore(path)
+    again = [o.numpy() for o in run2(*gs)]  # slots are created by this trace, restored on creation
+    status.assert_existing_objects_matched()
+    assert [s["steps"] for s in comp2.slots()] == [4, 4]
+    assert all(a.tobytes() == b.tobytes() for a, b in zip(after, again))
+    assert all(np.abs(s).max() > 0 for s in saved)
+
+
+def test_compressor_nonfinite_policies(hvd):
+    import hvd_gradq.tensorflow as gq
+
+    with pytest.raises(GradqError, match="nonfinite=skip is not supported"):
+        gq.from_spec("qsgd:nonfinite=skip")
+    with pytest.raises(GradqError, match="level schemes only"):
+        gq.from_spec("fp16:nonfinite=propagate")
+    bad = np.ones(1100, np.float32)
+    bad[600] = np.nan
+    comp = gq.QSGD()
+    with pytest.raises(tf.errors.InvalidArgumentError, match="NaN/Inf"):
+        tf.function(lambda t: _reduce(comp, hvd, [t])[0])(tf.constant(bad))
+    comp = gq.from_spec("qsgd:nonfinite=propagate")
+    out = tf.function(lambda t: _reduce(comp, hvd, [t])[0])(tf.constant(bad))[0].numpy()
+    assert np.isnan(out[512:1024]).all() and np.isfinite(out[:512]).all() and np.isfinite(out[1024:]).all()
+
+
+def test_sparse_and_eager_paths(hvd):
+    import hvd_gradq.tensorflow as gq
+
+    comp = gq.QSGD()
+    s = tf.IndexedSlices(tf.ones((2, 3)), tf.constant([0, 4]), tf.constant([5, 3]))
+    t, ctx = comp.compress(s)
+    assert t is s and ctx is None and comp.decompress(t, None) is s
+    eager = hvd.allreduce(tf.constant(np.arange(10, dtype=np.float32)), compression=gq.NoCompression())
+    assert np.array_equal(eager.numpy(), np.arange(10, dtype=np.float32))
+    with pytest.raises(GradqError, match="error feedback needs"):
+        gq.Sign(ef=True).compress(tf.ones((3,)))
+
+
+def test_factories_and_env(monkeypatch):
+    import hvd_gradq.tensorflow as gq
+
+    assert gq.ORQ(levels=5).scheme.spec == parse("orq:levels=5").spec
+    assert gq.TopK(ratio=0.05, ef=True, seed=3).seed == 3
+    for f in (gq.FP16, gq.Uniform, gq.QSGD, gq.TernGrad, gq.Sign, gq.TopK, gq.BinGrad, gq.ORQ):
+        assert isinstance(f(), gq.GradqCompressor)
+    monkeypatch.setenv("HVD_GRADQ", "bingrad:variant=pb,ef=true")
+    assert gq.from_env().scheme.spec == parse("bingrad:variant=pb,ef=true").spec
+    with pytest.raises(GradqError):
+        gq.from_spec("orq:levels=1")
+    with pytest.raises(GradqError, match="pattern=summable"):
+        gq.ORQ(pattern="summable")
+    with pytest.raises(GradqError, match="name="):
+        gq.ORQ(name="has space")
