@@ -142,7 +142,9 @@ def progress(rank: int, total: int, desc: str, quiet: bool) -> Any:
     """A tqdm bar on rank 0 (stderr); a silent stand-in elsewhere."""
     from tqdm import tqdm
 
-    return tqdm(total=total, desc=desc, unit="step", disable=(rank != 0 or quiet), mininterval=0.5,
+    # under horovodrun stderr is a pipe and every refresh becomes a line: refresh less often there
+    every = 0.5 if sys.stderr.isatty() else 5.0
+    return tqdm(total=total, desc=desc, unit="step", disable=(rank != 0 or quiet), mininterval=every,
                 dynamic_ncols=True, file=sys.stderr)
 
 

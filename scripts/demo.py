@@ -2,7 +2,7 @@
 the two summaries side by side.
 
     bash scripts/demo.sh                 # set-up if needed, then this
-    .venv/bin/python scripts/demo.py --epochs 3
+    .venv/bin/python scripts/demo.py --epochs 5      # shorter
 
 Each run is ``horovodrun -np 2 -H localhost:2 --gloo`` of ``examples/torch_mnist1d.py`` (rank 0's
 progress bar and summary appear as it goes); the summaries come back through ``--json``.
@@ -76,7 +76,7 @@ def table(named: list[tuple[str, dict[str, Any]]]) -> str:
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--epochs", type=int, default=5, help="epochs of each run (31 steps an epoch at 2 ranks)")
+    ap.add_argument("--epochs", type=int, default=10, help="epochs of each run (31 steps an epoch at 2 ranks)")
     ap.add_argument("--np", type=int, default=2, help="ranks")
     ap.add_argument("--batch-size", type=int, default=64, help="per rank")
     ap.add_argument("--lr", type=float, default=0.05)

@@ -244,7 +244,8 @@ def write_training_report(a: argparse.Namespace, rows: list[dict[str, Any]], out
         f"steps), {opt_text}, peak lr {a.lr} (1 epoch warm-up, cosine to 0), {seeds_text} (a seed fixes the model "
         "init, the data order and the rounding noise). Test accuracy on the 1000 MNIST-1D test signals. "
         f"Time: the runs took {run_s / 60:.1f} min together (set-up, training, evaluation; plus ~1 min of "
-        f"Horovod and torch start-up per launch); this invocation {took / 60:.1f} min.",
+        "Horovod and torch start-up per launch)"
+        + (f"; this invocation {took / 60:.1f} min." if took > 30 else "."),
         "",
         "Bytes: what rank 0 sent a step, from `compressor.stats()`, against what a ring allreduce of the "
         f"fp32 gradients sends (2(N-1)/N x 4 = {2 * (a.np - 1) / a.np * 4:.1f} bytes an element). Per tensor the "
@@ -283,20 +284,23 @@ def write_training_report(a: argparse.Namespace, rows: list[dict[str, Any]], out
         d = r["mean"] - base["mean"]
         paired = [r["acc"][i] - base["acc"][base["seeds"].index(s)] for i, s in enumerate(r["seeds"])
                   if s in base["seeds"]]
-        sd = float(np.std(paired, ddof=1)) if len(paired) > 1 else float("nan")
+        sd = f"{np.std(paired, ddof=1):.2f}" if len(paired) > 1 else "—"
         met = d >= -tol
         v = (f"`{spec}` within {tol} point of `none`: **{'met' if met else 'NOT met'}** "
              f"({r['mean']:.2f}% vs {base['mean']:.2f}%, Δ {d:+.2f}; per-seed differences "
-             f"{', '.join(f'{p:+.1f}' for p in paired)}, sd {sd:.2f}, n = {len(paired)})")
+             f"{', '.join(f'{p:+.1f}' for p in paired)}, sd {sd}, n = {len(paired)})")
         lines.append("- " + v)
         verdicts.append(v)
-    lines += ["", "With 3 seeds a mean difference is known to about ±sd/√3 of the per-seed differences; "
-              "a target met or missed by less than that is within seed noise."]
+    if max(a.seeds, a.target_seeds) > 1:
+        lines += ["", "With n seeds a mean difference is known to about ±sd/√n of the per-seed differences; "
+                  "a target met or missed by less than that is within seed noise."]
+    else:
+        lines += ["", "One seed: no spread is known; differences of a few points may be seed noise."]
     if a.optimizer == "adam":
         lines += [
             "", "## Adam and error feedback", "",
-            "Every error-feedback scheme trails `none` by far more than its single-step error (part 2) "
-            "would suggest, sign +EF down to chance. Error feedback sends small coordinates rarely and in "
+            "Every error-feedback scheme trails `none` by more than unbiased schemes whose single-step "
+            "error (part 2) is larger, sign +EF down to chance. Error feedback sends small coordinates rarely and in "
             "bursts (the residual builds up, then goes out at once); Adam divides each coordinate by its "
             "running RMS, so those bursts become full-size steps in directions the true gradient barely "
             "moves (a known mismatch: 1-bit Adam, Tang et al. 2021, freezes Adam's variance term for this "
