@@ -14,6 +14,9 @@ once per scheme, and reports from rank 0:
 * *step ms*: the median wall time of ``--steps`` steps after 3 warm-up steps (rank maximum);
 * *overhead*: (step - step with Compression.none) / step: the share of the step spent in
   compress + decompress (less the communication saved; on one machine that is small);
+* *pattern*: what ``pattern=auto`` chose per tensor (``fp32``: handed to Horovod's allreduce
+  unchanged, where compressed traffic would not be smaller: at 4 ranks a gathered fp16 payload
+  is not smaller than a ring allreduce of fp32); the ``(gather)`` rows force the pattern;
 * *CPU ms / step*: this rank's process CPU time per step, less sensitive to a shared machine.
 
 The trace (first step) is reported apart: the schemes' graphs are built then.
@@ -33,8 +36,10 @@ ROOT = Path(__file__).resolve().parents[1]
 
 SCHEMES = [
     ("Compression.none (Horovod)", None),
-    ("none (hvd_gradq, fp32 gather)", "none"),
-    ("fp16", "fp16"),
+    ("none (hvd_gradq, auto)", "none"),
+    ("none (hvd_gradq, gather)", "none|gather"),
+    ("fp16 (auto)", "fp16"),
+    ("fp16 (gather)", "fp16|gather"),
     ("uniform-8", "uniform:bits=8"),
     ("QSGD-4", "qsgd:levels=4"),
     ("QSGD-4 summable", "qsgd:levels=4|summable"),

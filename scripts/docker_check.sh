@@ -20,6 +20,9 @@
 #   DEBIAN_MIRROR (default: read from apt's sources), REBUILD_BASE=1 (remake the base image).
 set -euo pipefail
 
+# The whole script is one function, which bash parses completely before running it: editing this
+# file while a (long) build runs cannot derail the running copy.
+main() {
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$ROOT"
 
@@ -47,6 +50,7 @@ phase_end() {
   TIMINGS+=("$(printf '%-44s %6ss' "$PHASE" "$dt")")
   printf '==== %s: %ss\n' "$PHASE" "$dt"
 }
+# shellcheck disable=SC2317  # called from the EXIT trap
 print_timings() {
   local rc=$1
   printf '\n==== timings (total %ss, exit %s)\n' "$(( $(date +%s) - T0 ))" "$rc"
@@ -54,6 +58,7 @@ print_timings() {
 }
 
 TMP_ROOTFS="" TMP_PIPCONF="" TMP_CTX=""
+# shellcheck disable=SC2317  # the EXIT trap
 cleanup() {
   local rc=$?
   if [ -n "$TMP_ROOTFS" ]; then rm -rf --one-file-system "$TMP_ROOTFS" "$TMP_ROOTFS.log"; fi
@@ -218,7 +223,8 @@ fi
 # ---- 5. run ---------------------------------------------------------------------------------
 if ((do_run)); then
   podman image exists "$IMAGE" || die "no image $IMAGE; build it first (without --run-only)"
-  phase_start "podman run: ${CMD[*]}"
+  label="${CMD[*]}"; ((${#label} <= 60)) || label="${label:0:57}..."
+  phase_start "podman run: $label"
   rc=0
   "${PODMAN[@]}" run --rm --network=host --shm-size=1g \
     --ulimit nofile=20000:20000 --ulimit nproc=32768:32768 \
@@ -226,3 +232,6 @@ if ((do_run)); then
   phase_end
   ((rc == 0)) || die "command in the image exited with $rc: ${CMD[*]}"
 fi
+}
+main "$@"
+exit

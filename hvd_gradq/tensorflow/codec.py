@@ -1,19 +1,33 @@
-"""The schemes' mathematics as cached ``tf.function`` s, one per (scheme, size): traced once.
+"""The schemes' mathematics as cached ``tf.function`` s, one per (scheme, size): traced once,
+and run exactly as written.
 
-A scheme's encoder is hundreds to thousands of TF ops (ORQ's dynamic programs most), and
-``tf.function`` traces a training step at least twice (a second time once variables were
-created; again on every retrace). Building those ops anew each time costs seconds a tensor, so
-the pure computations (no variables, no collectives) live here in functions keyed by the scheme
-without ``ef`` (it changes nothing in them) and the tensor's size, rank count and rank; calling
-one from a trace adds a single call op, and its graph is built once per process.
+*Traced once.* A scheme's encoder is hundreds to thousands of TF ops (ORQ's dynamic programs
+most), and ``tf.function`` traces a training step at least twice (a second time once variables
+were created; again on every retrace). Building those ops anew each time costs seconds a tensor,
+so the pure computations (no variables, no collectives) live here in functions keyed by the
+scheme without ``ef`` (it changes nothing in them), the tensor's size, the rank count and rank;
+calling one from a trace adds a single call op.
+
+*Exactly as written.* Grappler rewrites float arithmetic in ways that change bits: constant
+folding re-associates ``(x * c1) * c2`` into ``x * (c1 * c2)``, and the arithmetic optimizer's
+"minimize broadcasts" stage turns ``(a * c) * k`` with a (rows, 1), k (1, s) into ``a * (c * k)``
+(both measured here on TF 2.15: decoded values one ulp away from NumPy's), and may fold a chain
+of additions into an ``AddN`` of another order. So these functions are never inlined into their
+caller (``_noinline``), and their call ops carry a ConfigProto with Grappler's constant folding,
+arithmetic optimizer and remapper off; the runtime optimizes each function with the config of
+its call. Eagerly (no graph, no Grappler) the Python function runs op by op.
 """
 from __future__ import annotations
 
+import contextlib
+from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
 import numpy as np
 import tensorflow as tf
+from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
+from tensorflow.python.eager import context as _context
 
 from ..frontend.patterns import lanes_for
 from ..packing import pack_lanes, unpack_lanes
@@ -24,10 +38,46 @@ WIRE = {"uint8": tf.uint8, "float16": tf.float16, "float32": tf.float32, "float6
 _I64 = tf.TensorSpec((), tf.int64)
 
 
-def _fn(f: Any, *signature: Any) -> Any:
-    # Inlined into the caller when the caller's graph is optimized (cheaper, measured, than a
-    # separate "_noinline" function, which is instantiated anew for every caller anyway).
-    return tf.function(f, input_signature=list(signature) if signature else None, autograph=False)
+_EXACT_OFF = ("arithmetic_optimization", "constant_folding", "remapping")
+
+
+@contextlib.contextmanager
+def exact_calls() -> Iterator[None]:
+    """Function calls made in this scope (in a graph being built) carry a ConfigProto that turns
+    off the Grappler passes that re-associate float arithmetic (see the module's docstring)."""
+    ctx = _context.context()
+    old = ctx.function_call_options
+    cfg = config_pb2.ConfigProto()
+    if old.config_proto_serialized:
+        cfg.ParseFromString(old.config_proto_serialized)
+    rw = cfg.graph_options.rewrite_options
+    for name in _EXACT_OFF:
+        setattr(rw, name, rewriter_config_pb2.RewriterConfig.OFF)
+    ctx.function_call_options = _context.FunctionCallOptions(executor_type=old.executor_type, config_proto=cfg)
+    try:
+        yield
+    finally:
+        ctx.function_call_options = old
+
+
+class _Exact:
+    """A pure computation: a never-inlined ``tf.function`` called under :func:`exact_calls`
+    inside graphs, the plain Python function (op by op) when executing eagerly."""
+
+    def __init__(self, f: Any, signature: tuple[Any, ...]) -> None:
+        self.python = f
+        self.function = tf.function(f, input_signature=list(signature) if signature else None, autograph=False,
+                                    experimental_attributes={"_noinline": True})
+
+    def __call__(self, *args: Any) -> Any:
+        if tf.executing_eagerly():
+            return self.python(*args)
+        with exact_calls():
+            return self.function(*args)
+
+
+def _fn(f: Any, *signature: Any) -> _Exact:
+    return _Exact(f, signature)
 
 
 def encode_parts(scheme: Scheme, x: Any, words: Any) -> dict[str, Any]:

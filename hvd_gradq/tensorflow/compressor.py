@@ -21,17 +21,36 @@ Collective names are ``hvd_gradq.<name>.<kind><i>``, identical on every rank; ``
 ``name=`` or ``c<k>`` for the k-th compressor this process built, which ``check_ranks`` compares.
 
 **State.** Per slot, created once (under ``tf.init_scope``, on the trace that first reaches it):
-an int64 step counter (the random stream's position) and, with ``ef``, the float32 residual.
-They are ``tf.Variable`` s tracked by this ``tf.Module`` (``steps/i``, ``residuals/i``), so
-``tf.train.Checkpoint(compressor=...)`` saves and restores them (restores made before the first
-trace are applied when the slot is created).
+an int64 step counter (the random stream's position: draws are seeded by base seed, rank, slot
+and step) and, with ``ef``, the float32 residual. They are ``tf.Variable`` s tracked by this
+``tf.Module`` (``steps/i``, ``residuals/i``), so ``tf.train.Checkpoint(compressor=...)`` saves
+and restores them; restores made before the first trace are applied when the slot is created.
+The Python side (shapes, patterns, byte costs) is rebuilt by tracing; ``stats()`` multiplies the
+static per-step bytes of each slot by its step counter, so nothing is counted in the graph.
 
 **Patterns.** ``gather``: encode, lay the payload bytes (header static per shape and spec, the
 checksum a weighted int64 byte sum) and ``hvd.allgather`` the uint8 payload; ``decompress``
-decodes every rank's payload in rank order (its own from the parts it kept), sums and scales.
-``summable`` (evenly spaced levels): a Max-allreduce of per-bucket statistics fixes a shared
-table, codes are packed into int32 lanes and Sum-allreduced. Horovod's own allreduce carries a
-float32 ``[1.0]`` that reads 1 after ``op=Average`` and N after ``op=Sum``.
+checks every payload's header and checksum and decodes all of them, its own included, in rank
+order from the gathered bytes (every rank runs one computation on the same bytes), sums and
+scales; with ``ef`` the residual is set from its own decoded payload there. ``summable``
+(evenly spaced levels): a Max-allreduce of per-bucket statistics fixes a shared table, codes are
+packed into int32 lanes and Sum-allreduced. Horovod's own allreduce carries a float32 ``[1.0]``
+that reads 1 after ``op=Average`` and N after ``op=Sum``. Under ``pattern=auto``, a tensor whose
+compressed traffic would not be below a plain fp32 ring allreduce (a bias of a few elements)
+is handed to Horovod's allreduce unchanged, as the PyTorch frontend does; Horovod's tensor
+fusion makes that sum's order (and so its bits, beyond 2 ranks) depend on what it fused: set
+``HOROVOD_FUSION_THRESHOLD=0`` or ``pattern=gather`` where runs must reproduce bit for bit
+(ranks agree either way). The PyTorch frontend's scatter-reduce pattern is not implemented here.
+The mathematics runs in :mod:`hvd_gradq.tensorflow.codec` functions, traced once per
+(scheme, size) and shielded from Grappler's float rewrites.
+
+**Not compressed.** ``tf.IndexedSlices`` (embeddings) never reach ``compress()``: Horovod
+allgathers their values and indices itself, unless ``sparse_as_dense=True``. With
+``nonfinite=raise`` (default) a NaN/Inf stops the step with ``InvalidArgumentError`` (a graph
+cannot raise Python errors on values); ``nonfinite=skip`` is refused (payload sizes are fixed
+when the graph is traced); ``propagate`` sends NaN buckets. Errors raised while tracing
+(a rank mismatch, a slot mismatch) surface as AutoGraph ``StagingError`` s carrying the message
+when the caller was converted by AutoGraph.
 """
 from __future__ import annotations
 
@@ -50,7 +69,7 @@ from ..errors import GradqError, RankMismatchError
 from ..frontend.patterns import Pattern, choose, cost, fp32_cost, parse_pattern
 from ..frontend.stats import Stats
 from ..payload import CHECK_OFFSET, DTYPE_CODES, MAX_NDIM, header_bytes, header_size
-from ..schemes.base import EvenLevelScheme, LevelScheme, NonFinite, Scheme
+from ..schemes.base import Combine, EvenLevelScheme, LevelScheme, NonFinite, Scheme
 from ..xp import stream_seed
 from . import codec
 from .ops import TF, step_words
@@ -74,7 +93,7 @@ class _Slot:
     shape: tuple[int, ...]
     dtype: str
     n: int
-    pattern: Pattern
+    pattern: Pattern | None  # None: a tiny tensor passed to Horovod's own allreduce as it is
     step: Any  # tf.Variable int64 scalar
     residual: Any  # tf.Variable float32 (n,) or None
     sent: int  # bytes a rank sends per reduction (model: gather is exact, ring is 2(N-1)/N)
@@ -88,7 +107,7 @@ class _Ctx:
     shape: tuple[int, ...]
     dtype: Any
     n: int
-    pattern: Pattern
+    pattern: Pattern | None
     result: Any = None  # gathered bytes (gather) or summed int32 lanes (summable)
     meta: Any = None  # the shared meta (summable)
     x: Any = None  # the compressed input g + e (gather with ef: the residual is set in decompress)
@@ -151,6 +170,11 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         self.pattern = parse_pattern(pattern)
         if self.pattern is Pattern.SUMMABLE:
             choose(scheme, 1, 1, 2, Pattern.SUMMABLE)  # refuse now, not at the first step
+        if self.pattern is Pattern.SCATTER:
+            raise GradqError(
+                "pattern=scatter (scatter-reduce + allgather) is implemented by hvd_gradq.torch only; "
+                "valid in hvd_gradq.tensorflow: auto, gather, summable"
+            )
         self.check_ranks = check_ranks
         self.verify = verify
         self.cid = cid
@@ -198,6 +222,34 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
             g = g.outer_graph
         return g
 
+    def _pattern_for(self, n: int, ndim: int) -> Pattern | None:
+        """The pattern of a tensor of ``n`` elements; None: pass it to Horovod's own allreduce.
+
+        As in the PyTorch frontend: with ``pattern=auto``, a tensor whose compressed traffic
+        would not be smaller than a plain fp32 ring allreduce (a bias of a few elements: the
+        payload header alone outweighs it) goes uncompressed, exactly; ``nonfinite=propagate``
+        uses gather (a rank's NaN buckets are its own). The scatter-reduce pattern of the
+        PyTorch frontend is not implemented here: where the cost model prefers it, the cheaper
+        of gather and summable is used.
+        """
+        size = hvd.size()
+        p = choose(self.scheme, n, ndim, size, self.pattern)
+        if p is Pattern.SCATTER:
+            p = Pattern.GATHER
+            if isinstance(self.scheme, EvenLevelScheme) and self.scheme.combine is Combine.SUMMABLE:
+                try:
+                    s = cost(self.scheme, n, ndim, size, Pattern.SUMMABLE).received
+                    if s < 0.9 * cost(self.scheme, n, ndim, size, Pattern.GATHER).received:
+                        p = Pattern.SUMMABLE
+                except GradqError:
+                    pass
+        if (self.pattern is Pattern.AUTO and size > 1
+                and cost(self.scheme, n, ndim, size, p).received >= fp32_cost(n, size).received):
+            return None
+        if p is Pattern.SUMMABLE and self.scheme.nonfinite is not NonFinite.RAISE:
+            p = Pattern.GATHER
+        return p
+
     def _slot(self, tensor: Any, shape: tuple[int, ...], dtype: str) -> _Slot:
         """The slot of this gradient: by its position among this trace's compress() calls."""
         h = self._host
@@ -218,10 +270,8 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
     def _new_slot(self, i: int, shape: tuple[int, ...], dtype: str) -> _Slot:
         n = int(np.prod(shape, dtype=np.int64)) if shape else 1
         size = hvd.size()
-        pattern = choose(self.scheme, n, len(shape), size, self.pattern)
-        if pattern is Pattern.SUMMABLE and self.scheme.nonfinite is not NonFinite.RAISE:
-            pattern = Pattern.GATHER  # propagate changes a rank's payload on its own
-        c = cost(self.scheme, n, len(shape), size, pattern) if size > 1 else None
+        pattern = self._pattern_for(n, len(shape))
+        c = cost(self.scheme, n, len(shape), size, pattern) if size > 1 and pattern else fp32_cost(n, size)
         with tf.init_scope():
             step = tf.Variable(tf.constant(0, tf.int64), trainable=False, name=f"hvd_gradq_step_{i}")
             residual = None
@@ -230,8 +280,7 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         self.steps.append(step)
         if residual is not None:
             self.residuals.append(residual)
-        slot = _Slot(i, shape, dtype, n, pattern, step, residual, c.sent if c else 0, c.received if c else 0,
-                     fp32_cost(n, size).sent)
+        slot = _Slot(i, shape, dtype, n, pattern, step, residual, c.sent, c.received, fp32_cost(n, size).sent)
         self._host.slots.append(slot)
         return slot
 
@@ -263,10 +312,7 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
             step: Any = self._host.eager_calls
             self._host.eager_calls += 1
             n = int(np.prod(shape, dtype=np.int64)) if shape else 1
-            size = hvd.size()
-            pattern = choose(self.scheme, n, len(shape), size, self.pattern)
-            if pattern is Pattern.SUMMABLE and self.scheme.nonfinite is not NonFinite.RAISE:
-                pattern = Pattern.GATHER
+            pattern = self._pattern_for(n, len(shape))
             index, residual, stream = -1, None, stream_seed(self.seed, hvd.rank(), 1 << 40)
         else:
             slot = self._slot(tensor, shape, dtype)
@@ -274,6 +320,8 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
             step = slot.step.assign_add(1, read_value=True) - 1
             stream = stream_seed(self.seed, hvd.rank(), slot.index)
         ctx = _Ctx(index, shape, tensor.dtype, n, pattern)
+        if pattern is None:  # fp32 pass-through (Horovod's TF allreduce has no bfloat16: sent as fp32)
+            return (tf.cast(tensor, tf.float32) if tensor.dtype == tf.bfloat16 else tensor), ctx
         one = tf.ones((1,), tf.float32)
         if n == 0:
             return one, ctx
@@ -335,6 +383,8 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
             return tensor
         if not isinstance(ctx, _Ctx):
             raise GradqError("decompress() got a context hvd_gradq did not make")
+        if ctx.pattern is None:
+            return tf.cast(tensor, ctx.dtype)
         if ctx.n == 0:
             return tf.zeros(ctx.shape, ctx.dtype)
         size = hvd.size()
@@ -384,7 +434,8 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         """One entry per gradient position: shape, dtype, pattern, steps so far, bytes per step."""
         out = []
         for s in self._host.slots:
-            out.append({"index": s.index, "shape": list(s.shape), "dtype": s.dtype, "pattern": s.pattern.value,
+            out.append({"index": s.index, "shape": list(s.shape), "dtype": s.dtype,
+                        "pattern": s.pattern.value if s.pattern else "fp32",
                         "steps": int(s.step.numpy()), "sent": s.sent, "received": s.received, "fp32": s.fp32})
         return out
 
@@ -397,7 +448,7 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
             k = int(s.step.numpy())
             if k == 0:
                 continue
-            p = s.pattern.value
+            p = s.pattern.value if s.pattern else "fp32"
             st.last[str(s.index)] = (p, s.sent, s.received, s.fp32)
             c = st.total[p]
             c.sent += k * s.sent

@@ -15,7 +15,15 @@ checks every scheme byte for byte, eager and inside ``tf.function``):
   ascending (ties of equal magnitude: TF keeps the lower index, NumPy's ``argpartition`` makes
   no promise, so exact ties of |x| at the k-th place may pick different elements);
 * int64 arithmetic (the counter-based draws and the packing) wraps nowhere: every product is
-  below 2**63 by construction (see :mod:`hvd_gradq.xp`).
+  below 2**63 by construction (see :mod:`hvd_gradq.xp`);
+* in a graph, Grappler would re-associate float products and sums (``(x*c1)*c2``,
+  ``(a*c)*k`` with broadcasting): constants made here are opaque to it (:func:`_opaque`), and
+  the frontend runs the schemes in functions whose calls turn the offending passes off
+  (:mod:`hvd_gradq.tensorflow.codec`). A plain ``tf.function`` of ``scheme.encode(TF, ...)``
+  under TF's default Grappler is *not* guaranteed to match NumPy;
+* not covered: float32 subnormals (|x| < 1.18e-38). TF's CPU kernels run with flush-to-zero /
+  denormals-are-zero, so such inputs count as 0 in TF and not in NumPy; and the sign of a zero
+  among equal values after ``sort`` (-0.0 vs 0.0 may come out in either order).
 """
 from __future__ import annotations
 

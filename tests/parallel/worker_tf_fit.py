@@ -40,7 +40,8 @@ RUNS = {"none": (lambda: hvd.Compression.none, 1)}
 for name, make in SCHEMES.items():
     RUNS[name] = (lambda make=make: make(False), 1)
     RUNS[name + "+ef"] = (lambda make=make: make(True), 1)
-# locally accumulated gradients, one reduction every 2 batches
+# locally accumulated gradients, one reduction every 2 batches (and its uncompressed baseline)
+RUNS["none/bpps2"] = (lambda: hvd.Compression.none, 2)
 RUNS["qsgd+ef/bpps2"] = (lambda: gq.QSGD(levels=4, ef=True), 2)
 
 # A generated 4-class problem: a random linear teacher plus noise; each rank its own shard.

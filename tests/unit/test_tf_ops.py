@@ -4,8 +4,6 @@ the TF compressor in one process (Horovod at size 1: the collectives are identit
 
 from __future__ import annotations
 
-import os
-
 import numpy as np
 import pytest
 
@@ -32,7 +30,7 @@ SPECS = [
 ]
 # In a graph: one spec per scheme name (tracing the heavier ones costs seconds each).
 GRAPH_SPECS = ["none", "fp16", "uniform:bits=3,bucket=100", "qsgd:scales=fp16,bucket=64", "terngrad", "sign",
-               "topk:ratio=0.3,values=orq", "bingrad:variant=pb", "orq:levels=5", "orq:levels=9,bucket=64"]
+               "topk:ratio=0.3,values=qsgd", "bingrad:variant=pb", "orq:levels=5"]
 SIZES = [1, 7, 512, 1300]
 
 
@@ -86,27 +84,36 @@ def test_eager_encode_decode_bit_identical(spec):
 
 @pytest.mark.parametrize("spec", GRAPH_SPECS)
 def test_graph_encode_decode_bit_identical(spec):
-    """Inside tf.function, with the input and the seed words as arguments (as the compressor
-    runs them): Grappler's constant folding must not change a bit."""
+    """Inside a tf.function with TF's default Grappler, through the codec functions the
+    compressor uses (input and seed words as arguments): not a bit may change."""
+    from hvd_gradq.payload import header_size
+    from hvd_gradq.tensorflow import codec
+
     scheme = parse(spec)
     n = 1300  # two full buckets of 512 and a tail (or more, for smaller buckets)
+    enc = codec.body_encoder(scheme, n)
+    dec = codec.body_decoder(scheme, n, 2, 1)  # two payloads, as from two ranks; this is rank 1
 
-    @tf.function(autograph=False)
-    def run(x, a, b):
-        parts = scheme.encode(TF, x, (a, b))
-        wire = {k: (tf.cast(v, tf.uint8) if v.dtype == tf.int64 else v) for k, v in parts.items()}
-        back = {k: (tf.cast(v, tf.int64) if v.dtype == tf.uint8 else v) for k, v in wire.items()}
-        return wire, scheme.decode(TF, back, n)
+    @tf.function
+    def run(x, a, b, other):
+        body = enc(x, a, b)
+        total, own = dec(tf.stack([other, body]))
+        return body, total, own
 
+    def reference(x, words):
+        wire = _wire(scheme.encode(NUMPY, x, words))
+        p = Payload(scheme, (n,), "float32", wire)
+        return p.to_array()[header_size(scheme.spec, 1):], np.asarray(scheme.decode(NUMPY, _as_decode_input(wire), n))
+
+    other_body, other_dec = reference(_data(n, 50), step_words(NUMPY, 98, np.int64(0)))
     for step in (0, 7):
         x = _data(n, step + 3)
-        words = step_words(NUMPY, 99, np.int64(step))
-        ref = _wire(scheme.encode(NUMPY, x, words))
+        ref_body, ref_dec = reference(x, step_words(NUMPY, 99, np.int64(step)))
         a, b = step_words(TF, 99, tf.constant(step, tf.int64))
-        wire, dec = run(tf.constant(x), a, b)
-        _assert_same(ref, _wire(wire), f"{spec} step={step} graph encode")
-        dref = np.asarray(scheme.decode(NUMPY, _as_decode_input(ref), n))
-        assert dref.tobytes() == dec.numpy().tobytes(), (spec, step, "graph decode")
+        body, total, own = run(tf.constant(x), a, b, tf.constant(other_body))
+        assert ref_body.tobytes() == body.numpy().tobytes(), (spec, step, "graph encode")
+        assert ref_dec.tobytes() == own.numpy().tobytes(), (spec, step, "graph decode")
+        assert (other_dec + ref_dec).tobytes() == total.numpy().tobytes(), (spec, step, "graph sum")
 
 
 def test_seed_words_and_uniforms_match():
@@ -129,10 +136,18 @@ def test_step_words_differ_per_step():
 
 def test_sqrt_is_correctly_rounded():
     rng = np.random.default_rng(0)
-    bits = rng.integers(0, 0x7F800000, 200_000, dtype=np.int64).astype(np.uint32)
-    x = bits.view(np.float32)  # every positive finite float32 pattern region, subnormals included
-    x = np.concatenate([x, np.float32([0.0, 1.0, 2.0, 4.0, 3.4e38, 1e-45])])
+    bits = rng.integers(0x00800000, 0x7F800000, 200_000, dtype=np.int64).astype(np.uint32)
+    x = bits.view(np.float32)  # positive normal float32 bit patterns of every exponent
+    x = np.concatenate([x, np.float32([0.0, 1.0, 2.0, 4.0, 3.4e38, 1.2e-38])])
     assert np.sqrt(x).tobytes() == TF.sqrt(tf.constant(x)).numpy().tobytes()
+
+
+def test_float32_subnormals_are_flushed_by_tf():
+    """Documents a limit of bit-identity: TF's CPU kernels run with flush-to-zero and
+    denormals-are-zero, so float32 subnormals (|x| < 1.18e-38) count as 0 in TF, not in NumPy."""
+    x = np.float32([1e-40, 1.0])
+    assert np.sqrt(x)[0] > 0
+    assert TF.sqrt(tf.constant(x)).numpy()[0] == 0.0
 
 
 def test_to_f16_rounds_like_numpy():
@@ -142,7 +157,9 @@ def test_to_f16_rounds_like_numpy():
         (rng.standard_normal(10_000) * 1e-6).astype(np.float32),  # fp16 subnormals
         np.float32([65504.0, 65519.99, 65520.0, -65520.0, 6e-8, 2.9802322e-08, 0.0, -0.0]),
     ])
-    assert np.asarray(x).astype(np.float16).tobytes() == TF.to_f16(tf.constant(x)).numpy().tobytes()
+    with np.errstate(over="ignore"):  # beyond 65520 both give inf
+        ref = x.astype(np.float16)
+    assert ref.tobytes() == TF.to_f16(tf.constant(x)).numpy().tobytes()
 
 
 def test_tree_scan_and_first_argmax_match():
@@ -170,7 +187,7 @@ def test_fp16_overflow_check_eager_and_graph():
     with pytest.raises(GradqError, match="exceeds fp16's range"):
         parse("fp16").encode(TF, big, 0)
     run = tf.function(lambda t: parse("fp16").encode(TF, t, 0)["values"], autograph=False)
-    with pytest.raises(tf.errors.InvalidArgumentError, match="exceeds fp16's range"):
+    with pytest.raises(tf.errors.InvalidArgumentError, match="a value exceeds fp16"):
         run(big)
     ok = np.float32([1.0, -65504.0, np.inf])  # non-finite values are the nonfinite policy's business
     assert run(tf.constant(ok)).numpy().tobytes() == ok.astype(np.float16).tobytes()
@@ -185,7 +202,6 @@ def test_host_only_primitives_refuse_graphs():
 # -- the compressor in one process: Horovod at size 1 -------------------------------------------
 @pytest.fixture(scope="module")
 def hvd():
-    os.environ.setdefault("HOROVOD_CPU_OPERATIONS", "gloo")
     hvd = pytest.importorskip("horovod.tensorflow")
     hvd.init()
     assert hvd.size() == 1
@@ -202,7 +218,7 @@ def _reduce(comp, hvd, tensors):
     return outs, payloads
 
 
-@pytest.mark.parametrize("spec", ["orq:levels=5", "qsgd:ef=true", "topk:ratio=0.1", "fp16", "bingrad:variant=pb",
+@pytest.mark.parametrize("spec", ["orq:levels=3", "qsgd:ef=true", "topk:ratio=0.1", "fp16", "bingrad:variant=pb",
                                   "uniform:bits=4,nonfinite=propagate", "sign:scales=fp16"])
 def test_compressor_payload_is_the_reference_payload(hvd, spec):
     import hvd_gradq.tensorflow as gq
@@ -253,9 +269,10 @@ def test_compressor_traced_twice_keeps_one_set_of_state(hvd):
     assert [s["shape"] for s in comp.slots()] == [[5, 3], [4]]
     assert [s["steps"] for s in comp.slots()] == [3, 3]
     assert len(comp.residuals) == 2 and len(comp.steps) == 2
-    # a different gradient list in the same position is refused, naming both shapes
+    # a different gradient list in the same position is refused, naming both shapes (AutoGraph,
+    # when it converted the caller, re-raises it as a StagingError with the same message)
     with pytest.raises(GradqError, match=r"slot #0 was made for \[5, 3\]"):
-        tf.function(lambda g: _reduce(comp, hvd, [g]))(tf.ones((2, 2)))
+        tf.function(lambda g: _reduce(comp, hvd, [g]), autograph=False)(tf.ones((2, 2)))
 
 
 def test_compressor_checkpoint_restores_exactly(hvd, tmp_path):
