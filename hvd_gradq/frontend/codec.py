@@ -63,3 +63,17 @@ def decode_sum(
         total = v.copy() if total is None else total + v
     assert total is not None
     return total, len(payloads)
+
+
+def check_configs(lengths: list[int], gathered: NDArray[np.uint8]) -> None:
+    """Raise RankMismatchError naming the ranks if the allgathered configuration strings differ."""
+    configs, pos = [], 0
+    for n in lengths:
+        configs.append(bytes(gathered[pos : pos + n]).decode(errors="replace"))
+        pos += n
+    if len(set(configs)) > 1:
+        groups: dict[str, list[int]] = {}
+        for r, c in enumerate(configs):
+            groups.setdefault(c, []).append(r)
+        detail = "; ".join(f"ranks {rs}: {c!r}" for c, rs in groups.items())
+        raise RankMismatchError(f"ranks disagree on the hvd_gradq configuration: {detail}")

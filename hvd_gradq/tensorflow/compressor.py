@@ -65,7 +65,8 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 
-from ..errors import GradqError, RankMismatchError
+from ..errors import GradqError
+from ..frontend import codec as codec_host
 from ..frontend.patterns import Pattern, choose, cost, fp32_cost, parse_pattern
 from ..frontend.stats import Stats
 from ..payload import CHECK_OFFSET, DTYPE_CODES, MAX_NDIM, header_bytes, header_size
@@ -201,16 +202,7 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
             allb = hvd.allgather(tf.constant(np.frombuffer(mine, np.uint8)), name="hvd_gradq.tfconfig",
                                  ignore_name_scope=True)
             lens_np, allb_np = lens.numpy(), allb.numpy()
-        configs, pos = [], 0
-        for n in lens_np.tolist():
-            configs.append(bytes(allb_np[pos : pos + n]).decode(errors="replace"))
-            pos += n
-        if len(set(configs)) > 1:
-            groups: dict[str, list[int]] = {}
-            for r, c in enumerate(configs):
-                groups.setdefault(c, []).append(r)
-            detail = "; ".join(f"ranks {rs}: {c!r}" for c, rs in groups.items())
-            raise RankMismatchError(f"ranks disagree on the hvd_gradq configuration: {detail}")
+        codec_host.check_configs(lens_np.tolist(), allb_np)
 
     # -- identity ------------------------------------------------------------------------------
     @staticmethod

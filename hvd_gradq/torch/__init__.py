@@ -17,7 +17,6 @@ from typing import Any
 
 import torch
 
-from ..errors import SpecError
 from ..spec import build, parse
 from .compressor import GradqCompressor
 
@@ -44,11 +43,7 @@ def _factory(name: str, doc: str) -> Any:
         named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None, **kwargs: Any
     ) -> GradqCompressor:
         comp = {k: kwargs.pop(k) for k in _COMPRESSOR_KEYS if k in kwargs}
-        try:
-            scheme = build(name, **kwargs)
-        except SpecError:
-            raise
-        return GradqCompressor(scheme, named_parameters, **comp)
+        return GradqCompressor(build(name, **kwargs), named_parameters, **comp)
 
     make.__name__ = make.__qualname__ = name
     make.__doc__ = doc

@@ -138,16 +138,7 @@ class GradqCompressor:
         mine = self.config().encode()
         lens = hvd.allgather(torch.tensor([len(mine)], dtype=torch.int64), name="hvd_gradq.config.len")
         allb = hvd.allgather(torch.frombuffer(bytearray(mine), dtype=torch.uint8), name="hvd_gradq.config")
-        configs, pos = [], 0
-        for n in lens.tolist():
-            configs.append(bytes(allb[pos : pos + n].numpy()).decode(errors="replace"))
-            pos += n
-        if len(set(configs)) > 1:
-            groups: dict[str, list[int]] = {}
-            for r, c in enumerate(configs):
-                groups.setdefault(c, []).append(r)
-            detail = "; ".join(f"ranks {rs}: {c!r}" for c, rs in groups.items())
-            raise RankMismatchError(f"ranks disagree on the hvd_gradq configuration: {detail}")
+        codec.check_configs(lens.tolist(), allb.numpy())
 
     # -- Horovod's interface -------------------------------------------------------------------
     def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
