@@ -67,6 +67,13 @@ def checksum(buf: NDArray[Any]) -> int:
     return total & 0xFFFFFFFF
 
 
+def _checksum_skipping_check(buf: NDArray[Any]) -> int:
+    """``checksum`` of ``buf`` as if its check field were zero, without copying it."""
+    w = _weights(buf.shape[0])
+    field = buf[CHECK_OFFSET : CHECK_OFFSET + 4].astype(np.int64)
+    return (checksum(buf) - int(np.dot(field, w[CHECK_OFFSET : CHECK_OFFSET + 4]))) & 0xFFFFFFFF
+
+
 @lru_cache(maxsize=4096)
 def _sections(scheme: Scheme, n: int) -> list[Section]:
     return scheme.sections(n)
@@ -132,7 +139,8 @@ class Payload:
     @classmethod
     def from_bytes(cls, data: bytes | bytearray | memoryview | NDArray[Any]) -> Payload:
         """Parse and validate one payload; every field is checked, bad input raises PayloadError."""
-        buf = np.frombuffer(bytes(data), np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1)
+        # a private copy: the parsed sections are views of it, never of the caller's array
+        buf = np.frombuffer(bytes(data), np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1).copy()
         if buf.dtype != np.uint8:
             raise PayloadError(f"a payload is bytes or a uint8 array, not {buf.dtype}")
         payload, used = parse_one(buf)
@@ -142,7 +150,8 @@ class Payload:
 
 
 def parse_one(buf: NDArray[Any], offset: int = 0) -> tuple[Payload, int]:
-    """Parse the payload that starts at ``offset`` of a uint8 array; returns it and its end."""
+    """Parse the payload that starts at ``offset`` of a uint8 array; returns it and its end.
+    Its sections are views of ``buf`` (no copy): keep ``buf`` unchanged while the payload is used."""
     from .spec import parse
 
     size = buf.shape[0] - offset
@@ -165,9 +174,8 @@ def parse_one(buf: NDArray[Any], offset: int = 0) -> tuple[Payload, int]:
     if total < hlen:
         raise PayloadError(f"corrupt payload: total length {total} is shorter than its header ({hlen})")
     end = offset + total
-    view = buf[offset:end].copy()
-    view[CHECK_OFFSET : CHECK_OFFSET + 4] = 0
-    if checksum(view) != check:
+    view = buf[offset:end]
+    if _checksum_skipping_check(view) != check:
         raise PayloadError("payload checksum mismatch: the bytes were corrupted or truncated in transit")
     dims = struct.unpack(f"<{ndim}Q", bytes(view[_FIXED.size : _FIXED.size + 8 * ndim]))
     n = 1

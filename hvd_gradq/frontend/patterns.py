@@ -19,6 +19,7 @@ The choice reads the scheme's declaration (``combine``) and the bytes a rank wou
 from __future__ import annotations
 
 import enum
+import functools
 from dataclasses import dataclass
 
 from ..errors import SpecError
@@ -76,7 +77,9 @@ def fp32_cost(n: int, nranks: int) -> Cost:
     return Cost(b, b)
 
 
+@functools.lru_cache(maxsize=8192)
 def cost(scheme: Scheme, n: int, shape_ndim: int, nranks: int, pattern: Pattern) -> Cost:
+    """Bytes a rank moves for one tensor of ``n`` elements (cached: asked every step for every tensor)."""
     if pattern is Pattern.GATHER:
         c = header_size(scheme.spec, shape_ndim) + scheme.nbytes(n)
         return Cost((nranks - 1) * c, (nranks - 1) * c)
@@ -108,6 +111,7 @@ def chunk_bounds(n: int, bucket: int, nranks: int) -> list[tuple[int, int]]:
     return out
 
 
+@functools.lru_cache(maxsize=8192)
 def choose(scheme: Scheme, n: int, shape_ndim: int, nranks: int, requested: Pattern) -> Pattern:
     """The pattern for one tensor: the requested one if the scheme allows it, else the cheaper."""
     can_sum = scheme.combine is Combine.SUMMABLE and isinstance(scheme, EvenLevelScheme)

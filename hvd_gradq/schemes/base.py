@@ -113,7 +113,13 @@ class Scheme:
         raise NotImplementedError
 
     def nbytes(self, n: int) -> int:
-        return sum(s.nbytes for s in self.sections(n))
+        return _nbytes(self, n)
+
+
+@functools.lru_cache(maxsize=4096)
+def _nbytes(scheme: Scheme, n: int) -> int:
+    # asked several times a tensor a step by the frontends' cost model: cached (schemes are frozen)
+    return sum(s.nbytes for s in scheme.sections(n))
 
 
 def bucket_rows(n: int, d: int) -> list[tuple[int, int, int]]:

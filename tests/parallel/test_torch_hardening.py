@@ -48,15 +48,17 @@ def test_a_dying_worker_ends_the_job(controller: str) -> None:
     assert took < 90, took
 
 
-@pytest.mark.timeout(1000)
+@pytest.mark.timeout(1800)
 def test_long_run_memory_is_flat() -> None:
-    # 600 steps, not the 2,000 we aimed for: 300 tensors cost ~0.3 s a step on 2 shared cores
-    reps = launch("worker_torch_hardening.py", np=2, args=["--mode", "long", "--steps", "600"], timeout=900)
+    # 2,000 steps of 300 compressed tensors: 0.1-0.4 s a step on 2 shared cores (per-tensor
+    # Python and Horovod negotiation), so this is the suite's longest test
+    reps = launch("worker_torch_hardening.py", np=2, args=["--mode", "long", "--steps", "2000"], timeout=1700)
     for r, rep in reps.items():
-        assert rep["tensors"] >= 300
-        rss = rep["rss"]
-        warm = rss[3]  # after 200 steps
-        growth = (max(rss[4:]) - warm) / warm
+        assert rep["tensors"] >= 300 and rep["steps"] == 2000
+        rss = rep["rss"]  # every 50 steps
+        warm = rss[5]  # after 300 steps: allocator pools, Horovod's response cache, numba's first calls
+        growth = (max(rss[6:]) - warm) / warm
         assert growth < 0.02, f"rank {r}: resident memory grew {growth:.1%} after warm-up: {rss}"
         assert rep["ef_elements"] == rep["params"] and rep["ef_fp32"]
+        assert rep["ef_bytes"] == 4 * rep["params"]
         assert rep["pending"] == 0

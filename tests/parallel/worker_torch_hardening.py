@@ -147,6 +147,8 @@ elif args.mode == "long":
         "rss": rss,
         "ef_elements": sum(v.numel() for v in ef.values()),
         "ef_fp32": all(v.dtype == torch.float32 for v in ef.values()),
+        "ef_bytes": sum(v.numel() * v.element_size() for v in comp._residuals.values()),
+        "steps": args.steps,
         "params": n_params,
         "pending": len(mpi_ops._handle_map),
     })
