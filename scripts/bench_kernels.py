@@ -99,6 +99,7 @@ def main() -> int:
     ap.add_argument("--no-ref", action="store_true", help="skip the (slow) NumPy reference")
     ap.add_argument("--schemes", nargs="*", help="specs to time (default: the issue's list)")
     ap.add_argument("--out", default=str(ROOT / "results" / "kernels.md"))
+    ap.add_argument("--raw", default=str(ROOT / "results" / "raw" / "kernels.json"), help="where the JSON goes")
     args = ap.parse_args()
 
     n = args.elements
@@ -178,7 +179,7 @@ def main() -> int:
         "",
     ]
     out.write_text("\n".join(lines))
-    raw = ROOT / "results" / "raw" / "kernels.json"
+    raw = Path(args.raw)
     raw.parent.mkdir(parents=True, exist_ok=True)
     raw.write_text(json.dumps({"elements": n, "copy_ms": copy_ms, "copy_cpu_ms": copy_cpu, "rows": rows}, indent=1))
     print(f"wrote {out} and {raw}")

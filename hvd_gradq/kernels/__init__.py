@@ -7,17 +7,18 @@ in which case the caller runs the reference. ``decode_sum`` decodes several work
 and sums them, in list order, into a float32 buffer. ``tests/unit/test_kernels.py`` checks the
 bit-identity; ``scripts/bench_kernels.py`` measures the speed (results/kernels.md).
 
-Covered: uniform, qsgd, terngrad, sign, bingrad (b, pb) and orq with 2, 3 or more than
-``orq.DP_MAX_LEVELS`` levels, with any bucket, clip and scales. Not covered (None): orq with 4
-to ``DP_MAX_LEVELS`` levels, whose levels come from the reference's dynamic programs, and the
-non-level schemes (none, fp16, topk).
+Covered: uniform, qsgd, terngrad, sign, bingrad (b, pb) and orq with any number of levels (for
+4 to ``orq.DP_MAX_LEVELS`` levels a port of the reference's dynamic programs,
+``orq.dp_levels``, which picks the same level indices), with any bucket, clip and scales. Not
+covered (None): the non-level schemes (none, fp16, topk).
 
 The package imports with NumPy alone; numba is imported on first use. ``available()`` says
 whether it is there (the environment variable ``HVD_GRADQ_KERNELS=0`` turns the fast paths
 off). The first call of each kernel compiles it (cached on disk afterwards, next to the
 module). Input must be finite, as the callers (``hvd_gradq.quantize``, the frontends) ensure
 before encoding; see ``_numba``'s docstring for the two corner cases that are not bitwise
-(the sign of a zero min/max meta; malformed codes decode to NaN where the reference raises).
+(the sign of a zero meta: a min/max, or a level taken from a sorted bucket; malformed codes
+decode to NaN where the reference raises).
 """
 from __future__ import annotations
 
@@ -46,7 +47,7 @@ __all__ = ["available", "decode", "decode_sum", "encode"]
 
 Parts = dict[str, NDArray[Any]]
 
-EVEN, SIGN, BINGRAD, ORQ_KIND = 0, 1, 2, 3
+EVEN, SIGN, BINGRAD, ORQ_KIND, ORQ_DP = 0, 1, 2, 3, 4
 # decode_sum works through the tensor in chunks of about this many elements, so that the
 # partial sums stay in cache while every worker's payload is added in
 _CHUNK_ELEMS = 1 << 16
@@ -125,8 +126,8 @@ def _plan(scheme: Scheme) -> _Plan | None:
         return replace(base, kind=SIGN)
     if isinstance(scheme, BinGrad):
         return replace(base, kind=BINGRAD, param=int(scheme.variant is Variant.PB), rounds=PB_ROUNDS)
-    if 4 <= s <= getattr(_orq, "DP_MAX_LEVELS", 0):
-        return None  # levels from orq.dp_levels (dynamic programs): no compiled version yet
+    if 4 <= s <= _orq.DP_MAX_LEVELS:
+        return replace(base, kind=ORQ_DP)  # levels from orq.dp_levels (dynamic programs)
     r = (s - 1).bit_length() - 1
     return replace(base, kind=ORQ_KIND, rounds=r if s > 2 and (1 << r) + 1 == s else 0)
 
@@ -184,9 +185,43 @@ def _buffer(out: Parts | None, name: str, size: int, dtype: Any) -> NDArray[Any]
 _SORT_CHUNK_ELEMS = 1 << 17
 
 
+@lru_cache(maxsize=4)
+def _dp_refine(ref: tuple[tuple[int, ...], ...]) -> tuple[NDArray[Any], NDArray[Any]]:
+    """orq.REFINE as a zero-padded int64 table and its row lengths."""
+    offs = np.zeros((len(ref), max(len(r) for r in ref)), np.int64)
+    for i, r in enumerate(ref):
+        offs[i, : len(r)] = r
+    return offs, np.array([len(r) for r in ref], np.int64)
+
+
+def _dp_starts(w: int) -> tuple[NDArray[Any], NDArray[Any]]:
+    return _dp_starts_of(w, _orq.STARTS, _orq.EXTREMES, _orq.GRID)
+
+
+@lru_cache(maxsize=64)
+def _dp_starts_of(w: int, starts: int, extremes: int, grid: int) -> tuple[NDArray[Any], NDArray[Any]]:
+    """Every start's fixed candidates (the extremes and the rank grid, clipped to 0 .. w-1),
+    sorted, and value-grid fractions, for buckets of ``w`` points: the expressions of
+    orq._candidates (with Python's round), one row per start."""
+    fixed = []
+    frac = []
+    for t in range(starts):
+        phase = t / starts
+        row = list(range(extremes)) + [w - 1 - e for e in range(extremes)]
+        row += [round((g + phase) / grid * (w - 1)) for g in range(grid)]
+        fixed.append(np.sort(np.clip(np.asarray(row, dtype=np.int64), 0, w - 1)))
+        frac.append(((np.arange(grid) + phase) / grid).astype(np.float64))
+    return np.ascontiguousarray(np.stack(fixed)), np.ascontiguousarray(np.stack(frac))
+
+
 def _sorted_encode(k: Any, p: _Plan, x: NDArray[Any], n: int, sa: int, sb: int, meta: NDArray[Any],
                    codes: NDArray[Any]) -> None:
     d = p.d
+    # orq.dp_levels' settings (read on every call, as the reference does; unused by other kinds)
+    offs, offn = _dp_refine(tuple(tuple(r) for r in _orq.REFINE))
+    each = _orq.EACH
+    assert p.kind != ORQ_DP or 1 <= each <= len(offn)
+    fixed, frac = _dp_starts(d)
     state = np.zeros(2, np.int64)
     cb = np.empty(d + 2 * (p.g * 8 if p.bits < 8 else p.g), np.uint8)
     full = n // d
@@ -198,11 +233,14 @@ def _sorted_encode(k: Any, p: _Plan, x: NDArray[Any], n: int, sa: int, sb: int, 
         np.copyto(rows, x[b0 * d : b1 * d].reshape(b1 - b0, d))
         rows.sort(axis=1)
         k.sorted_encode(p.kind, p.param, p.rounds, SWEEPS, x, rows, n, d, b0, b1, p.s, p.g, p.bits, p.lid,
-                        p.clip, p.fp16, p.stoch, sa, sb, meta, codes, state, cb)
+                        p.clip, p.fp16, p.stoch, sa, sb, meta, codes, state, cb, fixed, frac, offs, offn, each,
+                        _orq.EXACT_MAX)
     if n % d:
         rows = np.sort(x[full * d :]).reshape(1, -1)
+        fixed, frac = _dp_starts(n % d)
         k.sorted_encode(p.kind, p.param, p.rounds, SWEEPS, x, rows, n, d, full, full + 1, p.s, p.g, p.bits,
-                        p.lid, p.clip, p.fp16, p.stoch, sa, sb, meta, codes, state, cb)
+                        p.lid, p.clip, p.fp16, p.stoch, sa, sb, meta, codes, state, cb, fixed, frac, offs, offn,
+                        each, _orq.EXACT_MAX)
     k.final_flush(p.lid, p.s, p.g, p.bits, cb, state, codes)
 
 

@@ -23,6 +23,7 @@ SCHEMES = (
     + [f"qsgd:levels={q},norm={nm}" for q in (1, 2, 4) for nm in ("max", "l2")]
     + ["terngrad", "terngrad:clip=0", "sign", "bingrad", "bingrad:variant=pb"]
     + [f"orq:levels={s}" for s in range(2, 10)]
+    + ["orq:levels=17"]  # the most levels the dynamic programs choose
     + ["orq:levels=18", "orq:levels=33"]  # the greedy levels (beyond the dynamic programs)
 )
 OPTIONS = ["", "clip=2.5", "scales=fp16", "clip=0.7,scales=fp16", "bucket=100", "bucket=37,clip=1"]
@@ -66,32 +67,85 @@ def _assert_same(a: np.ndarray, b: np.ndarray, what: str) -> None:
     assert bad.size == 0, f"{what}: {bad.size} differ, first at {bad[:5]}"
 
 
-def _has_fast_path(spec: str) -> bool:
-    s = parse(spec)
-    dp_max = getattr(orq_mod, "DP_MAX_LEVELS", 0)
-    return not (s.name == "orq" and 4 <= s.symbols <= dp_max)
+def _check(spec: str, x: np.ndarray, seed: int = 12345) -> None:
+    scheme = parse(spec)
+    got = kernels.encode(scheme, x, seed)
+    assert got is not None, spec
+    ref = scheme.encode(NUMPY, x, seed)
+    what = f"{spec} n={x.size}"
+    _assert_same(ref["meta"], got["meta"], what + " meta")
+    assert got["codes"].dtype == np.uint8
+    _assert_same(ref["codes"], got["codes"], what + " codes")
+    dref = scheme.decode(NUMPY, {k: np.asarray(v) for k, v in ref.items()}, x.size)
+    dgot = kernels.decode(scheme, got, x.size)
+    assert dgot is not None and dgot.dtype == np.float32
+    _assert_same(dref, dgot, what + " decoded")
 
 
 @pytest.mark.parametrize("base", SCHEMES)
 def test_bit_identical_to_reference(base: str) -> None:
     for opt in OPTIONS:
         spec = _with(base, opt)
-        scheme = parse(spec)
         for x in INPUTS:
-            got = kernels.encode(scheme, x, 12345)
-            if not _has_fast_path(spec):
-                assert got is None
-                continue
-            assert got is not None, spec
-            ref = scheme.encode(NUMPY, x, 12345)
-            what = f"{spec} n={x.size}"
-            _assert_same(ref["meta"], got["meta"], what + " meta")
-            assert got["codes"].dtype == np.uint8
-            _assert_same(ref["codes"], got["codes"], what + " codes")
-            dref = scheme.decode(NUMPY, {k: np.asarray(v) for k, v in ref.items()}, x.size)
-            dgot = kernels.decode(scheme, got, x.size)
-            assert dgot is not None and dgot.dtype == np.float32
-            _assert_same(dref, dgot, what + " decoded")
+            _check(spec, x)
+
+
+def _dp_inputs() -> list[np.ndarray]:
+    rng = np.random.default_rng(19)
+    const = rng.standard_normal(700).astype(np.float32)
+    const[:130] = 0.75  # constant buckets (and parts of buckets) at every bucket width below
+    const[300:420] = 0.0
+    const[600:700] = -2.0
+    # a few distinct values (+ 0.0: no -0.0, which the kernels' and the reference's sorts may put
+    # at different places among the +0.0s, so that a zero level can differ in its sign)
+    ties = np.round(rng.standard_normal(650) * 2.0).astype(np.float32) + np.float32(0.0)
+    t2 = rng.standard_t(2, 1100).astype(np.float32)  # heavy tails
+    return [rng.standard_normal(902).astype(np.float32), const, ties, t2, (t2[:303] * 1e-3).astype(np.float32)]
+
+
+DP_INPUTS = _dp_inputs()
+
+
+@pytest.mark.parametrize(
+    "spec",
+    [
+        # buckets up to orq.EXACT_MAX (the exact program over every point), just above it (the
+        # multi-start programs) and far above; tails of n % bucket points, some shorter than s
+        "orq:levels=9,bucket=8",
+        "orq:levels=9,bucket=37",
+        "orq:levels=9,bucket=64",
+        "orq:levels=9,bucket=65",
+        "orq:levels=9,bucket=100",
+        "orq:levels=9,bucket=300",
+        "orq:levels=4,bucket=65",
+        "orq:levels=5,bucket=64,clip=1.5",
+        "orq:levels=6,bucket=130,scales=fp16",
+        "orq:levels=17,bucket=64",
+        "orq:levels=17,bucket=65",
+        "orq:levels=17,bucket=200,clip=2,scales=fp16",
+        "orq:levels=12,bucket=97,clip=0.5",
+    ],
+)
+def test_dynamic_program_levels_bit_identical(spec: str) -> None:
+    d = parse(spec).bucket
+    for x in DP_INPUTS:
+        _check(spec, x)
+    # tails of 1, 2, 3 and s-1 points after two full buckets
+    base = DP_INPUTS[3]
+    for tail in (1, 2, 3, parse(spec).symbols - 1):
+        if 2 * d + tail <= base.size:
+            _check(spec, base[: 2 * d + tail], seed=tail)
+
+
+@pytest.mark.parametrize("starts,each", [(5, 1), (3, 3)])
+def test_dynamic_program_settings(monkeypatch: pytest.MonkeyPatch, starts: int, each: int) -> None:
+    # other numbers of starts (the kernel runs them 4 at a time) and refinements of the
+    # winner only (orq.REFINE[EACH:]): the kernel reads the same settings as the reference
+    monkeypatch.setattr(orq_mod, "STARTS", starts)
+    monkeypatch.setattr(orq_mod, "EACH", each)
+    for spec in ("orq:levels=6,bucket=96", "orq:levels=9,bucket=200"):
+        for x in DP_INPUTS[2:4]:
+            _check(spec, x)
 
 
 def test_many_buckets_and_seeds() -> None:
