@@ -76,7 +76,7 @@ ENTRIES = [
     Entry("Top-K 1% +EF", "topk:ratio=0.01,ef=true", 0.5),
 ]
 TTA_DEFAULT = ("none (Horovod fp32)", "Horovod fp16", "DDP fp16_compress_hook", "DDP powerSGD_hook r4", "ORQ-3",
-               "ORQ-5", "ORQ-9", "BinGrad+EF", "sign+EF")
+               "ORQ-5", "BinGrad+EF")
 
 
 # ============================================================================== worker (one rank)
@@ -471,8 +471,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--tta", action="store_true", help="also measure time to --tta-target accuracy")
     ap.add_argument("--tta-rates", default="1gbit", help="bandwidths at which --tta runs")
     ap.add_argument("--tta-schemes", default="", help="labels for --tta (default: a representative subset)")
-    ap.add_argument("--tta-target", type=float, default=0.6)
-    ap.add_argument("--tta-steps", type=int, default=300)
+    ap.add_argument("--tta-target", type=float, default=0.5)
+    ap.add_argument("--tta-steps", type=int, default=150)
     ap.add_argument("--tta-every", type=int, default=10)
     ap.add_argument("--timeout", type=float, default=3000.0)
     ap.add_argument("--out", default=str(ROOT / "results" / "e2e.md"))

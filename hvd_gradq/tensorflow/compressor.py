@@ -46,8 +46,10 @@ The mathematics runs in :mod:`hvd_gradq.tensorflow.codec` functions, traced once
 
 **Not compressed.** ``tf.IndexedSlices`` (embeddings) never reach ``compress()``: Horovod
 allgathers their values and indices itself, unless ``sparse_as_dense=True``. With
-``nonfinite=raise`` (default) a NaN/Inf stops the step with ``InvalidArgumentError`` (a graph
-cannot raise Python errors on values); ``nonfinite=skip`` is refused (payload sizes are fixed
+``nonfinite=raise`` (default) a NaN/Inf on any rank stops the step on every rank with an
+``InvalidArgumentError`` that says so (a graph cannot raise Python errors on values; the rank
+with NaN still takes part in the collective, with a poison payload or +inf statistics, so that no
+rank waits for it); ``nonfinite=skip`` is refused (payload sizes are fixed
 when the graph is traced); ``propagate`` sends NaN buckets. Errors raised while tracing
 (a rank mismatch, a slot mismatch) surface as AutoGraph ``StagingError`` s carrying the message
 when the caller was converted by AutoGraph.
@@ -113,6 +115,8 @@ class _Ctx:
     meta: Any = None  # the shared meta (summable)
     x: Any = None  # the compressed input g + e (gather with ef: the residual is set in decompress)
     residual: Any = None
+    finite: Any = None  # nonfinite=raise: whether this rank's x held no NaN/Inf (a bool tensor)
+    what: str = ""  # "gradient #i [shape]" for messages
 
 
 class _Host:
@@ -321,10 +325,13 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         if residual is not None:
             x = x + residual.read_value()
         words: Any = step_words(TF, stream, step)
+        ctx.what = f"gradient #{key} {list(shape)}"
         if self.scheme.nonfinite is NonFinite.RAISE:
-            x = tf.debugging.assert_all_finite(
-                x, f"hvd_gradq: gradient #{key} ({list(shape)}) holds NaN/Inf; set nonfinite=propagate "
-                "to send NaN buckets instead")
+            # Failing here, before the collective, would leave the other ranks waiting for this
+            # rank's payload forever. Instead the collective goes ahead with a signal (a poison
+            # payload, or +inf statistics) and every rank fails after it, with the same message.
+            ctx.finite = tf.reduce_all(tf.math.is_finite(x))
+            x = tf.where(ctx.finite, x, tf.zeros_like(x))
         if pattern is Pattern.GATHER:
             self._gather_start(x, words, key, ctx)
             ctx.x, ctx.residual = x, residual
@@ -337,6 +344,9 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
     def _gather_start(self, x: Any, words: Any, key: str, ctx: _Ctx) -> None:
         body = codec.body_encoder(self._math, ctx.n)(x, words[0], words[1])
         payload = self._payload(body, ctx)
+        if ctx.finite is not None:
+            # all zeros, no magic: the same size as a payload (allgather shapes are traced)
+            payload = tf.where(ctx.finite, payload, tf.zeros_like(payload))
         ctx.result = hvd.allgather(payload, name=f"hvd_gradq.{self.cid}.g{key}", ignore_name_scope=True)
 
     def _header(self, ctx: _Ctx) -> tuple[bytes, int]:
@@ -363,7 +373,11 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         assert isinstance(scheme, EvenLevelScheme)
         size = hvd.size()
         stats = codec.shared_stats(scheme, ctx.n)(x)
+        if ctx.finite is not None:  # a rank with NaN/Inf sends +inf statistics: every rank sees it
+            stats = tf.where(ctx.finite, stats, tf.fill(tf.shape(stats), float("inf")))
         stats = hvd.allreduce(stats, op=hvd.Max, name=f"hvd_gradq.{self.cid}.s{key}", ignore_name_scope=True)
+        if ctx.finite is not None:
+            stats = tf.debugging.assert_all_finite(stats, self._nonfinite_message(ctx))
         lanes, meta, own = codec.lane_encoder(scheme, ctx.n, size)(x, stats, words[0], words[1])
         ctx.meta = meta
         ctx.result = hvd.allreduce(lanes, op=hvd.Sum, name=f"hvd_gradq.{self.cid}.l{key}", ignore_name_scope=True)
@@ -391,6 +405,21 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         return tf.cast(tf.reshape(out, ctx.shape), ctx.dtype)
 
     def _gather_finish(self, ctx: _Ctx, size: int) -> Any:
+        if ctx.finite is None:
+            return self._gather_decode(ctx, size)
+        head, total = self._header(ctx)
+        magic = tf.constant(np.frombuffer(head[:4], np.uint8))
+        rows = tf.reshape(ctx.result, (size, total))
+        poisoned = tf.reduce_any(tf.not_equal(rows[:, :4], magic[None, :]))
+
+        def fail() -> Any:  # a rank sent the all-zero poison payload: it had NaN/Inf
+            with tf.control_dependencies([tf.debugging.Assert(False, [self._nonfinite_message(ctx)])]):
+                return tf.zeros((ctx.n,), tf.float32)
+
+        # a cond: only the taken branch runs, so the checksum check cannot fail first
+        return tf.cond(poisoned, fail, lambda: self._gather_decode(ctx, size))
+
+    def _gather_decode(self, ctx: _Ctx, size: int) -> Any:
         head, total = self._header(ctx)
         rows = tf.reshape(ctx.result, (size, total))
         deps = [self._verify(rows, head, total, ctx)] if self.verify else []
@@ -402,6 +431,11 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         if ctx.residual is not None:
             ctx.residual.assign(ctx.x - own)
         return out
+
+    @staticmethod
+    def _nonfinite_message(ctx: _Ctx) -> str:
+        return (f"hvd_gradq: {ctx.what}: non-finite values (NaN/Inf) in this gradient on at least one rank "
+                "(nonfinite=raise, checked on every rank); set nonfinite=propagate to send NaN buckets instead")
 
     def _verify(self, rows: Any, head: bytes, total: int, ctx: _Ctx) -> Any:
         """An assertion that every gathered payload has the expected header and checksum."""

@@ -10,9 +10,11 @@ the untrained one ln 4 = 1.39): unbiased schemes and every scheme with error fee
 and must stay within ``TOL_BIASED`` = 0.35 of it.
 """
 import math
+import re
+import time
 
 import pytest
-from harness import assert_ranks_equal, launch
+from harness import LaunchError, assert_ranks_equal, launch
 
 pytestmark = pytest.mark.parallel
 
@@ -68,7 +70,7 @@ def _check_tape(reports, sections):
         for spec, rec in r0["ckpt"].items():
             assert rec["resumed"] == rec["straight"], f"{spec}: resumed after a checkpoint != uninterrupted"
             assert rec["residuals_exact"] and rec["residuals_nonzero"] and rec["residual_end_same"], (spec, rec)
-            assert rec["steps_at5"] == [5] * rec["slots"] and rec["steps_end"] == [10] * rec["slots"], (spec, rec)
+            assert rec["steps_at5"] == [50] * rec["slots"] and rec["steps_end"] == [100] * rec["slots"], (spec, rec)
         assert_ranks_equal(reports, "ckpt")
     if "oracle" in sections:
         for spec, rec in r0["oracle"].items():
@@ -91,6 +93,11 @@ def _check_tape(reports, sections):
         assert r0["sparse"]["sparse"]["slot_shapes"] == [[8, 2], [2]]
         assert r0["sparse"]["dense"]["slot_shapes"] == [[50, 8], [8, 2], [2]]
         assert_ranks_equal(reports, "sparse")
+    if "nonfinite" in sections:
+        for r, rep in reports.items():
+            for spec, msg in rep["nonfinite"].items():
+                assert "non-finite" in msg or "Horovod has been shut down" in msg, (r, spec, msg)
+        assert all("non-finite" in m for m in reports[1]["nonfinite"].values()), reports[1]["nonfinite"]
     if "mismatch" in sections:
         for r in reports.values():
             assert "ranks disagree on the hvd_gradq configuration" in r["mismatch"], r["mismatch"]
@@ -99,7 +106,7 @@ def _check_tape(reports, sections):
 
 def test_tape_features_gloo():
     reports = launch("worker_tf_tape.py", np=2, controller="gloo", timeout=400)
-    _check_tape(reports, {"ckpt", "oracle", "dtypes", "eager", "sparse", "mismatch"})
+    _check_tape(reports, {"ckpt", "oracle", "dtypes", "eager", "sparse", "mismatch", "nonfinite"})
 
 
 def test_tape_features_mpi():
@@ -118,3 +125,12 @@ def test_tape_four_ranks():
     reports = launch("worker_tf_tape.py", np=4, controller="gloo", timeout=400, args=["--only", "oracle"])
     assert sorted(reports) == [0, 1, 2, 3]
     _check_tape(reports, {"oracle"})
+
+
+def test_tape_dying_worker_ends_the_job():
+    t0 = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        launch("worker_tf_tape.py", np=2, controller="gloo", timeout=120, args=["--only", "die"])
+    msg = str(info.value)
+    assert "exited with" in msg and re.search(r"Process name: 1\s+Exit code:\s+3", msg), msg[-3000:]
+    assert time.monotonic() - t0 < 90

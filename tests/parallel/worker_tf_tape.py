@@ -84,7 +84,8 @@ def make_step(model, opt, comp, eager=False):
     return step if eager else tf.function(step)
 
 
-# -- 1. checkpoint after 5 steps, resume, same weights after 10 as an uninterrupted run ---------
+# -- 1. checkpoint after 50 steps, resume, same weights after 100 as an uninterrupted run -------
+HALF, FULL = 50, 100
 if want("ckpt"):
     ckdir = os.path.join(tempfile.gettempdir(), f"hvdq-tf-ckpt-{os.getpid()}")
     res = {}
@@ -96,25 +97,25 @@ if want("ckpt"):
             return model, opt, comp, make_step(model, opt, comp)
 
         model, opt, comp, step = fresh()
-        for i in range(10):
+        for i in range(FULL):
             step(*batch(i))
         straight = digest(model.trainable_variables)
         straight_res = [r.numpy().tobytes() for r in comp.residuals]
         n_slots = len(comp.slots())
 
         model, opt, comp, step = fresh()
-        for i in range(5):
+        for i in range(HALF):
             step(*batch(i))
         at5 = {"residuals": [r.numpy().copy() for r in comp.residuals], "steps": [s["steps"] for s in comp.slots()]}
         path = tf.train.Checkpoint(model=model, optimizer=opt, compressor=comp).save(os.path.join(ckdir, "c"))
 
         model, opt, comp, step = fresh()  # new objects: nothing carried over but the checkpoint
         status = tf.train.Checkpoint(model=model, optimizer=opt, compressor=comp).restore(path)
-        x0, y0 = batch(5)
+        x0, y0 = batch(HALF)
         step.get_concrete_function(x0, y0)  # the trace creates the slots: restored on creation
         restored = [r.numpy() for r in comp.residuals]
         status.assert_existing_objects_matched()
-        for i in range(5, 10):
+        for i in range(HALF, FULL):
             step(*batch(i))
         resumed = digest(model.trainable_variables)
         res[spec] = {
@@ -249,5 +250,34 @@ if want("mismatch"):
     except Exception as e:  # AutoGraph re-raises it as a StagingError carrying the message
         out["mismatch"] = f"{type(e).__name__}: {e}"
     done("mismatch")
+
+# -- 7. a NaN in one rank's gradient (nonfinite=raise) stops every rank with an error ------------
+if want("nonfinite"):
+    res = {}
+    for spec in ("orq:levels=5", "qsgd:levels=4"):  # gather and summable patterns
+        model = build()
+        step = make_step(model, tf.keras.optimizers.SGD(0.1), gq.from_spec(spec, name="nf"))
+        step(*batch(0))
+        x, y = batch(1)
+        if rank == 1:
+            x = tf.tensor_scatter_nd_update(x, [[0, 0]], [float("nan")])
+        try:
+            step(x, y)
+            res[spec] = "no error"
+        except Exception as e:  # TF wraps it (InvalidArgumentError); the message is hvd_gradq's
+            res[spec] = f"{type(e).__name__}: {e}"[:2000]
+    out["nonfinite"] = res
+    done("nonfinite")
+
+# -- 8. a rank that dies mid-run ends the whole job (the launcher names it) -------------------------
+if args.only == "die":
+    model = build()
+    step = make_step(model, tf.keras.optimizers.SGD(0.1), gq.ORQ(levels=5, name="die"))
+    for i in range(2):
+        step(*batch(i))
+    if rank == 1:
+        os._exit(3)
+    for i in range(2, 10**6):
+        step(*batch(i))
 
 report(rank, out)
