@@ -476,6 +476,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--tta-every", type=int, default=10)
     ap.add_argument("--timeout", type=float, default=3000.0)
     ap.add_argument("--out", default=str(ROOT / "results" / "e2e.md"))
+    ap.add_argument("--from-json", default="", help="only rewrite the report from this raw results file")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     known = [e.label for e in ENTRIES]
@@ -493,6 +494,9 @@ def main(argv: Optional[list[str]] = None) -> int:
     if args.steps < 1 or args.hosts < 2:
         print("bench_e2e: --steps must be >= 1 and --hosts >= 2", file=sys.stderr)
         return 2
+    if args.from_json:  # regenerate the table and plot from an earlier run's raw results
+        runs = json.loads(Path(args.from_json).read_text())
+        return _write(runs, args, argv)
     try:
         netemu.preflight()
     except netemu.NetEmuError as e:
@@ -502,7 +506,6 @@ def main(argv: Optional[list[str]] = None) -> int:
 
     rates = [r.strip() for r in args.rates.split(",") if r.strip()]
     tta_rates = {r.strip() for r in args.tta_rates.split(",")}
-    out = Path(args.out)
     raw = ROOT / "results" / "raw"
     raw.mkdir(parents=True, exist_ok=True)
     runs = []
@@ -516,15 +519,21 @@ def main(argv: Optional[list[str]] = None) -> int:
             bar.set_description(f"bench_e2e {rate}")
             runs.append(run_rate(a, rate, bar, log))
             (raw / "e2e.json").write_text(json.dumps(runs, indent=1))
-    cmd = "sudo .venv/bin/python scripts/bench_e2e.py" + ("" if argv is None else " " + " ".join(argv))
-    if argv is None and len(sys.argv) > 1:
-        cmd = "sudo .venv/bin/python scripts/bench_e2e.py " + " ".join(sys.argv[1:])
+    print(f"bench_e2e: measured in {time.monotonic() - t0:.0f} s")
+    return _write(runs, args, argv)
+
+
+def _write(runs: list[dict[str, Any]], args: argparse.Namespace, argv: Optional[list[str]]) -> int:
+    given = list(sys.argv[1:] if argv is None else argv)
+    words = [w for i, w in enumerate(given)
+             if not w.startswith("--from-json") and (i == 0 or given[i - 1] != "--from-json")]
+    cmd = " ".join(["sudo .venv/bin/python scripts/bench_e2e.py", *words])
+    out = Path(args.out)
     text = report(runs, args, cmd)
     out.write_text(text)
     plot(runs, out.with_name("e2e_step_time.png"))
     print(text)
-    print(f"bench_e2e: {time.monotonic() - t0:.0f} s; wrote {out}, {out.with_name('e2e_step_time.png')}, "
-          f"{raw / 'e2e.json'}")
+    print(f"bench_e2e: wrote {out}, {out.with_name('e2e_step_time.png')}, results/raw/e2e.json")
     return 0
 
 
