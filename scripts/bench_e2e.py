@@ -278,9 +278,15 @@ class _Progress:
         self.log.flush()
 
 
+def _payload(c: netemu.HostCounters) -> int:
+    """TCP payload bytes a host sent: its link's bytes less the headers of every packet."""
+    return c.bytes_sent - HEADER_BYTES * c.packets_sent
+
+
 def run_rate(args: argparse.Namespace, rate: str, bar: Any, log: Any) -> dict[str, Any]:
     argv = [sys.executable, str(Path(__file__).resolve()), "--worker", "--steps", str(args.steps),
             "--warmup", str(args.warmup), "--batch", str(args.batch), "--seed", str(args.seed), "--lr", str(args.lr),
+            "--idle", str(args.idle),
             "--schemes", ",".join(args.labels), "--tta-schemes", ",".join(args.tta_labels),
             "--tta-target", str(args.tta_target), "--tta-steps", str(args.tta_steps),
             "--tta-every", str(args.tta_every)]
@@ -296,7 +302,7 @@ def run_rate(args: argparse.Namespace, rate: str, bar: Any, log: Any) -> dict[st
     entries = [e for e in ENTRIES if e.label in args.labels]
     idle = res.delta("idle.a", "idle.b")
     idle_s = res.seconds("idle.a", "idle.b")
-    chatter = [(c.bytes_sent - HEADER_BYTES * c.packets_sent) / idle_s for c in idle]  # payload B/s per host
+    chatter = [_payload(c) / idle_s for c in idle]  # payload B/s per host
     rows: dict[str, Any] = {}
     for i, e in enumerate(entries):
         steps = args.steps
@@ -306,8 +312,7 @@ def run_rate(args: argparse.Namespace, rate: str, bar: Any, log: Any) -> dict[st
         row: dict[str, Any] = {
             "step_s": sum(per_step) / steps, "step_times": per_step, "phase_s": t,
             "wire_sent": [c.bytes_sent / steps for c in d], "wire_recv": [c.bytes_recv / steps for c in d],
-            "payload_sent": [(c.bytes_sent - HEADER_BYTES * c.packets_sent) / steps for c in d],
-            "chatter_sent": [r * t / steps for r in chatter],
+            "payload_sent": [_payload(c) / steps for c in d],
             "retrans": [c.tcp_retrans for c in d],
         }
         if e.kind == "gradq":
@@ -545,7 +550,7 @@ def _write(runs: list[dict[str, Any]], args: argparse.Namespace, argv: Optional[
     out.write_text(text)
     plot(runs, out.with_name("e2e_step_time.png"))
     print(text)
-    print(f"bench_e2e: wrote {out}, {out.with_name('e2e_step_time.png')}, results/raw/e2e.json")
+    print(f"bench_e2e: wrote {out} and {out.with_name('e2e_step_time.png')}")
     return 0
 
 

@@ -405,11 +405,11 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         return tf.cast(tf.reshape(out, ctx.shape), ctx.dtype)
 
     def _gather_finish(self, ctx: _Ctx, size: int) -> Any:
-        if ctx.finite is None:
-            return self._gather_decode(ctx, size)
         head, total = self._header(ctx)
-        magic = tf.constant(np.frombuffer(head[:4], np.uint8))
         rows = tf.reshape(ctx.result, (size, total))
+        if ctx.finite is None:
+            return self._gather_decode(ctx, size, rows)
+        magic = tf.constant(np.frombuffer(head[:4], np.uint8))
         poisoned = tf.reduce_any(tf.not_equal(rows[:, :4], magic[None, :]))
 
         def fail() -> Any:  # a rank sent the all-zero poison payload: it had NaN/Inf
@@ -417,11 +417,11 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
                 return tf.zeros((ctx.n,), tf.float32)
 
         # a cond: only the taken branch runs, so the checksum check cannot fail first
-        return tf.cond(poisoned, fail, lambda: self._gather_decode(ctx, size))
+        return tf.cond(poisoned, fail, lambda: self._gather_decode(ctx, size, rows))
 
-    def _gather_decode(self, ctx: _Ctx, size: int) -> Any:
+    def _gather_decode(self, ctx: _Ctx, size: int, rows: Any) -> Any:
+        """Every rank's payload rows (size, total) decoded and summed in rank order."""
         head, total = self._header(ctx)
-        rows = tf.reshape(ctx.result, (size, total))
         deps = [self._verify(rows, head, total, ctx)] if self.verify else []
         with tf.control_dependencies(deps):
             bodies = rows[:, len(head) :]
