@@ -12,11 +12,13 @@ every namespace computes the same bits.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol
 
 import numpy as np
 from numpy.typing import NDArray
+
+from .errors import GradqError
 
 Array = Any  # an array of whichever namespace is in use
 
@@ -73,6 +75,11 @@ class Ops(Protocol):
     def to_f16(self, x: Array) -> Array: ...
     def to_numpy(self, x: Array) -> NDArray[Any]: ...
     def from_numpy(self, x: NDArray[Any]) -> Array: ...
+    def host(self, fn: Callable[[NDArray[Any]], NDArray[Any]], x: Array, shape: tuple[int, ...]) -> Array:
+        """``fn`` (a NumPy function returning float32 of ``shape``) applied to ``x`` on the host,
+        the result back in this namespace: how a compiled host routine (ORQ's level search)
+        serves every frontend, inside a TF graph too."""
+        ...
 
 
 class NumpyOps:
@@ -208,6 +215,18 @@ class NumpyOps:
 
     def from_numpy(self, x: NDArray[Any]) -> Array:
         return x
+
+    def host(self, fn: Callable[[NDArray[Any]], NDArray[Any]], x: Array, shape: tuple[int, ...]) -> Array:
+        return _host_result(fn(np.asarray(x)), shape)
+
+
+def _host_result(y: Any, shape: tuple[int, ...]) -> NDArray[Any]:
+    """A host function's result as float32 of the promised static ``shape`` (a wrong shape is a
+    bug in the caller: say so rather than let a graph carry a shape it does not have)."""
+    out: NDArray[Any] = np.ascontiguousarray(y, dtype=np.float32)
+    if out.shape != tuple(shape):
+        raise GradqError(f"host function returned shape {out.shape}, promised {tuple(shape)}: fix it or the shape")
+    return out
 
 
 NUMPY = NumpyOps()

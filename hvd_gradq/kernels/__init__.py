@@ -8,17 +8,20 @@ and sums them, in list order, into a float32 buffer. ``tests/unit/test_kernels.p
 bit-identity; ``scripts/bench_kernels.py`` measures the speed (results/kernels.md).
 
 Covered: uniform, qsgd, terngrad, sign, bingrad (b, pb) and orq with any number of levels (for
-4 to ``orq.DP_MAX_LEVELS`` levels a port of the reference's dynamic programs,
-``orq.dp_levels``, which picks the same level indices), with any bucket, clip and scales. Not
-covered (None): the non-level schemes (none, fp16, topk).
+4 levels or more the exact level search of :mod:`.orq_levels`, the same source the reference
+runs, compiled), with any bucket, clip and scales. Not covered (None): the non-level schemes
+(none, fp16, topk).
 
 The package imports with NumPy alone; numba is imported on first use. ``available()`` says
 whether it is there (the environment variable ``HVD_GRADQ_KERNELS=0`` turns the fast paths
 off). The first call of each kernel compiles it (cached on disk afterwards, next to the
-module). Input must be finite, as the callers (``hvd_gradq.quantize``, the frontends) ensure
-before encoding; see ``_numba``'s docstring for the two corner cases that are not bitwise
-(the sign of a zero meta: a min/max, or a level taken from a sorted bucket; malformed codes
-decode to NaN where the reference raises).
+module). Input must be finite and within ``scheme.limit``, as ``hvd_gradq.quantize`` ensures
+before encoding (it runs the reference otherwise, which marks such buckets NaN); see
+``_numba``'s docstring for the corner case that is not bitwise (the sign of a zero meta: a
+min/max, or a level taken from a sorted bucket). Codes beyond the alphabet (a malformed
+payload) raise PayloadError before any kernel runs (``packing.check_codes``), as in the
+reference path. Metas that are NaN (buckets that held NaN/Inf) decode as NaN, as in the
+reference.
 """
 from __future__ import annotations
 
@@ -31,11 +34,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..packing import layout
-from ..schemes import orq as _orq
+from ..packing import check_codes, layout
 from ..schemes.base import Scales, Scheme
 from ..schemes.bingrad import PB_ROUNDS, BinGrad, Variant
-from ..schemes.orq import ORQ, SWEEPS
+from ..schemes.orq import ORQ
 from ..schemes.qsgd import QSGD, Norm
 from ..schemes.sign import Sign
 from ..schemes.terngrad import TernGrad
@@ -47,7 +49,7 @@ __all__ = ["available", "decode", "decode_sum", "encode"]
 
 Parts = dict[str, NDArray[Any]]
 
-EVEN, SIGN, BINGRAD, ORQ_KIND, ORQ_DP = 0, 1, 2, 3, 4
+EVEN, SIGN, BINGRAD, ORQ_KIND, ORQ_EXACT = 0, 1, 2, 3, 4
 # decode_sum works through the tensor in chunks of about this many elements, so that the
 # partial sums stay in cache while every worker's payload is added in
 _CHUNK_ELEMS = 1 << 16
@@ -86,7 +88,7 @@ class _Plan:
     mmode: int = 0  # EVEN: 0 [min, max]; 1 max|x|; 2 ||x||_2
     cst: np.float32 = np.float32(1.0)
     param: int = 0  # BINGRAD: 1 for pb
-    rounds: int = 0  # BINGRAD pb: alternating rounds; ORQ: bisection rounds (0: rank quantiles)
+    rounds: int = 0  # BINGRAD pb: alternating rounds
 
     def nbuckets(self, n: int) -> int:
         return -(-n // self.d)
@@ -126,10 +128,9 @@ def _plan(scheme: Scheme) -> _Plan | None:
         return replace(base, kind=SIGN)
     if isinstance(scheme, BinGrad):
         return replace(base, kind=BINGRAD, param=int(scheme.variant is Variant.PB), rounds=PB_ROUNDS)
-    if 4 <= s <= _orq.DP_MAX_LEVELS:
-        return replace(base, kind=ORQ_DP)  # levels from orq.dp_levels (dynamic programs)
-    r = (s - 1).bit_length() - 1
-    return replace(base, kind=ORQ_KIND, rounds=r if s > 2 and (1 << r) + 1 == s else 0)
+    if s >= 4:
+        return replace(base, kind=ORQ_EXACT)  # levels from orq_levels' exact search
+    return replace(base, kind=ORQ_KIND)  # 2 or 3 levels: orq_small_encode, no sort
 
 
 def _jit() -> Any:
@@ -164,7 +165,7 @@ def encode(scheme: Scheme, x: NDArray[Any], seed: int, *, out: Parts | None = No
                       sa, sb, meta, codes)
     elif p.kind == SIGN:
         k.sign_encode(x, n, p.d, p.clip, p.fp16, meta, codes)
-    elif p.kind == ORQ_KIND and p.s <= 3:
+    elif p.kind == ORQ_KIND:
         k.orq_small_encode(x, n, p.d, p.s, p.g, p.bits, p.lid, p.clip, p.fp16, sa, sb, meta, codes)
     else:
         _sorted_encode(k, p, x, n, sa, sb, meta, codes)
@@ -185,43 +186,9 @@ def _buffer(out: Parts | None, name: str, size: int, dtype: Any) -> NDArray[Any]
 _SORT_CHUNK_ELEMS = 1 << 17
 
 
-@lru_cache(maxsize=4)
-def _dp_refine(ref: tuple[tuple[int, ...], ...]) -> tuple[NDArray[Any], NDArray[Any]]:
-    """orq.REFINE as a zero-padded int64 table and its row lengths."""
-    offs = np.zeros((len(ref), max(len(r) for r in ref)), np.int64)
-    for i, r in enumerate(ref):
-        offs[i, : len(r)] = r
-    return offs, np.array([len(r) for r in ref], np.int64)
-
-
-def _dp_starts(w: int) -> tuple[NDArray[Any], NDArray[Any]]:
-    return _dp_starts_of(w, _orq.STARTS, _orq.EXTREMES, _orq.GRID)
-
-
-@lru_cache(maxsize=64)
-def _dp_starts_of(w: int, starts: int, extremes: int, grid: int) -> tuple[NDArray[Any], NDArray[Any]]:
-    """Every start's fixed candidates (the extremes and the rank grid, clipped to 0 .. w-1),
-    sorted, and value-grid fractions, for buckets of ``w`` points: the expressions of
-    orq._candidates (with Python's round), one row per start."""
-    fixed = []
-    frac = []
-    for t in range(starts):
-        phase = t / starts
-        row = list(range(extremes)) + [w - 1 - e for e in range(extremes)]
-        row += [round((g + phase) / grid * (w - 1)) for g in range(grid)]
-        fixed.append(np.sort(np.clip(np.asarray(row, dtype=np.int64), 0, w - 1)))
-        frac.append(((np.arange(grid) + phase) / grid).astype(np.float64))
-    return np.ascontiguousarray(np.stack(fixed)), np.ascontiguousarray(np.stack(frac))
-
-
 def _sorted_encode(k: Any, p: _Plan, x: NDArray[Any], n: int, sa: int, sb: int, meta: NDArray[Any],
                    codes: NDArray[Any]) -> None:
     d = p.d
-    # orq.dp_levels' settings (read on every call, as the reference does; unused by other kinds)
-    offs, offn = _dp_refine(tuple(tuple(r) for r in _orq.REFINE))
-    each = _orq.EACH
-    assert p.kind != ORQ_DP or 1 <= each <= len(offn)
-    fixed, frac = _dp_starts(d)
     state = np.zeros(2, np.int64)
     cb = np.empty(d + 2 * (p.g * 8 if p.bits < 8 else p.g), np.uint8)
     full = n // d
@@ -232,15 +199,12 @@ def _sorted_encode(k: Any, p: _Plan, x: NDArray[Any], n: int, sa: int, sb: int, 
         rows = srt[: b1 - b0]
         np.copyto(rows, x[b0 * d : b1 * d].reshape(b1 - b0, d))
         rows.sort(axis=1)
-        k.sorted_encode(p.kind, p.param, p.rounds, SWEEPS, x, rows, n, d, b0, b1, p.s, p.g, p.bits, p.lid,
-                        p.clip, p.fp16, p.stoch, sa, sb, meta, codes, state, cb, fixed, frac, offs, offn, each,
-                        _orq.EXACT_MAX)
+        k.sorted_encode(p.kind, p.param, p.rounds, x, rows, n, d, b0, b1, p.s, p.g, p.bits, p.lid, p.clip, p.fp16,
+                        p.stoch, sa, sb, meta, codes, state, cb)
     if n % d:
         rows = np.sort(x[full * d :]).reshape(1, -1)
-        fixed, frac = _dp_starts(n % d)
-        k.sorted_encode(p.kind, p.param, p.rounds, SWEEPS, x, rows, n, d, full, full + 1, p.s, p.g, p.bits,
-                        p.lid, p.clip, p.fp16, p.stoch, sa, sb, meta, codes, state, cb, fixed, frac, offs, offn,
-                        each, _orq.EXACT_MAX)
+        k.sorted_encode(p.kind, p.param, p.rounds, x, rows, n, d, full, full + 1, p.s, p.g, p.bits, p.lid, p.clip,
+                        p.fp16, p.stoch, sa, sb, meta, codes, state, cb)
     k.final_flush(p.lid, p.s, p.g, p.bits, cb, state, codes)
 
 
@@ -252,6 +216,7 @@ def _wire_parts(plan: _Plan, parts: Parts, n: int) -> tuple[NDArray[Any], NDArra
     codes = np.ascontiguousarray(codes)
     if meta.shape[0] != plan.nbuckets(n) * plan.mw or codes.shape[0] != layout(plan.s).nbytes(n):
         return None
+    check_codes(codes, plan.s, n)  # a code beyond the table would read NaN: PayloadError instead
     return meta, codes
 
 

@@ -30,17 +30,18 @@ import math
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
-from numba.core import cgutils
 from numba.core.extending import intrinsic
 
 from ..xp import _M1, _M2, _M3
 from ._layout import L_B1, L_B2, L_B4, L_B8, L_S3, L_S5, L_S9
+from .orq_levels import STACK, exact_level_indices
 
 _OPTS = {"cache": True, "nogil": True, "error_model": "numpy", "boundscheck": False}
 
 F0 = np.float32(0.0)
 F1 = np.float32(1.0)
 FHALF = np.float32(0.5)
+FNAN = np.float32(np.nan)
 INV24 = np.float32(1.0 / (1 << 24))
 # x86 turns a float beyond int64's range (or NaN) into INT64_MIN when NumPy casts it
 F32_TWO63 = np.float32(2.0**63)
@@ -558,12 +559,26 @@ def even_decode(meta, data, n, d, s, g, bits, lid, magic, amode, cst, b0, b1, ou
         off = _unpack(lid, s, g, bits, magic, data, start, w, cb, wbuf)
         cv = cb[off : off + w]
         ov = out[start : start + w]
-        if acc:
-            for i in range(w):
-                ov[i] += lo + step * np.float32(cv[i])
+        # lo + step*k is monotone in k: with lo, step and the last level finite, every level is
+        last = lo + step * np.float32(s - 1)
+        if lo - lo == F0 and step - step == F0 and last - last == F0:
+            if acc:
+                for i in range(w):
+                    ov[i] += lo + step * np.float32(cv[i])
+            else:
+                for i in range(w):
+                    ov[i] = lo + step * np.float32(cv[i])
         else:
+            # a NaN meta (a bucket that held NaN/Inf): NaN, with the reference's canonical bits
+            # (EvenLevelScheme.table), whatever NaN the arithmetic left
             for i in range(w):
-                ov[i] = lo + step * np.float32(cv[i])
+                v = lo + step * np.float32(cv[i])
+                if v != v:
+                    v = FNAN
+                if acc:
+                    ov[i] += v
+                else:
+                    ov[i] = v
 
 
 # ---------------------------------------------------------------------------------------------
@@ -754,375 +769,11 @@ def _best_level(ys, pre, w, a, b):
     return a
 
 
-@njit(**_OPTS)
-def _orq_levels(ys, pre, w, s, rounds, sweeps, lv, tmp):
-    lv[0] = ys[0]
-    lv[s - 1] = ys[w - 1]
-    if s == 2:
-        return
-    if rounds > 0:
-        cnt = 2
-        tmp[0] = ys[0]
-        tmp[1] = ys[w - 1]
-        for _ in range(rounds):
-            lv[0] = tmp[0]
-            for i in range(cnt - 1):
-                lv[2 * i + 1] = _best_level(ys, pre, w, tmp[i], tmp[i + 1])
-                lv[2 * i + 2] = tmp[i + 1]
-            cnt = 2 * cnt - 1
-            for i in range(cnt):
-                tmp[i] = lv[i]
-    else:
-        for j in range(1, s - 1):
-            lv[j] = ys[(j * (w - 1)) // (s - 1)]
-    for _ in range(sweeps):
-        for j in range(1, s - 1):
-            lv[j] = _best_level(ys, pre, w, lv[j - 1], lv[j + 1])
-
-
 # ---------------------------------------------------------------------------------------------
-# orq with 4 .. orq.DP_MAX_LEVELS levels: orq.dp_levels (dynamic programs over data points),
-# per bucket. The points are shifted to start at 0 (y = ys - ys[0]) with Hillis-Steele prefix
-# sums of y and y*y (p1, p2, leading 0), as orq._Sorted has them; a segment's cost is
-# orq._Sorted.cost's expression, in its order. The reference's row minima ("the first index
-# attaining the minimum", index 0 where nothing is finite) are running minima over the source
-# points, ascending, replaced on a strict < only: the same index. Entries that are inf in the
-# reference (masked, or from a source at inf) never replace a minimum: the loops leave out
-# those they can tell beforehand (see _dp_exact).
-#
-# The inner steps work on 4 doubles at once, written as LLVM vector IR (numba's loops are too
-# short for its vectorizer to pay): the multi-start programs run their 4 starts side by side
-# (lane q: start q; a point's data at [4 m + q]), the exact program 4 target points at a time.
-# Plain IEEE operations, lane by lane the scalar ones, so the bits are the same.
+# orq with 4 levels or more: the exact level search of orq_levels (its Python source, compiled
+# as it is: the same operations in the same order, so the same level indices)
 # ---------------------------------------------------------------------------------------------
-_V4 = ir.VectorType(ir.DoubleType(), 4)
-_I64 = ir.IntType(64)
-
-
-def _ptr(context, builder, ty, val, idx):
-    return builder.gep(context.make_array(ty)(context, builder, val).data, [idx])
-
-
-def _ld4(builder, ptr):
-    return builder.load(builder.bitcast(ptr, _V4.as_pointer()), align=8)
-
-
-def _st4(builder, ptr, v):
-    builder.store(v, builder.bitcast(ptr, _V4.as_pointer()), align=8)
-
-
-def _splat(builder, x):
-    undef = ir.Constant(_V4, ir.Undefined)
-    v = builder.insert_element(undef, x, ir.Constant(ir.IntType(32), 0))
-    return builder.shuffle_vector(v, undef, ir.Constant(ir.VectorType(ir.IntType(32), 4), [0] * 4))
-
-
-def _i64(context, builder, sig, args, i):
-    return context.cast(builder, args[i], sig.args[i], types.int64)
-
-
-def _lanes(context, builder, ty, val, idx, bcast):
-    p = _ptr(context, builder, ty, val, idx)
-    return _splat(builder, builder.load(p)) if bcast else _ld4(builder, p)
-
-
-def _at(builder, i, gs, field):
-    return builder.add(i, builder.mul(gs, ir.Constant(_I64, field)))
-
-
-def _cost_ir(builder, src, dst, masked):
-    """orq._Sorted.cost for 4 pairs from the gathered points (_dp_gather) of the sources
-    (``src(field)``: 4 lanes) to those of the targets (``dst``: fields 0, 3, 4, 5):
-    yb * s1 - (b2 - a2) - ya * yb * n + ya * s1, left to right, n = (ib - ia) + 1 (exact as a
-    float). ``masked``: inf where the target is before the source."""
-    ya, a1, a2, fa = src(0), src(1), src(2), src(5)
-    yb, b1, b2, fb = dst
-    n = builder.fadd(builder.fsub(fb, fa), ir.Constant(_V4, [1.0] * 4))
-    s1 = builder.fsub(b1, a1)
-    r = builder.fsub(builder.fmul(yb, s1), builder.fsub(b2, a2))
-    r = builder.fsub(r, builder.fmul(builder.fmul(ya, yb), n))
-    r = builder.fadd(r, builder.fmul(ya, s1))
-    if masked:
-        r = builder.select(builder.fcmp_ordered(">=", fb, fa), r, ir.Constant(_V4, [math.inf] * 4))
-    return r
-
-
-def _cost_codegen(bcast):
-    def codegen(context, builder, sig, args):
-        # args: ga, gb, gs, ia, ib, ct, ic
-        gs, ia, ib, ic = (_i64(context, builder, sig, args, i) for i in (2, 3, 4, 6))
-
-        def src(field):
-            return _lanes(context, builder, sig.args[0], args[0], _at(builder, ia, gs, field), bcast)
-
-        dst = [_ld4(builder, _ptr(context, builder, sig.args[1], args[1], _at(builder, ib, gs, f)))
-               for f in (0, 3, 4, 5)]
-        _st4(builder, _ptr(context, builder, sig.args[5], args[5], ic), _cost_ir(builder, src, dst, False))
-        return context.get_dummy_value()
-
-    return codegen
-
-
-@intrinsic
-def _cost4(typingctx, ga, gb, gs, ia, ib, ct, ic):
-    """ct[ic:ic+4] = the costs from 4 source lanes ga[ia:ia+4] to 4 target lanes gb[ib:ib+4]
-    (gathered points, field stride gs)."""
-    return types.void(ga, gb, gs, ia, ib, ct, ic), _cost_codegen(False)
-
-
-@intrinsic
-def _cost4b(typingctx, ga, gb, gs, ia, ib, ct, ic):
-    """ct[ic:ic+4] = the costs from the source point ga[ia] to the 4 target points gb[ib:ib+4]."""
-    return types.void(ga, gb, gs, ia, ib, ct, ic), _cost_codegen(True)
-
-
-def _pull_ir(context, builder, a0, a1, step):
-    """The running minimum over sources a in [a0, a1) of ``step(a)`` (4 lanes), replaced on a
-    strict < only, and its first source (as a float): (inf, 0) when nothing is finite."""
-    cur = cgutils.alloca_once(builder, _V4)
-    arg = cgutils.alloca_once(builder, _V4)
-    builder.store(ir.Constant(_V4, [math.inf] * 4), cur)
-    builder.store(ir.Constant(_V4, [0.0] * 4), arg)
-    with cgutils.for_range(builder, a1, start=a0) as loop:
-        v = step(loop.index)
-        old = builder.load(cur)
-        u = builder.fcmp_ordered("<", v, old)
-        builder.store(builder.select(u, v, old), cur)
-        fa = _splat(builder, builder.sitofp(loop.index, ir.DoubleType()))
-        builder.store(builder.select(u, fa, builder.load(arg)), arg)
-    return builder.load(cur), builder.load(arg)
-
-
-def _pull_codegen(bcast):
-    def codegen(context, builder, sig, args):
-        # args: f0, ct, co, cs, a0, a1, f1, jb, ar, jr
-        co, cs, a0, a1, jb, jr = (_i64(context, builder, sig, args, i) for i in (2, 3, 4, 5, 7, 9))
-
-        def step(a):
-            ia = a if bcast else builder.mul(a, ir.Constant(_I64, 4))
-            fa = _lanes(context, builder, sig.args[0], args[0], ia, bcast)
-            c = _ld4(builder, _ptr(context, builder, sig.args[1], args[1], builder.add(co, builder.mul(a, cs))))
-            return builder.fadd(fa, c)
-
-        cur, arg = _pull_ir(context, builder, a0, a1, step)
-        _st4(builder, _ptr(context, builder, sig.args[6], args[6], jb), cur)
-        _st4(builder, _ptr(context, builder, sig.args[8], args[8], jr), arg)
-        return context.get_dummy_value()
-
-    return codegen
-
-
-@intrinsic
-def _pull4(typingctx, f0, ct, co, cs, a0, a1, f1, jb, ar, jr):
-    """One step of a program for 4 lanes: over sources a in [a0, a1), the minimum of
-    f0[4a:4a+4] + ct[co + a*cs : +4] into f1[jb:jb+4] and its first source into ar[jr:jr+4]."""
-    return types.void(f0, ct, co, cs, a0, a1, f1, jb, ar, jr), _pull_codegen(False)
-
-
-@intrinsic
-def _pull4b(typingctx, f0, ct, co, cs, a0, a1, f1, jb, ar, jr):
-    """As _pull4 for 4 target points: f0[a] + ct[co + a*cs : +4]."""
-    return types.void(f0, ct, co, cs, a0, a1, f1, jb, ar, jr), _pull_codegen(True)
-
-
-@intrinsic
-def _pullc4(typingctx, ga, gb, gs, ib, ka, f0, f1, jb, ar, jr):
-    """As _pull4 over the sources a in [0, ka) of gathered points ga (lanes 4a..4a+3), with
-    the costs computed on the way (masked: inf where the target is before the source) to the
-    target lanes gb[ib:ib+4]."""
-    sig = types.void(ga, gb, gs, ib, ka, f0, f1, jb, ar, jr)
-
-    def codegen(context, builder, signature, args):
-        gs, ib, ka, jb, jr = (_i64(context, builder, signature, args, i) for i in (2, 3, 4, 7, 9))
-        dst = [_ld4(builder, _ptr(context, builder, signature.args[1], args[1], _at(builder, ib, gs, f)))
-               for f in (0, 3, 4, 5)]
-
-        def step(a):
-            ia = builder.mul(a, ir.Constant(_I64, 4))
-
-            def src(field):
-                return _ld4(builder, _ptr(context, builder, signature.args[0], args[0], _at(builder, ia, gs, field)))
-
-            c = _cost_ir(builder, src, dst, True)
-            return builder.fadd(_ld4(builder, _ptr(context, builder, signature.args[5], args[5], ia)), c)
-
-        cur, arg = _pull_ir(context, builder, ir.Constant(_I64, 0), ka, step)
-        _st4(builder, _ptr(context, builder, signature.args[6], args[6], jb), cur)
-        _st4(builder, _ptr(context, builder, signature.args[8], args[8], jr), arg)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@njit(**_OPTS)
-def _dp_gather(y, p1, p2, cand, k, g, gs):
-    """g[f*gs + m], m < k: y, P1, P2 at point cand[m], P1, P2 just after it, its index."""
-    g0 = g[:k]
-    g1 = g[gs : gs + k]
-    g2 = g[2 * gs : 2 * gs + k]
-    g3 = g[3 * gs : 3 * gs + k]
-    g4 = g[4 * gs : 4 * gs + k]
-    g5 = g[5 * gs : 5 * gs + k]
-    for m in range(k):
-        c = cand[m]
-        g0[m] = y[c]
-        g1[m] = p1[c]
-        g2[m] = p2[c]
-        g3[m] = p1[c + 1]
-        g4[m] = p2[c + 1]
-        g5[m] = np.float64(c)
-
-
-@njit(**_OPTS)
-def _dp_exact(w, s, y, p1, p2, cand, g, gs, ct, f0, f1, ar, path):
-    """orq.dp_levels for w <= EXACT_MAX: orq._coarse over every point (max(w, s) of them, the
-    last repeated); the level indices into path[:s]. Target points go 4 at a time (padded
-    with the last point): ct[a*kp + b], inf for b <= a."""
-    k = max(w, s)
-    kp = (k + 3) // 4 * 4
-    for i in range(kp):
-        cand[i] = min(i, w - 1)
-    _dp_gather(y, p1, p2, cand, kp, g, gs)
-    for a in range(k - 1):
-        b0 = (a + 1) // 4 * 4
-        for b in range(b0, kp, 4):
-            _cost4b(g, g, gs, a, b, ct, a * kp + b)
-        for b in range(b0, a + 1):
-            ct[a * kp + b] = np.inf
-    f0[0] = 0.0
-    for t in range(1, s):
-        # after t steps only points t .. k-1-(s-1-t) are both reachable and able to reach the
-        # last one in the steps left: the targets; the sources, those of the step before
-        # (only point 0 at the first step)
-        hi = k - s + t
-        art = ar[t - 1]
-        for b in range(t // 4 * 4, hi + 1, 4):
-            _pull4b(f0, ct, b, kp, t - 1, min(b + 3, hi) if t > 1 else 1, f1, b, art, b)
-        f0, f1 = f1, f0
-    pos = k - 1
-    path[s - 1] = cand[pos]
-    for t in range(s - 1, 0, -1):
-        pos = np.int64(ar[t - 1, pos])
-        path[t - 1] = cand[pos]
-
-
-@njit(**_OPTS)
-def _dp_coarse4(cand, k, s, y, p1, p2, g, gs, ct, f0, f1, ar, lp):
-    """orq._coarse for 4 starts side by side: lane q's sorted candidates at cand[4 m + q],
-    m < k (the first 0, the last w-1); lane q's level indices into lp[q, :s]. ct[4 (b*k + a)]:
-    the costs from candidate a to candidate b > a."""
-    _dp_gather(y, p1, p2, cand, 4 * k, g, gs)
-    for b in range(1, k):
-        for a in range(b):
-            _cost4(g, g, gs, 4 * a, 4 * b, ct, 4 * (b * k + a))
-    for q in range(4):
-        f0[q] = 0.0
-    for t in range(1, s):
-        hi = k - s + t  # as in _dp_exact
-        art = ar[t - 1]
-        for b in range(t, hi + 1):
-            _pull4(f0, ct, 4 * b * k, 4, t - 1, b if t > 1 else 1, f1, 4 * b, art, 4 * b)
-        f0, f1 = f1, f0
-    for q in range(4):
-        pos = k - 1
-        lp[q, s - 1] = cand[4 * pos + q]
-        for t in range(s - 1, 0, -1):
-            pos = np.int64(ar[t - 1, 4 * pos + q])
-            lp[q, t - 1] = cand[4 * pos + q]
-
-
-@njit(**_OPTS)
-def _dp_refine4(lp, s, w, offs, no, y, p1, p2, cands, ga, gb, gs, f0, f1, ar, vq):
-    """orq._refine for 4 starts side by side: the exact program with every interior level
-    lp[q, j] confined to clip(lp[q, j] + offs[:no], 0, w-1); the new level indices over lp,
-    their variances into vq[:4]."""
-    for q in range(4):
-        cands[0, q] = 0
-        cands[s - 1, q] = w - 1
-    for j in range(1, s - 1):
-        cj = cands[j]
-        for m in range(no):
-            for q in range(4):
-                cj[4 * m + q] = min(max(lp[q, j] + offs[m], 0), w - 1)
-    for q in range(4):
-        f0[q] = 0.0
-    ka = 1
-    _dp_gather(y, p1, p2, cands[0], 4, ga, gs)
-    for j in range(1, s):
-        kb = 1 if j == s - 1 else no
-        _dp_gather(y, p1, p2, cands[j], 4 * kb, gb, gs)
-        arj = ar[j - 1]
-        for b in range(kb):
-            _pullc4(ga, gb, gs, 4 * b, ka, f0, f1, 4 * b, arj, 4 * b)
-        f0, f1 = f1, f0
-        ga, gb = gb, ga
-        ka = kb
-    for q in range(4):
-        vq[q] = f0[q]
-        pos = 0
-        lp[q, s - 1] = w - 1
-        for j in range(s - 1, 0, -1):
-            pos = np.int64(ar[j - 1, 4 * pos + q])
-            lp[q, j - 1] = cands[j - 1, 4 * pos + q]
-
-
-@njit(**_OPTS)
-def _dp_levels(ys, w, s, fixed, frac, offs, offn, each, exact_max, y, y2, ta, tb, p1, p2, cand, tmpc, ga, gb, gs,
-               ct, f0, f1, ar, lp, vq, pst, vst, cands, path, lv):
-    """orq.dp_levels for one sorted bucket ys[:w] (float64): the levels ys[idx] into lv[:s].
-    ``fixed``: every start's fixed candidates (the extremes and the rank grid, for this w),
-    sorted; ``frac``: every start's value-grid fractions; ``offs[r, :offn[r]]``: REFINE[r]."""
-    y0 = ys[0]
-    for i in range(w):
-        y[i] = ys[i] - y0
-    for i in range(w):
-        y2[i] = y[i] * y[i]
-    _scan(y, w, ta, tb, p1)
-    _scan(y2, w, ta, tb, p2)
-    if w <= exact_max:
-        _dp_exact(w, s, y, p1, p2, cand, ga, gs, ct, f0, f1, ar, path)
-        for i in range(s):
-            lv[i] = ys[path[i]]
-        return
-    starts = fixed.shape[0]
-    nf = fixed.shape[1]
-    grid = frac.shape[1]
-    k = nf + grid
-    span = y[w - 1]
-    for q0 in range(0, starts, 4):  # 4 starts side by side (the last one repeated to fill 4)
-        for q in range(4):
-            t = min(q0 + q, starts - 1)
-            # the value grid (non-decreasing in g), merged into the sorted fixed candidates
-            for g in range(grid):
-                tmpc[g] = min(_count_lt(y, w, span * frac[t, g]), w - 1)
-            ft = fixed[t]
-            i = 0
-            g = 0
-            for m in range(k):
-                if g == grid or (i < nf and ft[i] <= tmpc[g]):
-                    cand[4 * m + q] = ft[i]
-                    i += 1
-                else:
-                    cand[4 * m + q] = tmpc[g]
-                    g += 1
-        _dp_coarse4(cand, k, s, y, p1, p2, ga, gs, ct, f0, f1, ar, lp)
-        for r in range(each):
-            _dp_refine4(lp, s, w, offs[r], offn[r], y, p1, p2, cands, ga, gb, gs, f0, f1, ar, vq)
-        for q in range(min(4, starts - q0)):
-            vst[q0 + q] = vq[q]
-            for i in range(s):
-                pst[q0 + q, i] = lp[q, i]
-    best = 0
-    for t in range(1, starts):
-        if vst[t] < vst[best]:  # the cheapest start wins; ties keep the earlier
-            best = t
-    for q in range(4):
-        for i in range(s):
-            lp[q, i] = pst[best, i]
-    for r in range(each, offs.shape[0]):  # further refinements: the winner only (in every lane)
-        _dp_refine4(lp, s, w, offs[r], offn[r], y, p1, p2, cands, ga, gb, gs, f0, f1, ar, vq)
-    for i in range(s):
-        lv[i] = ys[lp[0, i]]
+orq_exact = njit(**_OPTS)(exact_level_indices)
 
 
 @njit(**_OPTS)
@@ -1174,12 +825,11 @@ def _table_codes(xb, w, tab, s, stoch, sa, sb, start, lob, hib, jb, cv):
 
 
 @njit(**_OPTS)
-def sorted_encode(kind, param, rounds, sweeps, x, srt, n, d, b0, b1, s, g, bits, lid, clip_c, fp16, stoch,
-                  sa, sb, meta, out, state, cb, fixed, frac, offs, offn, each, exact_max):
-    """bingrad (kind 2; param 1: pb), orq (kind 3: s <= 3 or s > DP_MAX_LEVELS) or orq by the
-    dynamic programs (kind 4; ``fixed`` .. ``exact_max``: see _dp_levels) for buckets b0..b1,
-    whose sorted values are the rows of ``srt``; packing state (pending codes, output
-    position) in state/cb."""
+def sorted_encode(kind, param, rounds, x, srt, n, d, b0, b1, s, g, bits, lid, clip_c, fp16, stoch,
+                  sa, sb, meta, out, state, cb):
+    """bingrad (kind 2; param 1: pb) or orq with 4 levels or more (kind 4: orq_exact) for
+    buckets b0..b1, whose sorted values are the rows of ``srt``; packing state (pending codes,
+    output position) in state/cb."""
     buf = np.empty(_pow2_at_least(d), np.float32)
     xc = np.empty(d, np.float32)
     ys = np.empty(d, np.float64)
@@ -1193,34 +843,23 @@ def sorted_encode(kind, param, rounds, sweeps, x, srt, n, d, b0, b1, s, g, bits,
     invr = np.empty(d + 1, np.float64)
     winv = -1
     lv = np.empty(max(s, 2), np.float64)
-    tmp = np.empty(max(s, 2), np.float64)
     tab = np.empty(max(s, 2), np.float32)
     jb = np.empty(d, np.int32)
     lob = np.empty(d, np.float32)
     hib = np.empty(d, np.float32)
-    # the dynamic programs' scratch (kind 4): kmax candidates a lane, 4 lanes
+    # the exact level search's scratch (kind 4), as orq_levels.scratch allocates it
     dp = kind == 4
-    kmax = (max(exact_max, fixed.shape[1] + frac.shape[1], s, offs.shape[1]) + 3) // 4 * 4 if dp else 4
     dpd = d if dp else 1
-    gs = 4 * kmax
     y = np.empty(dpd, np.float64)
-    y2 = np.empty(dpd, np.float64)
     p1 = np.empty(dpd + 1, np.float64)
     p2 = np.empty(dpd + 1, np.float64)
-    cand = np.empty(gs, np.int64)
-    tmpc = np.empty(kmax, np.int64)
-    ga = np.zeros(6 * gs, np.float64)
-    gb = np.zeros(6 * gs, np.float64)
-    ct = np.empty(gs * kmax, np.float64)
-    f0 = np.empty(gs, np.float64)
-    f1 = np.empty(gs, np.float64)
-    dargs = np.empty((max(s - 1, 1), gs), np.float64)
-    lp = np.empty((4, max(s, 2)), np.int64)
-    vq = np.empty(4, np.float64)
-    pst = np.empty((fixed.shape[0], max(s, 2)), np.int64)
-    vst = np.empty(fixed.shape[0], np.float64)
-    cands = np.empty((max(s, 2), gs), np.int64)
-    path = np.empty(max(s, 2), np.int64)
+    fx = np.empty(dpd + 1, np.float64)
+    fa = np.empty(dpd, np.float64)
+    fb = np.empty(dpd, np.float64)
+    vb = np.empty(dpd, np.float64)
+    dargs = np.empty((max(s - 3, 1), dpd), np.int64)
+    stk = np.empty(4 * STACK, np.int64)
+    path = np.empty((1, max(s, 2)), np.int64)
     pend = state[0]
     opos = state[1]
     for b in range(b0, b1):
@@ -1237,8 +876,9 @@ def sorted_encode(kind, param, rounds, sweeps, x, srt, n, d, b0, b1, s, g, bits,
             for i in range(w):
                 ys[i] = np.float64(row[i])
         if dp:
-            _dp_levels(ys, w, s, fixed, frac, offs, offn, each, exact_max, y, y2, ta, tb, p1, p2, cand, tmpc, ga,
-                       gb, gs, ct, f0, f1, dargs, lp, vq, pst, vst, cands, path, lv)
+            orq_exact(ys[:w].reshape((1, w)), s, path, y, p1, p2, fx, fa, fb, vb, dargs, stk)
+            for k in range(s):
+                lv[k] = ys[path[0, k]]
             ex = -1
         else:
             ex = _exact_sum_ok(xb, w)
@@ -1265,8 +905,6 @@ def sorted_encode(kind, param, rounds, sweeps, x, srt, n, d, b0, b1, s, g, bits,
                     l2 = -_low_update(zs, prez, w, -l1)
             lv[0] = l1
             lv[1] = l2
-        elif not dp:
-            _orq_levels(ys, pre, w, s, rounds, sweeps, lv, tmp)
         for k in range(s):
             t = np.float32(lv[k])
             if fp16:

@@ -1,7 +1,8 @@
 """The :class:`~hvd_gradq.xp.Ops` namespace over TensorFlow tensors, usable inside ``tf.function``.
 
 Every primitive is a plain TF op (``tf.math``, ``tf.bitwise``, ``tf.gather``...), so the schemes'
-shared mathematics runs inside the training graph, with no ``tf.numpy_function`` on the hot path.
+shared mathematics runs inside the training graph; ``tf.numpy_function`` only for ``host`` (ORQ's
+compiled level search at 4 levels or more).
 Bit-identity with :data:`hvd_gradq.xp.NUMPY` rests on these choices (``tests/unit/test_tf_ops.py``
 checks every scheme byte for byte, eager and inside ``tf.function``):
 
@@ -27,7 +28,7 @@ checks every scheme byte for byte, eager and inside ``tf.function``):
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
@@ -35,7 +36,7 @@ import tensorflow as tf
 from numpy.typing import NDArray
 
 from ..errors import GradqError
-from ..xp import MASK32, Array, Ops, _mix, seed_words
+from ..xp import MASK32, Array, Ops, _host_result, _mix, seed_words
 
 _DT = {"int64": tf.int64, "float32": tf.float32, "float64": tf.float64, "uint8": tf.uint8,
        "float16": tf.float16, "int32": tf.int32}
@@ -232,6 +233,13 @@ class TFOps:
 
     def from_numpy(self, x: NDArray[Any]) -> Array:
         return _opaque(tf.constant(np.ascontiguousarray(x)))
+
+    def host(self, fn: Callable[[NDArray[Any]], NDArray[Any]], x: Array, shape: tuple[int, ...]) -> Array:
+        """``fn`` through ``tf.numpy_function`` (eager or in a graph), float32 of the static ``shape``.
+        Stateless: the same input gives the same output (deterministic host code)."""
+        y = tf.numpy_function(lambda v: _host_result(fn(v), shape), [_t(x)], tf.float32, stateful=False)
+        y.set_shape(shape)
+        return y
 
 
 TF = TFOps()

@@ -1,12 +1,14 @@
 """The :class:`~hvd_gradq.xp.Ops` namespace over torch tensors (CPU or CUDA)."""
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import numpy as np
 import torch
 from numpy.typing import NDArray
+
+from ..xp import _host_result
 
 Array = Any
 _DT = {"int64": torch.int64, "float32": torch.float32, "float64": torch.float64, "uint8": torch.uint8}
@@ -150,3 +152,7 @@ class TorchOps:
 
     def from_numpy(self, x: NDArray[Any]) -> Array:
         return torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
+
+    def host(self, fn: Callable[[NDArray[Any]], NDArray[Any]], x: Array, shape: tuple[int, ...]) -> Array:
+        """``fn`` on a NumPy copy of ``x`` (``.cpu().numpy()``), the float32 result back on the device."""
+        return self.from_numpy(_host_result(fn(self.to_numpy(x)), shape))

@@ -12,7 +12,6 @@ import numpy as np
 import pytest
 
 from hvd_gradq import dequantize, kernels, quantize
-from hvd_gradq.schemes import orq as orq_mod
 from hvd_gradq.spec import parse
 from hvd_gradq.xp import NUMPY
 
@@ -109,8 +108,8 @@ DP_INPUTS = _dp_inputs()
 @pytest.mark.parametrize(
     "spec",
     [
-        # buckets up to orq.EXACT_MAX (the exact program over every point), just above it (the
-        # multi-start programs) and far above; tails of n % bucket points, some shorter than s
+        # the exact level search (orq_levels) in the fused kernel against the reference's host
+        # call, at several buckets and levels; tails of n % bucket points, some shorter than s
         "orq:levels=9,bucket=8",
         "orq:levels=9,bucket=37",
         "orq:levels=9,bucket=64",
@@ -135,17 +134,6 @@ def test_dynamic_program_levels_bit_identical(spec: str) -> None:
     for tail in (1, 2, 3, parse(spec).symbols - 1):
         if 2 * d + tail <= base.size:
             _check(spec, base[: 2 * d + tail], seed=tail)
-
-
-@pytest.mark.parametrize("starts,each", [(5, 1), (3, 3)])
-def test_dynamic_program_settings(monkeypatch: pytest.MonkeyPatch, starts: int, each: int) -> None:
-    # other numbers of starts (the kernel runs them 4 at a time) and refinements of the
-    # winner only (orq.REFINE[EACH:]): the kernel reads the same settings as the reference
-    monkeypatch.setattr(orq_mod, "STARTS", starts)
-    monkeypatch.setattr(orq_mod, "EACH", each)
-    for spec in ("orq:levels=6,bucket=96", "orq:levels=9,bucket=200"):
-        for x in DP_INPUTS[2:4]:
-            _check(spec, x)
 
 
 def test_many_buckets_and_seeds() -> None:
