@@ -1,6 +1,7 @@
 """Framework-free front: quantize NumPy arrays to payloads and back (offline analysis, oracle)."""
 from __future__ import annotations
 
+import math
 import warnings
 from typing import Any
 
@@ -29,59 +30,95 @@ def _as_float_array(x: Any) -> tuple[NDArray[Any], str]:
     return arr, name
 
 
+F32_MAX = float(np.finfo(np.float32).max)
+
+
 def quantize(x: Any, spec: str | Scheme, *, seed: int = 0, name: str = "tensor") -> Payload:
     """Quantize an array with a scheme; ``seed`` fixes every random draw.
 
-    Non-finite input follows the scheme's ``nonfinite`` option: ``raise`` (a NonFiniteError
-    naming ``name``), ``skip`` (sent uncompressed as ``none``, with a warning) or ``propagate``
-    (buckets holding NaN/Inf decode to NaN).
+    Non-finite input follows the scheme's ``nonfinite`` option: ``propagate`` (default: a
+    bucketed scheme decodes every bucket holding NaN/Inf as NaN and the others as usual; ``none``,
+    ``fp16`` and ``topk`` carry the non-finite values through), ``raise`` (a NonFiniteError naming
+    ``name``) or ``skip`` (sent uncompressed as ``none``, with a warning). Finite values that the
+    scheme's float32 arithmetic cannot take (``scheme.limit``, e.g. |x| >= 2**127 for a range)
+    raise a GradqError that says so (``skip``: sent uncompressed), as do float64 values beyond
+    float32's range.
     """
     scheme = as_scheme(spec)
     arr, dtype = _as_float_array(x)
-    flat = np.ascontiguousarray(arr, dtype=np.float32).reshape(-1)
-    if not np.isfinite(flat).all():
+    with np.errstate(over="ignore"):  # float64 beyond float32's range: checked below
+        flat = np.ascontiguousarray(arr, dtype=np.float32).reshape(-1)
+    finite, inside = _scan(flat, scheme.limit)
+    if not finite:
+        _check_float32_range(arr, flat, name)
         if scheme.nonfinite is NonFinite.RAISE:
             bad = int((~np.isfinite(flat)).sum())
             raise NonFiniteError(
-                f"{name}: {bad} non-finite value(s) (NaN/Inf) in the gradient; set nonfinite=skip "
-                "to send such tensors uncompressed, or nonfinite=propagate"
+                f"{name}: {bad} non-finite value(s) (NaN/Inf) in the gradient; set nonfinite=propagate "
+                "to send them on (their buckets decode as NaN), or nonfinite=skip to send such tensors uncompressed"
             )
         if scheme.nonfinite is NonFinite.SKIP:
-            warnings.warn(f"{name}: non-finite values; sent uncompressed this time", RuntimeWarning, stacklevel=2)
-            scheme = parse("none")
-            parts = scheme.encode(NUMPY, flat, seed)
-            return Payload(scheme, tuple(arr.shape), dtype, {k: np.asarray(v) for k, v in parts.items()})
-        return _propagate(scheme, flat, arr.shape, dtype, seed)
+            return _skip(flat, arr.shape, dtype, seed, f"{name}: non-finite values; sent uncompressed this time")
+        # propagate: the reference encoders mark such buckets (LevelScheme.encode_rows)
+        return _payload(scheme, scheme.encode(NUMPY, flat, seed), arr.shape, dtype)
+    if not inside:
+        if scheme.nonfinite is NonFinite.SKIP:
+            why = f"{name}: values beyond {scheme.name}'s range; sent uncompressed"
+            return _skip(flat, arr.shape, dtype, seed, why)
+        big = float(np.abs(flat).max())
+        raise GradqError(
+            f"{name}: a finite value of magnitude {big:.7g} is beyond what {scheme.name} quantizes in float32 "
+            f"(|x| < {scheme.limit:.7g}: a range, sum or square of the bucket would overflow float32); scale "
+            "the gradient down (a smaller loss scale), use fp16 or none, or nonfinite=skip to send such tensors "
+            "uncompressed"
+        )
     fast = kernels.encode(scheme, flat, seed)  # the compiled fast path (bit-identical), or None
     parts = fast if fast is not None else scheme.encode(NUMPY, flat, seed)
-    return Payload(scheme, tuple(arr.shape), dtype, {k: _wire(np.asarray(v)) for k, v in parts.items()})
+    return _payload(scheme, parts, arr.shape, dtype)
+
+
+def _scan(flat: NDArray[Any], limit: float) -> tuple[bool, bool]:
+    """(every value finite, every |value| < limit), in two passes that allocate nothing (a NaN
+    anywhere makes the min and the max NaN)."""
+    if flat.size == 0:
+        return True, True
+    lo, hi = float(flat.min()), float(flat.max())
+    finite = math.isfinite(lo) and math.isfinite(hi)
+    return finite, finite and max(-lo, hi) < limit
+
+
+def _check_float32_range(arr: NDArray[Any], flat: NDArray[Any], name: str) -> None:
+    """A float64 value that is finite but became inf in float32 is not "NaN/Inf": say what it is."""
+    if arr.dtype != np.float64:
+        return
+    grew = np.isinf(flat) & np.isfinite(arr.reshape(-1))
+    if grew.any():
+        big = float(np.abs(arr.reshape(-1)[grew]).max())
+        raise GradqError(
+            f"{name}: {int(grew.sum())} float64 value(s) are finite but beyond float32's range (largest magnitude "
+            f"{big:.7g} > {F32_MAX:.7g}); hvd_gradq quantizes in float32: scale the gradient down "
+            "(e.g. a smaller loss scale)"
+        )
+
+
+def _skip(flat: NDArray[Any], shape: tuple[int, ...], dtype: str, seed: int, why: str) -> Payload:
+    warnings.warn(why, RuntimeWarning, stacklevel=3)
+    plain = parse("none")
+    return _payload(plain, plain.encode(NUMPY, flat, seed), shape, dtype)
+
+
+def _payload(scheme: Scheme, parts: dict[str, Any], shape: tuple[int, ...], dtype: str) -> Payload:
+    return Payload(scheme, tuple(shape), dtype, {k: _wire(np.asarray(v)) for k, v in parts.items()})
 
 
 def _wire(a: NDArray[Any]) -> NDArray[Any]:
     return a.astype(np.uint8) if a.dtype == np.int64 else a
 
 
-def _propagate(scheme: Scheme, flat: NDArray[Any], shape: tuple[int, ...], dtype: str, seed: int) -> Payload:
-    """Encode with non-finite buckets zeroed, then mark their scales NaN so they decode NaN."""
-    from .schemes.base import LevelScheme
-
-    if not isinstance(scheme, LevelScheme):
-        raise GradqError(f"{scheme.name}: nonfinite=propagate is supported by level schemes only; use raise or skip")
-    d = scheme.bucket
-    bad_elem = ~np.isfinite(flat)
-    nb = -(-flat.size // d)
-    bad_bucket = np.zeros(nb, bool)
-    np.logical_or.at(bad_bucket, np.arange(flat.size) // d, bad_elem)
-    clean = np.where(np.repeat(bad_bucket, d)[: flat.size], np.float32(0), flat)
-    parts = {k: _wire(np.asarray(v)) for k, v in scheme.encode(NUMPY, clean, seed).items()}
-    meta = parts["meta"].reshape(nb, scheme.meta_width).copy()
-    meta[bad_bucket] = np.nan
-    parts["meta"] = meta.reshape(-1)
-    return Payload(scheme, tuple(shape), dtype, parts)
-
-
 def dequantize(payload: Payload) -> NDArray[Any]:
-    """Decode a payload to an array of its original shape and dtype."""
+    """Decode a payload to an array of its original shape and dtype. A payload whose sections
+    hold an index or a code that no encoder writes raises PayloadError (``Scheme.check_parts``)."""
+    payload.scheme.check_parts(payload.parts, payload.n)
     flat = kernels.decode(payload.scheme, payload.parts, payload.n)  # fast path, or None
     if flat is None:
         parts = {k: (v.astype(np.int64) if v.dtype == np.uint8 else v) for k, v in payload.parts.items()}

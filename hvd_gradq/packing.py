@@ -16,8 +16,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from .errors import SpecError
-from .xp import Array, Ops
+from .errors import PayloadError, SpecError
+from .xp import NUMPY, Array, Ops
 
 _WORD_BITS = (1, 2, 3, 4, 5, 6, 7, 8, 16, 32)
 
@@ -112,6 +112,25 @@ def unpack(ops: Ops, data: Array, symbols: int, n: int) -> Array:
         codes = ops.mod(ops.floordiv_by(w, _const(ops, _powers(symbols, lay.group))), symbols)
         codes = ops.reshape(codes, (nw * lay.group,))
     return codes[:n]
+
+
+def check_codes(data: NDArray[Any], symbols: int, n: int) -> None:
+    """Raise PayloadError if packed ``data`` (NumPy, uint8 or int64 byte values) holds a code
+    outside the alphabet. Only layouts of one symbol a word with room to spare (129 to 255
+    symbols in a byte, say) can hold one: several symbols a word are digits taken modulo
+    ``symbols``, and a power-of-two alphabet fills its word. Such a code would index past the
+    table (the reference) or read NaN (the compiled kernels)."""
+    lay = layout(symbols)
+    if lay.group != 1 or symbols == 1 << lay.bits or n == 0:
+        return
+    if lay.bits == 8:
+        top = int(np.asarray(data[:n]).max())
+    else:
+        top = int(np.asarray(unpack(NUMPY, np.asarray(data).astype(np.int64), symbols, n)).max())
+    if top >= symbols:
+        raise PayloadError(
+            f"corrupt payload: a code of {top} in an alphabet of {symbols} symbols (valid: 0 .. {symbols - 1})"
+        )
 
 
 def _const(ops: Ops, x: NDArray[Any]) -> Array:

@@ -13,13 +13,15 @@ from __future__ import annotations
 import dataclasses
 import enum
 import functools
+import math
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import numpy as np
+from numpy.typing import NDArray
 
 from ..errors import SpecError
-from ..packing import layout, pack, unpack
+from ..packing import check_codes, layout, pack, unpack
 from ..xp import Array, Ops, tree_sum, uniforms
 
 
@@ -31,6 +33,12 @@ class Combine(enum.Enum):
 
 
 class NonFinite(enum.Enum):
+    """What a gradient holding NaN/Inf becomes. ``propagate`` (default, as Horovod itself carries
+    non-finite values through, and torch's GradScaler relies on seeing them): a bucketed scheme
+    decodes every bucket that held one as NaN, on every rank, and leaves the other buckets alone;
+    ``none``/``fp16`` carry the values through; ``topk`` keeps them first. ``raise``: an error
+    naming the tensor. ``skip``: the tensor is sent uncompressed (``none``) with a warning."""
+
     RAISE = "raise"
     SKIP = "skip"
     PROPAGATE = "propagate"
@@ -65,17 +73,36 @@ class Scheme:
 
     name: ClassVar[str] = "?"
     combine: ClassVar[Combine] = Combine.GATHER
-    unbiased: ClassVar[bool] = False
+    # whether the rounding itself is unbiased (E[Q(x)] = x); :attr:`unbiased` also accounts for
+    # parameters that bias the whole scheme (clipping)
+    unbiased_rounding: ClassVar[bool] = False
     stochastic: ClassVar[bool] = False
     bucket: int = param(512, int, "elements per bucket")
     ef: bool = param(False, bool, "error feedback: e <- p - decode(Q(p)), p = g + e")
-    nonfinite: NonFinite = param(NonFinite.RAISE, NonFinite, "raise | skip | propagate")
+    nonfinite: NonFinite = param(NonFinite.PROPAGATE, NonFinite, "propagate | raise | skip")
 
     def __post_init__(self) -> None:
         if self.bucket <= 0:
             raise SpecError(f"{self.name}: bucket={self.bucket} must be a positive integer (default 512)")
         if self.bucket > 1 << 24:
             raise SpecError(f"{self.name}: bucket={self.bucket} is too large; valid: 1 .. 2**24")
+
+    @property
+    def unbiased(self) -> bool:
+        """Whether E[decode(encode(x))] = x for every finite x, with these parameters."""
+        return self.unbiased_rounding
+
+    @property
+    def limit(self) -> float:
+        """Magnitudes the float32 arithmetic of this scheme handles: every |x| < limit. Larger
+        finite values would overflow an intermediate (a range, a sum, a square) and decode
+        wrong, so they are refused (:func:`hvd_gradq.quantize`) or, inside a framework's graph,
+        their bucket decodes as NaN."""
+        return math.inf
+
+    def check_parts(self, parts: dict[str, NDArray[Any]], n: int) -> None:
+        """Raise PayloadError if wire sections (NumPy, wire dtypes) hold what no encoder writes
+        and the decoders cannot decode (an index or a code out of range)."""
 
     # -- identity -----------------------------------------------------------------------
     @functools.cached_property
@@ -122,6 +149,24 @@ def _nbytes(scheme: Scheme, n: int) -> int:
     return sum(s.nbytes for s in scheme.sections(n))
 
 
+# Limits of the float32 pipeline (see Scheme.limit). A range or a difference of two values
+# below 2**127 is below float32's largest value (2**128 - 2**104): x - lo, hi - lo cannot overflow.
+RANGE_LIMIT = 2.0**127
+# A sum of w squares (an L2 norm, a standard deviation) of values below 2**62 / sqrt(w), even of
+# differences of two of them, stays below 2**126.
+SQUARE_LIMIT = 2.0**62
+
+
+def pow2_at_least(w: int) -> int:
+    """The smallest power of two >= w (w >= 1)."""
+    return 1 << (w - 1).bit_length()
+
+
+def sqrt_pow2_at_least(w: int) -> int:
+    """A power of two >= sqrt(w) (w >= 1)."""
+    return 1 << -(-(w - 1).bit_length() // 2)
+
+
 def bucket_rows(n: int, d: int) -> list[tuple[int, int, int]]:
     """[(start, rows, width)]: full buckets as one block, then the short tail bucket, if any."""
     out = []
@@ -146,6 +191,27 @@ class LevelScheme(Scheme):
         super().__post_init__()
         if self.clip < 0:
             raise SpecError(f"{self.name}: clip={self.clip} must be >= 0 (standard deviations; 0 turns it off)")
+
+    @property
+    def unbiased(self) -> bool:
+        # clipping moves outliers towards the bulk before rounding: E[Q(x)] is the clipped x
+        return self.unbiased_rounding and self.clip == 0
+
+    @property
+    def limit(self) -> float:
+        # ranges and differences (x - lo, hi - lo); clipping adds a mean and a sum of squares
+        if self.clip > 0:
+            return min(RANGE_LIMIT, SQUARE_LIMIT / sqrt_pow2_at_least(self.bucket))
+        return RANGE_LIMIT
+
+    def check_parts(self, parts: dict[str, NDArray[Any]], n: int) -> None:
+        check_codes(np.asarray(parts["codes"]), self.symbols, n)
+
+    def rows_ok(self, ops: Ops, x: Array) -> Array:
+        """(rows, 1) bool: every element of the bucket is finite and below :attr:`limit` in
+        magnitude (a NaN compares false, so its bucket is not ok)."""
+        inside = ops.f32(ops.abs(x) < np.float32(self.limit))
+        return ops.amin(inside, 1) > np.float32(0.0)
 
     @property
     def symbols(self) -> int:
@@ -223,6 +289,11 @@ class LevelScheme(Scheme):
     def encode_rows(self, ops: Ops, x: Array, seed: int, start: int) -> tuple[Array, Array]:
         """(meta, codes) of buckets ``x`` (rows, width) whose first element is ``start``."""
         rows, w = ops.shape(x)
+        # A bucket holding NaN/Inf, or a value beyond the float32 pipeline's limit, is encoded
+        # as zeros with NaN meta: it decodes as NaN on every rank (nonfinite=propagate; the
+        # callers raise first under the other policies). Elsewhere this changes nothing.
+        ok = self.rows_ok(ops, x)
+        x = ops.where(ok, x, ops.full((1, 1), 0.0))
         xc = self.clip_rows(ops, x)
         meta = self.round_meta(ops, self.choose(ops, xc))
         table = self.table(ops, meta)
@@ -230,7 +301,7 @@ class LevelScheme(Scheme):
         if self.draws:
             u = ops.reshape(uniforms(ops, seed, start, rows * w), (rows, w))
         codes = self.assign(ops, xc, table, u)
-        return meta, codes
+        return ops.where(ok, meta, ops.full((1, 1), math.nan)), codes
 
     def encode(self, ops: Ops, x: Array, seed: int) -> dict[str, Array]:
         n = ops.shape(x)[0]
@@ -275,7 +346,10 @@ class EvenLevelScheme(LevelScheme):
     def table(self, ops: Ops, meta: Array) -> Array:
         lo, step = self.affine(ops, meta)
         k = ops.f32(ops.reshape(ops.arange(self.symbols), (1, self.symbols)))
-        return lo + step * k
+        t = lo + step * k
+        # NaN meta (a bucket that held NaN/Inf): one NaN bit pattern, whichever operand's NaN
+        # the hardware kept (-m of qsgd/terngrad flips a NaN's sign); the kernels do the same
+        return ops.where(t == t, t, ops.full((1, 1), math.nan))
 
     def locate(self, ops: Ops, x: Array, table: Array) -> Array:
         lo = table[:, :1]

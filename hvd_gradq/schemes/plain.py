@@ -12,6 +12,7 @@ from ..xp import Array, Ops
 from .base import Scheme, Section, param
 
 FP16_MAX = 65504.0
+OVERFLOW = ("inf", "raise", "saturate")
 
 
 @register("none")
@@ -19,7 +20,7 @@ FP16_MAX = 65504.0
 class NoneScheme(Scheme):
     """No compression: the float32 values themselves."""
 
-    unbiased: ClassVar[bool] = True
+    unbiased_rounding: ClassVar[bool] = True
 
     def sections(self, n: int) -> list[Section]:
         return [Section("values", "float32", n)]
@@ -37,16 +38,23 @@ class NoneScheme(Scheme):
 @register("fp16")
 @dataclass(frozen=True, kw_only=True)
 class FP16Scheme(Scheme):
-    """IEEE half precision. Values beyond fp16's range (|x| > 65504) either raise (default,
-    ``overflow=raise``) or saturate to +-65504 (``overflow=saturate``); never a silent inf."""
+    """IEEE half precision. Values beyond fp16's range (|x| > 65504):
 
-    unbiased: ClassVar[bool] = False
-    overflow: str = param("raise", str, "raise | saturate")
+    * ``overflow=inf`` (default): the IEEE cast, as Horovod's own ``Compression.fp16`` does:
+      they become +-inf, which torch's GradScaler sees, skipping the step and lowering its loss
+      scale (loss-scaled gradients of 2**18 are finite in fp32 and must not stop training);
+    * ``overflow=raise``: an error naming the magnitude;
+    * ``overflow=saturate``: clamped to +-65504, finite but biased.
+
+    NaN and Inf in the input come through as NaN and Inf (``nonfinite=propagate``)."""
+
+    unbiased_rounding: ClassVar[bool] = False
+    overflow: str = param("inf", str, "inf | raise | saturate")
 
     def __post_init__(self) -> None:
         super().__post_init__()
-        if self.overflow not in ("raise", "saturate"):
-            raise SpecError(f"fp16: overflow={self.overflow!r} is not valid; valid: raise, saturate")
+        if self.overflow not in OVERFLOW:
+            raise SpecError(f"fp16: overflow={self.overflow!r} is not valid; valid: {', '.join(OVERFLOW)}")
 
     def sections(self, n: int) -> list[Section]:
         return [Section("values", "float16", n)]
@@ -58,6 +66,9 @@ class FP16Scheme(Scheme):
         lim = np.float32(FP16_MAX)
         if self.overflow == "saturate":
             x = ops.clip(x, -lim, lim)
+        elif self.overflow == "inf":
+            with np.errstate(over="ignore"):  # the overflow to +-inf is what is asked for
+                return {"values": ops.to_f16(x)}
         elif ops.shape(x)[0] and hasattr(ops, "guard_max_abs"):
             # A graph namespace (TensorFlow) cannot read values back while tracing: it adds a
             # run-time check that fails the step with this message instead.

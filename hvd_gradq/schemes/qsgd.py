@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import SpecError
 from ..spec import register
 from ..xp import Array, Ops, tree_sum
-from .base import EvenLevelScheme, param
+from .base import SQUARE_LIMIT, EvenLevelScheme, param, sqrt_pow2_at_least
 
 
 class Norm(enum.Enum):
@@ -25,7 +25,7 @@ class Norm(enum.Enum):
 @register("qsgd")
 @dataclass(frozen=True, kw_only=True)
 class QSGD(EvenLevelScheme):
-    unbiased: ClassVar[bool] = True
+    unbiased_rounding: ClassVar[bool] = True
     stochastic: ClassVar[bool] = True
     levels: int = param(4, int, "magnitude levels q (2q+1 symbols), >= 1")
     norm: Norm = param(Norm.MAX, Norm, "max | l2")
@@ -38,6 +38,12 @@ class QSGD(EvenLevelScheme):
     @property
     def symbols(self) -> int:
         return 2 * self.levels + 1
+
+    @property
+    def limit(self) -> float:
+        if self.norm is Norm.L2:  # a sum of squares
+            return min(super().limit, SQUARE_LIMIT / sqrt_pow2_at_least(self.bucket))
+        return super().limit
 
     def choose(self, ops: Ops, x: Array) -> Array:
         if self.norm is Norm.MAX:

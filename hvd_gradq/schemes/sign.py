@@ -9,7 +9,7 @@ import numpy as np
 
 from ..spec import register
 from ..xp import Array, Ops, tree_sum
-from .base import LevelScheme
+from .base import RANGE_LIMIT, LevelScheme, pow2_at_least
 
 
 @register("sign")
@@ -18,6 +18,11 @@ class Sign(LevelScheme):
     @property
     def symbols(self) -> int:
         return 2
+
+    @property
+    def limit(self) -> float:
+        # the scale is a sum of |x| over the bucket: below 2**127 when every |x| < 2**127 / w
+        return min(super().limit, RANGE_LIMIT / pow2_at_least(self.bucket))
 
     def choose(self, ops: Ops, x: Array) -> Array:
         return tree_sum(ops, ops.abs(x)) * np.float32(1.0 / ops.shape(x)[1])

@@ -1,7 +1,11 @@
 """TernGrad (Wen et al., NeurIPS 2017): each element becomes s*sign(g)*Bernoulli(|g|/s), with
 s = max|g| of the bucket after clipping at ``clip`` standard deviations (2.5 by default, as in
-the paper). Unbiased for the clipped gradient; clipping itself adds a bias on outliers, which
-the paper accepts for a much smaller s and variance."""
+the paper).
+
+Bias: the rounding is unbiased for the *clipped* gradient, so ``terngrad:clip=0`` is unbiased
+(``scheme.unbiased`` is True), but the default ``clip=2.5`` is **biased**: every element beyond
+mean +- 2.5 std is pulled to that bound in expectation (``scheme.unbiased`` is False). The paper
+accepts that bias for a much smaller s and variance."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -15,7 +19,7 @@ from .base import EvenLevelScheme, param
 @register("terngrad")
 @dataclass(frozen=True, kw_only=True)
 class TernGrad(EvenLevelScheme):
-    unbiased: ClassVar[bool] = True
+    unbiased_rounding: ClassVar[bool] = True
     stochastic: ClassVar[bool] = True
     clip: float = param(2.5, float, "clip at mean +- clip*std before s is taken (0: off)")
 

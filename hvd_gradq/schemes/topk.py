@@ -1,17 +1,24 @@
 """Top-K sparsification (Aji & Heafield 2017; Stich et al. 2018 with error feedback): keep the
 ``ratio`` share of elements of largest magnitude. Indices are sent at ceil(log2 n) bits each;
 the kept values are coded by another scheme (``values``: fp16 by default, or any registered
-scheme name with its default parameters, e.g. ``values=orq``). Biased without ``ef``."""
+scheme name with its default parameters, e.g. ``values=orq``). Biased without ``ef``.
+
+Non-finite input (``nonfinite=propagate``): NaN and +-Inf rank above every finite magnitude, so
+they are kept first and come through as the value scheme codes them (fp16 and none: as they are;
+a bucketed value scheme: their bucket of kept values decodes as NaN). The decoded tensor then
+holds NaN or Inf wherever the input did, as far as ``ratio`` keeps them (at least one)."""
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Any
 
 import numpy as np
+from numpy.typing import NDArray
 
-from ..errors import SpecError
+from ..errors import PayloadError, SpecError
 from ..spec import register
-from ..xp import Array, Ops
+from ..xp import NUMPY, Array, Ops
 from .base import Scheme, Section, param
 
 
@@ -65,6 +72,10 @@ class TopK(Scheme):
 
         return build(self.values, bucket=self.bucket)
 
+    @property
+    def limit(self) -> float:
+        return self.value_scheme.limit
+
     def kept(self, n: int) -> int:
         return min(n, max(1, math.ceil(self.ratio * n))) if n else 0
 
@@ -82,12 +93,27 @@ class TopK(Scheme):
     def encode(self, ops: Ops, x: Array, seed: int) -> dict[str, Array]:
         n = ops.shape(x)[0]
         k = self.kept(n)
-        idx = ops.topk_abs(x, k)
+        # NaN ranks as +inf (x == x is false for NaN only); finite input is selected as before
+        key = ops.where(x == x, x, ops.full((1,), math.inf))
+        idx = ops.topk_abs(key, k)
         vals = ops.take(x, idx)
         out = {"indices": pack_bits(ops, idx, index_bits(n))}
         for name, arr in self.value_scheme.encode(ops, vals, seed).items():
             out["v_" + name] = arr
         return out
+
+    def check_parts(self, parts: dict[str, NDArray[Any]], n: int) -> None:
+        k = self.kept(n)
+        if k:
+            idx = np.asarray(unpack_bits(NUMPY, np.asarray(parts["indices"]).astype(np.int64), index_bits(n), k))
+            if int(idx.max()) >= n:
+                raise PayloadError(
+                    f"corrupt top-k payload: index {int(idx.max())} is out of range for a tensor of {n} elements"
+                )
+            if k > 1 and not bool(np.all(np.diff(idx) > 0)):
+                raise PayloadError("corrupt top-k payload: indices must be strictly increasing (each kept once)")
+        vparts = {name[2:]: arr for name, arr in parts.items() if name.startswith("v_")}
+        self.value_scheme.check_parts(vparts, k)
 
     def decode(self, ops: Ops, parts: dict[str, Array], n: int) -> Array:
         k = self.kept(n)

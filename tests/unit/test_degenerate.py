@@ -136,14 +136,25 @@ def test_fp16_limits():
     for v in (65505.0, 70000.0, -1e6, 3e38):
         x = np.array([1.0, v, 2.0], np.float32)
         with pytest.raises(GradqError, match="65504"):
-            hvd_gradq.quantize(x, "fp16")
+            hvd_gradq.quantize(x, "fp16:overflow=raise")
         y = roundtrip(x, "fp16:overflow=saturate")
         assert np.all(np.isfinite(y))
         assert y[1] == np.copysign(65504.0, v)
         assert (y[0], y[2]) == (1.0, 2.0)
-    # top-k carries its kept values in fp16 and inherits the check
-    with pytest.raises(GradqError, match="65504"):
-        hvd_gradq.quantize(np.array([1.0, 1e5], np.float32), "topk:ratio=1")
+
+
+def test_fp16_default_overflow_is_the_ieee_cast():
+    """Horovod's Compression.fp16 casts, and torch's GradScaler relies on the resulting inf to
+    lower its scale: a loss-scaled gradient of 2**18 must not stop training."""
+    x = np.array([1.0, 262144.0, -70000.0, 65519.0, 65520.0, 2.0], np.float32)
+    want = np.array([1.0, np.inf, -np.inf, 65504.0, np.inf, 2.0], np.float32)  # IEEE round-to-nearest
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # no RuntimeWarning for the cast either
+        for spec in ("fp16", "topk:ratio=1"):
+            p = hvd_gradq.quantize(x, spec)
+            y = hvd_gradq.dequantize(hvd_gradq.Payload.from_bytes(p.to_bytes()))
+            np.testing.assert_array_equal(y, want, err_msg=spec)
+    assert hvd_gradq.parse("fp16").overflow == "inf"
 
 
 @pytest.mark.parametrize("spec", ["uniform:scales=fp16", "qsgd:scales=fp16", "terngrad:clip=0,scales=fp16",
@@ -159,13 +170,17 @@ def test_fp16_scales_saturate_never_inf(spec):
     assert np.abs(y).max() <= 65504.0 * (1 + 1e-6)  # (levels from saturated scales, float32 arithmetic)
 
 
+def _with(spec: str, option: str) -> str:
+    return spec + ("," if ":" in spec else ":") + option
+
+
 @pytest.mark.parametrize("spec", ALL)
 def test_nonfinite_raise_names_the_tensor(spec):
     x = np.ones(100, np.float32)
     for bad in (np.nan, np.inf, -np.inf):
         x[17] = bad
         with pytest.raises(NonFiniteError, match=r"layer3\.conv\.weight: 1 non-finite"):
-            hvd_gradq.quantize(x, spec, name="layer3.conv.weight")
+            hvd_gradq.quantize(x, _with(spec, "nonfinite=raise"), name="layer3.conv.weight")
 
 
 @pytest.mark.parametrize("spec", ALL)
@@ -188,7 +203,7 @@ def test_nonfinite_propagate(spec):
     x = rng.standard_normal(1300).astype(np.float32)
     x[600] = np.nan  # second bucket
     x[1299] = -np.inf  # the tail bucket
-    sp = spec + ("," if ":" in spec else ":") + "nonfinite=propagate"
+    sp = _with(spec, "nonfinite=propagate")
     y = roundtrip(x, sp, seed=11)
     assert np.all(np.isnan(y[512:])), "buckets holding NaN/Inf decode to NaN"
     assert np.all(np.isfinite(y[:512]))
@@ -198,11 +213,36 @@ def test_nonfinite_propagate(spec):
     np.testing.assert_array_equal(y[:512], roundtrip(clean, spec, seed=11)[:512])
 
 
-@pytest.mark.parametrize("spec", ["none", "fp16", "topk"])
-def test_nonfinite_propagate_is_refused_where_unsupported(spec):
-    x = np.array([1.0, np.nan], np.float32)
-    with pytest.raises(GradqError, match="propagate"):
-        hvd_gradq.quantize(x, spec + ":nonfinite=propagate")
+def test_nonfinite_default_is_propagate():
+    for name in hvd_gradq.names():
+        assert hvd_gradq.parse(name).nonfinite.value == "propagate", name
+
+
+@pytest.mark.parametrize("spec", ALL)
+def test_nonfinite_default_never_crashes_nor_hides(spec):
+    """The default policy on every scheme: finite in -> finite out; NaN or Inf anywhere in ->
+    NaN/Inf in the output (never an error, never a silently finite result). Bucketed schemes:
+    exactly the buckets that held one are NaN; none/fp16: the same values; topk: kept first."""
+    rng = np.random.default_rng(12)
+    base = rng.standard_normal(1300).astype(np.float32)
+    assert np.all(np.isfinite(roundtrip(base, spec, seed=3)))
+    level = isinstance(hvd_gradq.parse(spec), LevelScheme)
+    for where in ([0], [1299], [5, 700], list(range(1300))):
+        for bad in (np.nan, np.inf, -np.inf):
+            x = base.copy()
+            x[where] = bad
+            y = roundtrip(x, spec, seed=3)
+            assert not np.all(np.isfinite(y)), (spec, where, bad)
+            if level:
+                hit = np.zeros(1300, bool)
+                for i in where:
+                    hit[i // 512 * 512 : i // 512 * 512 + 512] = True
+                assert np.all(np.isnan(y[hit])) and np.all(np.isfinite(y[~hit])), (spec, where, bad)
+            elif spec in ("none", "fp16"):
+                np.testing.assert_array_equal(y[where], x[where])
+            else:  # topk: every kept slot goes to a non-finite input first
+                k = hvd_gradq.parse(spec).kept(1300)
+                assert np.count_nonzero(~np.isfinite(y)) == min(k, len(where)) or spec == "topk:values=orq"
 
 
 def test_non_float_input_refused():
