@@ -36,7 +36,7 @@ from numpy.typing import NDArray
 
 from ..packing import check_codes, layout
 from ..schemes.base import Scales, Scheme
-from ..schemes.bingrad import PB_ROUNDS, BinGrad, Variant
+from ..schemes.bingrad import BinGrad, Variant
 from ..schemes.orq import ORQ
 from ..schemes.qsgd import QSGD, Norm
 from ..schemes.sign import Sign
@@ -88,7 +88,6 @@ class _Plan:
     mmode: int = 0  # EVEN: 0 [min, max]; 1 max|x|; 2 ||x||_2
     cst: np.float32 = np.float32(1.0)
     param: int = 0  # BINGRAD: 1 for pb
-    rounds: int = 0  # BINGRAD pb: alternating rounds
 
     def nbuckets(self, n: int) -> int:
         return -(-n // self.d)
@@ -127,7 +126,7 @@ def _plan(scheme: Scheme) -> _Plan | None:
     if isinstance(scheme, Sign):
         return replace(base, kind=SIGN)
     if isinstance(scheme, BinGrad):
-        return replace(base, kind=BINGRAD, param=int(scheme.variant is Variant.PB), rounds=PB_ROUNDS)
+        return replace(base, kind=BINGRAD, param=int(scheme.variant is Variant.PB))
     if s >= 4:
         return replace(base, kind=ORQ_EXACT)  # levels from orq_levels' exact search
     return replace(base, kind=ORQ_KIND)  # 2 or 3 levels: orq_small_encode, no sort
@@ -199,11 +198,11 @@ def _sorted_encode(k: Any, p: _Plan, x: NDArray[Any], n: int, sa: int, sb: int, 
         rows = srt[: b1 - b0]
         np.copyto(rows, x[b0 * d : b1 * d].reshape(b1 - b0, d))
         rows.sort(axis=1)
-        k.sorted_encode(p.kind, p.param, p.rounds, x, rows, n, d, b0, b1, p.s, p.g, p.bits, p.lid, p.clip, p.fp16,
+        k.sorted_encode(p.kind, p.param, x, rows, n, d, b0, b1, p.s, p.g, p.bits, p.lid, p.clip, p.fp16,
                         p.stoch, sa, sb, meta, codes, state, cb)
     if n % d:
         rows = np.sort(x[full * d :]).reshape(1, -1)
-        k.sorted_encode(p.kind, p.param, p.rounds, x, rows, n, d, full, full + 1, p.s, p.g, p.bits, p.lid, p.clip,
+        k.sorted_encode(p.kind, p.param, x, rows, n, d, full, full + 1, p.s, p.g, p.bits, p.lid, p.clip,
                         p.fp16, p.stoch, sa, sb, meta, codes, state, cb)
     k.final_flush(p.lid, p.s, p.g, p.bits, cb, state, codes)
 

@@ -34,6 +34,7 @@ from numba.core.extending import intrinsic
 
 from ..xp import _M1, _M2, _M3
 from ._layout import L_B1, L_B2, L_B4, L_B8, L_S3, L_S5, L_S9
+from .bingrad_pb import pb_levels_sorted
 from .orq_levels import STACK, exact_level_indices
 
 _OPTS = {"cache": True, "nogil": True, "error_model": "numpy", "boundscheck": False}
@@ -614,7 +615,7 @@ def sign_encode(x, n, d, clip_c, fp16, meta, out):
 
 
 # ---------------------------------------------------------------------------------------------
-# levels from the sorted bucket: bingrad (two_means, _low_update) and orq (best_level)
+# levels from the sorted bucket: bingrad (two_means) and orq (best_level)
 # ---------------------------------------------------------------------------------------------
 @njit(**_OPTS)
 def _scan(v, w, ta, tb, pre):
@@ -702,30 +703,6 @@ def _two_means(ys, pre, w, score, inv, invr):
     return pj / kk, (total - pj) / (fw - kk)
 
 
-@njit(**_OPTS)
-def _low_update(ys, pre, w, l2):
-    c = 0
-    for i in range(w):
-        c += ys[i] <= l2
-    pc = pre[c]
-    fc = np.float64(c)
-    m = 0
-    for k in range(c):  # the reference counts g < 0 over k < c only
-        km1 = np.float64(k)
-        pb = pre[k]
-        gk = 2.0 * (km1 * ys[k] - pb) - ((fc - km1) * l2 - (pc - pb))
-        m += gk < 0.0
-    mm = np.float64(max(m, 1))
-    pm = pre[m]
-    root = (2.0 * pm + (fc - mm) * l2 - (pc - pm)) / (2.0 * mm)
-    first = ys[0]
-    if m == 0:
-        root = first
-    else:
-        root = _fmax(root, ys[max(m, 1) - 1])
-    return _fmin(_fmax(root, first), l2)
-
-
 @njit(inline="always", **_OPTS)
 def _count_lt(ys, w, a):
     lo = 0
@@ -774,6 +751,8 @@ def _best_level(ys, pre, w, a, b):
 # as it is: the same operations in the same order, so the same level indices)
 # ---------------------------------------------------------------------------------------------
 orq_exact = njit(**_OPTS)(exact_level_indices)
+# bingrad pb: the exact minimiser of bingrad_pb, compiled from its Python source likewise
+bingrad_pb = njit(**_OPTS)(pb_levels_sorted)
 
 
 @njit(**_OPTS)
@@ -825,7 +804,7 @@ def _table_codes(xb, w, tab, s, stoch, sa, sb, start, lob, hib, jb, cv):
 
 
 @njit(**_OPTS)
-def sorted_encode(kind, param, rounds, x, srt, n, d, b0, b1, s, g, bits, lid, clip_c, fp16, stoch,
+def sorted_encode(kind, param, x, srt, n, d, b0, b1, s, g, bits, lid, clip_c, fp16, stoch,
                   sa, sb, meta, out, state, cb):
     """bingrad (kind 2; param 1: pb) or orq with 4 levels or more (kind 4: orq_exact) for
     buckets b0..b1, whose sorted values are the rows of ``srt``; packing state (pending codes,
@@ -833,11 +812,9 @@ def sorted_encode(kind, param, rounds, x, srt, n, d, b0, b1, s, g, bits, lid, cl
     buf = np.empty(_pow2_at_least(d), np.float32)
     xc = np.empty(d, np.float32)
     ys = np.empty(d, np.float64)
-    zs = np.empty(d, np.float64)
     ta = np.empty(d + 1, np.float64)
     tb = np.empty(d + 1, np.float64)
     pre = np.empty(d + 1, np.float64)
-    prez = np.empty(d + 1, np.float64)
     score = np.empty(d, np.float64)
     inv = np.empty(d + 1, np.float64)
     invr = np.empty(d + 1, np.float64)
@@ -849,7 +826,9 @@ def sorted_encode(kind, param, rounds, x, srt, n, d, b0, b1, s, g, bits, lid, cl
     hib = np.empty(d, np.float32)
     # the exact level search's scratch (kind 4), as orq_levels.scratch allocates it
     dp = kind == 4
-    dpd = d if dp else 1
+    dpd = d if dp or (kind == 2 and param == 1) else 1
+    pbo = np.empty((1, 2), np.float64)
+    pba = np.empty(dpd, np.int64)
     y = np.empty(dpd, np.float64)
     p1 = np.empty(dpd + 1, np.float64)
     p2 = np.empty(dpd + 1, np.float64)
@@ -892,17 +871,12 @@ def sorted_encode(kind, param, rounds, x, srt, n, d, b0, b1, s, g, bits, lid, cl
                 for i in range(w - 1):
                     inv[i] = 1.0 / np.float64(i + 1)
                     invr[i] = 1.0 / np.float64(w - 1 - i)
-            l1, l2 = _two_means(ys, pre, w, score, inv, invr)
-            if param == 1 and w > 1:
-                for i in range(w):
-                    zs[i] = -ys[w - 1 - i]
-                if ex >= 0:
-                    _scan_exact(zs, w, ex, prez)
-                else:
-                    _scan(zs, w, ta, tb, prez)
-                for _ in range(rounds):
-                    l1 = _low_update(ys, pre, w, l2)
-                    l2 = -_low_update(zs, prez, w, -l1)
+            if param == 1:  # pb: the exact minimiser (bingrad_pb), not the 2-means
+                bingrad_pb(ys[:w].reshape((1, w)), pbo, y, p1, p2, pba)
+                l1 = pbo[0, 0]
+                l2 = pbo[0, 1]
+            else:
+                l1, l2 = _two_means(ys, pre, w, score, inv, invr)
             lv[0] = l1
             lv[1] = l2
         for k in range(s):

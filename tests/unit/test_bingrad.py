@@ -1,5 +1,6 @@
-"""BinGrad (hvd_gradq/schemes/bingrad.py): -b is the exact 1-D 2-means; -pb's levels optimise
-its own objective (stochastic rounding inside [l1, l2], clamping outside)."""
+"""BinGrad (hvd_gradq/schemes/bingrad.py): -b is the exact 1-D 2-means; -pb's levels are the
+exact minimiser of its own objective (stochastic rounding inside [l1, l2], clamping outside),
+checked against a brute force over every box of consecutive data points written here."""
 
 from __future__ import annotations
 
@@ -7,8 +8,8 @@ import numpy as np
 import pytest
 
 import hvd_gradq
-from hvd_gradq.schemes.bingrad import _low_update
-from hvd_gradq.xp import NUMPY, scan_sum
+from hvd_gradq.kernels import bingrad_pb
+from hvd_gradq.xp import NUMPY
 
 B = hvd_gradq.parse("bingrad:variant=b")
 PB = hvd_gradq.parse("bingrad:variant=pb")
@@ -95,23 +96,79 @@ def test_b_keeps_the_bucket_sum(engine):
         assert np.sum(y[s : s + 512]) == pytest.approx(np.sum(x[s : s + 512].astype(np.float64)), rel=1e-5, abs=1e-3)
 
 
-def test_low_update_is_the_exact_one_dimensional_minimiser():
-    """Each half-step of -pb's alternating minimisation is exact (its objective is convex in l1)."""
+def brute_pb(x: np.ndarray) -> float:
+    """The minimum of -pb's objective over l1 <= l2 by brute force: on every box
+    [y_a, y_a+1] x [y_b, y_b+1] (a <= b) the objective is one quadratic, so its minimum there is
+    at a corner, at the vertex of an edge (the other level held at the box's side) or at the
+    stationary point; every such point of every box is evaluated by the definition (pb_error),
+    with a few extra ones (the mean as both levels, min and max)."""
+    y = np.sort(np.asarray(x, np.float64))
+    w = y.size
+    pts = [(y[0], y[0]), (y[-1], y[-1]), (y.mean(), y.mean()), (y[0], y[-1])]
+    for a in range(w - 1):
+        for b in range(a, w - 1):
+            u0, u1, v0, v1 = y[a], y[a + 1], y[b], y[b + 1]
+            below, above = y[: a + 1], y[b + 1 :]
+            mid = y[a + 1 : b + 1]
+            na, nb, nc = below.size, mid.size, above.size
+            sa, sb, sc = below.sum(), mid.sum(), above.sum()
+            pts += [(u0, v0), (u0, v1), (u1, v0), (u1, v1)]
+            for l1 in (u0, u1):  # dF/dl2 = 2 nc l2 - 2 sc - nb l1 + sb
+                if nc:
+                    pts.append((l1, min(max((2 * sc + nb * l1 - sb) / (2 * nc), v0), v1)))
+            for l2 in (v0, v1):  # dF/dl1 = 2 na l1 - 2 sa - nb l2 + sb
+                pts.append((min(max((2 * sa + nb * l2 - sb) / (2 * na), u0), u1), l2))
+            m = np.array([[2.0 * na, -nb], [-nb, 2.0 * nc]])
+            if np.linalg.det(m) > 0:
+                l1, l2 = np.linalg.solve(m, [2 * sa - sb, 2 * sc - sb])
+                if u0 <= l1 <= u1 and v0 <= l2 <= v1:
+                    pts.append((l1, l2))
+    return min(pb_error(x, l1, l2) for l1, l2 in pts if l1 <= l2)
+
+
+def test_pb_levels_are_the_exact_minimum():
+    """-pb's levels against the brute force, on buckets of 2 .. 24 with heavy tails, skew,
+    two modes and ties; random level pairs never do better."""
     rng = np.random.default_rng(8)
-    for trial in range(80):
-        w = int(rng.integers(2, 24))
-        x = rng.standard_t(2, w)
-        if trial % 3 == 0:
-            x = np.round(x * 2) / 2  # ties
-        ys = np.sort(x)[None, :]
-        pre = np.concatenate([[[0.0]], scan_sum(NUMPY, ys)], 1)
-        l2 = float(rng.uniform(ys.min(), ys.max()))
-        l1 = float(_low_update(NUMPY, ys, pre, np.array([[l2]]))[0, 0])
-        assert ys.min() <= l1 <= l2
-        grid = np.concatenate([np.linspace(ys.min(), l2, 801), ys[0][ys[0] <= l2]])[:, None]
-        c = np.clip(x[None, :], grid, l2)
-        best = float(np.min(np.sum((l2 - c) * (c - grid) + (c - x[None, :]) ** 2, axis=1)))
-        assert pb_error(x, l1, l2) <= best * (1 + 1e-9) + 1e-12
+    worst = 0.0
+    for trial in range(240):
+        w = int(rng.integers(2, 25))
+        x = list(DISTS.values())[trial % len(DISTS)](rng, w).astype(np.float32)
+        if trial % 4 == 0:
+            x = (np.round(x * 2) / 2).astype(np.float32)  # ties
+        x64 = x.astype(np.float64)
+        scale = float(np.sum((x64 - x64.mean()) ** 2)) + 1e-30
+        lv = bingrad_pb.pb_levels_f64(np.sort(x64)[None, :])[0]
+        assert x.min() <= lv[0] <= lv[1] <= x.max()
+        got, best = pb_error(x, lv[0], lv[1]), brute_pb(x)
+        # float64 rounding of the objective from prefix sums: a few ulp of sum (x - min)^2
+        tol = 1e-9 * best + 1e-12 * w * float(x64.max() - x64.min()) ** 2
+        assert abs(got - best) <= tol, f"w={w}: {got!r} vs brute force {best!r}"
+        worst = max(worst, (got - best) / scale)
+        for a, b in rng.uniform(x.min(), x.max(), size=(100, 2)):
+            assert pb_error(x, min(a, b), max(a, b)) >= got - tol
+    assert worst < 1e-9
+
+
+def test_pb_scheme_sends_the_exact_levels(engine):
+    """The levels on the wire are the exact minimiser rounded to float32, through the reference
+    and the fused kernels alike (a full bucket of 64 and a tail)."""
+    pb = hvd_gradq.parse("bingrad:variant=pb,bucket=64")
+    x = np.random.default_rng(4).standard_t(2, 64 + 23).astype(np.float32)
+    meta = np.asarray(hvd_gradq.quantize(x, pb).parts["meta"], np.float32).reshape(-1, 2)
+    for r, s in enumerate(range(0, x.size, 64)):
+        ys = np.sort(x[s : s + 64].astype(np.float64))[None, :]
+        np.testing.assert_array_equal(meta[r], bingrad_pb.pb_levels_f64(ys)[0].astype(np.float32))
+
+
+def test_pb_compiled_search_is_the_python_search():
+    if bingrad_pb._compiled() is None:
+        pytest.skip("numba is not installed")
+    rng = np.random.default_rng(12)
+    for dist, w in zip(list(DISTS) * 3, (1, 2, 3, 5, 16, 33, 64, 100, 200, 300, 512, 512, 7, 9, 11)):
+        rows = np.stack([DISTS[dist](rng, w) for _ in range(3)]).astype(np.float32)
+        ys = np.sort(rows, axis=1).astype(np.float64)
+        np.testing.assert_array_equal(bingrad_pb.pb_levels_f64(ys), bingrad_pb.pb_levels_f64(ys, compiled=False))
 
 
 @pytest.mark.parametrize("dist", DISTS)
@@ -123,13 +180,8 @@ def test_pb_improves_its_own_objective_and_has_less_bias(dist):
         b1, b2 = levels(B, x)
         p1, p2 = levels(PB, x)
         assert x.min() <= p1 <= p2 <= x.max()
-        # the pb optimiser starts from -b's levels and each step is exact: never worse
+        # the exact minimum of its own objective: never above -b's levels' value of it
         assert pb_error(x, p1, p2) <= pb_error(x, b1, b2) * (1 + 1e-6)
-        # its last half-step is exact: l2 is the best upper level given l1
-        z = np.sort(-x.astype(np.float64))[None, :]
-        pre = np.concatenate([[[0.0]], scan_sum(NUMPY, z)], 1)
-        best_hi = -float(_low_update(NUMPY, z, pre, np.array([[-p1]]))[0, 0])
-        assert pb_error(x, p1, p2) <= pb_error(x, p1, best_hi) * (1 + 1e-6)
         bias_b += float(np.sum(np.abs(b_bias(x, b1, b2))))
         bias_pb += float(np.sum(np.abs(pb_bias(x, p1, p2))))
         err_b += nearest_error(x, b1, b2)

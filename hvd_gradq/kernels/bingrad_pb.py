@@ -1,0 +1,171 @@
+"""BinGrad-pb's two levels at the exact minimum of its objective: the one implementation.
+
+For a sorted bucket y_0 <= ... <= y_{w-1}, -pb (see :mod:`hvd_gradq.schemes.bingrad`) minimises
+
+    F(l1, l2) = sum_{x<l1} (l1-x)^2 + sum_{l1<=x<=l2} (l2-x)(x-l1) + sum_{x>l2} (x-l2)^2
+
+over l1 <= l2 (any reals). F is continuous; it is not jointly convex (the quadratic form
+n_A l1^2 - n_B l1 l2 + n_C l2^2 of a piece is indefinite when n_B^2 > 4 n_A n_C), so
+alternating minimisation stops in local minima. What makes the exact minimum cheap:
+
+* the minimum lies in [y_0, y_{w-1}]^2 (below y_0, dF/dl1 <= 0; above y_{w-1}, dF/dl2 >= 0);
+* on a box (l1 in [y_a, y_{a+1}], l2 in [y_b, y_{b+1}], a <= b) the sets below l1, between and
+  above l2 are fixed, so F is one quadratic there, and its minimum over the box is at the
+  stationary point (when positive definite and inside) or on an edge, where F is a convex
+  quadratic in the free level (coefficient n_A >= 1 or n_C >= 0): a clamped vertex. O(1) a box
+  from prefix sums of y and y^2;
+* for fixed l2, F is convex in l1, and its minimiser l1*(l2) is non-decreasing in l2
+  (dF/dl1 = 2 sum_{x<l1} (l1-x) - sum_{l1<=x<=l2} (l2-x) falls as l2 rises). So the boxes that
+  hold the curve (l1*(l2), l2) form a staircase: for l2's interval b, only l1's intervals from
+  a*(y_b) to a*(y_{b+1}) (a monotone pointer over the sorted points, widened by 2 either side
+  against rounding), O(w) boxes in all. The minimum over them is min_{l2} min_{l1} F: exact.
+
+So O(w) after the sort. :func:`pb_levels_sorted` is plain Python over NumPy arrays, compiled
+as it is by numba (``hvd_gradq.kernels._numba.bingrad_pb``), like :mod:`.orq_levels`: one body,
+no allocation, ties keep the first candidate in a fixed order, same bits compiled or not.
+``tests/unit/test_bingrad.py`` checks it against a brute force over every box.
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..errors import GradqError
+
+WIDEN = 2  # l1 intervals added on either side of the staircase (rounding of the pointer's test)
+
+
+def scratch(w: int) -> tuple[NDArray[Any], ...]:
+    """Work arrays for :func:`pb_levels_sorted` on buckets of up to ``w`` points: (y, p, q, ap)."""
+    w = max(w, 1)
+    return (np.empty(w, np.float64), np.empty(w + 1, np.float64), np.empty(w + 1, np.float64),
+            np.empty(w, np.int64))
+
+
+def pb_levels_sorted(ys: Any, out: Any, y: Any, p: Any, q: Any, ap: Any) -> None:
+    """out[r] = (l1, l2), float64, the exact minimiser of F for each sorted float64 row ys[r].
+    Scratch from :func:`scratch`. Numba-compilable as it is."""
+    rows = ys.shape[0]
+    w = ys.shape[1]
+    for r in range(rows):
+        row = ys[r]
+        y0 = row[0]
+        if w == 1 or row[w - 1] == y0:
+            out[r, 0] = y0
+            out[r, 1] = y0
+            continue
+        # points shifted to start at 0 (smaller cancellation), prefix sums of y and y^2
+        p[0] = 0.0
+        q[0] = 0.0
+        a1 = 0.0
+        a2 = 0.0
+        for k in range(w):
+            v = row[k] - y0
+            y[k] = v
+            a1 += v
+            a2 += v * v
+            p[k + 1] = a1
+            q[k + 1] = a2
+        # ap[k]: the interval a of l1*(y_k), the first a < k whose left derivative at y_{a+1},
+        # 2 ((a+1) y_{a+1} - P_{a+1}) - ((k-a) y_k - (P_{k+1} - P_{a+1})), is >= 0, else k
+        a = 0
+        for k in range(w):
+            if a > k:
+                a = k
+            yk = y[k]
+            while a < k:
+                d = 2.0 * (np.float64(a + 1) * y[a + 1] - p[a + 1]) - (np.float64(k - a) * yk - (p[k + 1] - p[a + 1]))
+                if d >= 0.0:
+                    break
+                a += 1
+            ap[k] = a
+        best = np.inf
+        b1 = 0.0
+        b2 = y[w - 1]
+        tot1 = p[w]
+        tot2 = q[w]
+        for b in range(w - 1):
+            v0 = y[b]
+            v1 = y[b + 1]
+            alo = max(ap[b] - WIDEN, 0)
+            ahi = min(ap[b + 1] + WIDEN, b)
+            for a in range(alo, ahi + 1):
+                u0 = y[a]
+                u1 = y[a + 1] if a < b else v1
+                na = np.float64(a + 1)
+                sa = p[a + 1]
+                qa = q[a + 1]
+                nb = np.float64(b - a)
+                sb = p[b + 1] - sa
+                qb = q[b + 1] - qa
+                nc = np.float64(w - 1 - b)
+                sc = tot1 - p[b + 1]
+                qc = tot2 - q[b + 1]
+                # up to 5 candidates: the 4 edges' clamped vertices, then the stationary point
+                for c in range(5):
+                    if c < 2:  # l1 fixed at u0 / u1, l2 free
+                        l1 = u0 if c == 0 else u1
+                        if nc > 0.0:
+                            l2 = (2.0 * sc + nb * l1 - sb) / (2.0 * nc)
+                        else:
+                            l2 = v0 if sb - nb * l1 >= 0.0 else v1
+                        l2 = min(max(l2, v0), v1)
+                    elif c < 4:  # l2 fixed at v0 / v1, l1 free
+                        l2 = v0 if c == 2 else v1
+                        l1 = min(max((2.0 * sa + nb * l2 - sb) / (2.0 * na), u0), u1)
+                    else:
+                        det = 4.0 * na * nc - nb * nb
+                        if not det > 0.0:
+                            continue
+                        r1 = 2.0 * sa - sb
+                        r2 = 2.0 * sc - sb
+                        l1 = (2.0 * nc * r1 + nb * r2) / det
+                        l2 = (2.0 * na * r2 + nb * r1) / det
+                        if not (u0 <= l1 <= u1 and v0 <= l2 <= v1):
+                            continue
+                    if l1 > l2:
+                        continue
+                    f = (na * l1 * l1 - 2.0 * sa * l1 + qa) + (sb * (l1 + l2) - nb * l1 * l2 - qb) + (
+                        nc * l2 * l2 - 2.0 * sc * l2 + qc)
+                    if f < best:
+                        best = f
+                        b1 = l1
+                        b2 = l2
+        out[r, 0] = b1 + y0
+        out[r, 1] = b2 + y0
+
+
+@lru_cache(maxsize=1)
+def _compiled() -> Any:
+    """The numba-compiled :func:`pb_levels_sorted`, or None without numba."""
+    from . import _numba_importable
+
+    if not _numba_importable():
+        return None
+    from ._numba import bingrad_pb
+
+    return bingrad_pb
+
+
+def pb_levels_f64(ys: NDArray[Any], *, compiled: bool = True) -> NDArray[Any]:
+    """(l1, l2) rows (rows, 2), float64, for sorted float64 rows ``ys`` (rows, w).
+    ``compiled=False`` runs the Python source (the tests compare the two)."""
+    ys = np.ascontiguousarray(ys, dtype=np.float64)
+    if ys.ndim != 2 or ys.shape[1] == 0:
+        raise GradqError(f"bingrad pb levels: need sorted rows (rows, width >= 1), got shape {ys.shape}")
+    out = np.zeros((ys.shape[0], 2), np.float64)
+    fn = _compiled() if compiled else None
+    (fn or pb_levels_sorted)(ys, out, *scratch(ys.shape[1]))
+    return out
+
+
+def pb_levels(x: NDArray[Any]) -> NDArray[Any]:
+    """BinGrad-pb's levels (rows, 2), float32, for buckets ``x`` (rows, w): the function the
+    frontends run through ``Ops.host``."""
+    x = np.asarray(x, dtype=np.float32)
+    if x.ndim != 2:
+        raise GradqError(f"bingrad pb levels: buckets must be 2-D (rows, width), got shape {x.shape}")
+    return pb_levels_f64(np.sort(x, axis=1).astype(np.float64)).astype(np.float32)
