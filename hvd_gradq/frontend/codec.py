@@ -65,12 +65,35 @@ def decode_sum(
     return total, len(payloads)
 
 
+CONFIG_BLOCK = 256
+
+
+def config_block(text: str) -> NDArray[np.uint8]:
+    """A rank's configuration as a fixed-size block (2-byte length, then UTF-8), so that one
+    allgather of equal shapes carries every rank's configuration and can run asynchronously."""
+    raw = text.encode()[: CONFIG_BLOCK - 2]
+    out = np.zeros(CONFIG_BLOCK, np.uint8)
+    out[0], out[1] = len(raw) >> 8, len(raw) & 0xFF
+    out[2 : 2 + len(raw)] = np.frombuffer(raw, np.uint8)
+    return out
+
+
+def check_config_blocks(gathered: NDArray[np.uint8]) -> None:
+    """Raise RankMismatchError naming the ranks if the allgathered :func:`config_block` s differ."""
+    rows = np.asarray(gathered, np.uint8).reshape(-1, CONFIG_BLOCK)
+    _check([bytes(r[2 : 2 + (int(r[0]) << 8 | int(r[1]))]).decode(errors="replace") for r in rows])
+
+
 def check_configs(lengths: list[int], gathered: NDArray[np.uint8]) -> None:
     """Raise RankMismatchError naming the ranks if the allgathered configuration strings differ."""
     configs, pos = [], 0
     for n in lengths:
         configs.append(bytes(gathered[pos : pos + n]).decode(errors="replace"))
         pos += n
+    _check(configs)
+
+
+def _check(configs: list[str]) -> None:
     if len(set(configs)) > 1:
         groups: dict[str, list[int]] = {}
         for r, c in enumerate(configs):

@@ -21,7 +21,7 @@ from ..spec import build, parse
 from .compressor import GradqCompressor
 
 ENV = "HVD_GRADQ"
-_COMPRESSOR_KEYS = ("seed", "pattern", "check_ranks")
+_COMPRESSOR_KEYS = ("seed", "pattern", "check_ranks", "process_set", "loss_scale")
 
 
 def from_spec(

@@ -18,7 +18,7 @@ def test_checkpoint_resume_is_bitwise() -> None:
     assert reps[0]["orq:levels=5,ef=true"] == reps[1]["orq:levels=5,ef=true"]
 
 
-@pytest.mark.parametrize("spec", ["orq:levels=5", "qsgd:levels=4"])  # gather and summable patterns
+@pytest.mark.parametrize("spec", ["orq:levels=5,nonfinite=raise", "qsgd:levels=4,nonfinite=raise"])  # gather, summable
 def test_nonfinite_on_one_rank_stops_every_rank(spec: str) -> None:
     reps = launch("worker_torch_hardening.py", np=2, args=["--mode", "nonfinite"], env={"SPEC": spec}, timeout=200)
     assert "non-finite" in reps[1]["error"] and "(step 2)" in reps[1]["error"], reps[1]["error"]

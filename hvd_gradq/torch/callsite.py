@@ -1,0 +1,91 @@
+"""What Horovod's call of ``compress()`` says: the parameter, the reduction and the process set.
+
+Horovod 0.28.1 hands a compressor nothing but the tensor, yet what the compressor must do
+depends on the call: which parameter the gradient belongs to (``sparse_as_dense`` hands over a
+fresh dense copy that no hook has seen), the process set whose ranks take part, ``op`` and the
+pre/post scale factors. Every place that calls ``compression.compress`` in Horovod 0.28.1's torch
+package holds these as locals of the calling frame (read from its source, ``horovod/torch``):
+
+========================================================  =============================================
+caller (``co_name`` in ``optimizer.py`` / ``mpi_ops.py``)   locals
+========================================================  =============================================
+``_DistributedOptimizer._allreduce_grad_async(self, p)``    ``self`` (``op``, ``process_set``), ``p``, ``name``
+``_grouped_allreduce_grad_async(self, ps)`` via listcomp    listcomp: ``p``; above: ``self``
+``_DistributedAdasumOptimizer._allreduce_grad_async``       ``self`` (an Adasum optimizer), ``p``
+``allreduce(tensor, ..., op, ..., process_set)``            ``name``, ``op``, ``average``, ``process_set``
+``grouped_allreduce(tensors, ...)`` via listcomp            listcomp: ``t``; above: ``tensors``, ``name``, ...
+``reducescatter`` / ``grouped_reducescatter``               (not a reduction a compressor can serve)
+========================================================  =============================================
+
+Reading frames is a fact about one Horovod version, so it lives here alone, returns ``None``
+for any caller it does not recognise (a user calling ``compress()`` directly), and is checked by
+the compatibility suite against Horovod's own tests.
+"""
+
+from __future__ import annotations
+
+import sys
+from dataclasses import dataclass
+from types import FrameType
+from typing import Any
+
+import horovod.torch as hvd
+
+
+@dataclass(frozen=True)
+class CallSite:
+    """One ``compress()`` call as Horovod made it."""
+
+    kind: str  # "optimizer", "grouped", "allreduce", "adasum", "reducescatter"
+    op: Any  # Horovod's op constant (hvd.Average, hvd.Sum, ...); None where Horovod defaults it
+    process_set: Any  # the ProcessSet the reduction runs on
+    name: str | None  # Horovod's name for the tensor (the optimizer's parameter name), if any
+    param: Any = None  # the parameter whose gradient this is (optimizer calls)
+
+
+def _is_horovod(frame: FrameType, module: str) -> bool:
+    path = frame.f_code.co_filename.replace("\\", "/")
+    return path.endswith(f"horovod/torch/{module}")
+
+
+def _op_of(local: dict[str, Any]) -> Any:
+    op, average = local.get("op"), local.get("average")
+    if op is None and average is not None:  # Horovod's backwards-compatible ``average=``
+        return hvd.Average if average else hvd.Sum
+    return hvd.Average if op is None else op
+
+
+def inspect_call(depth: int = 2) -> CallSite | None:
+    """The call site of the ``compress()`` that called this (``depth`` frames up), or None."""
+    try:
+        f: FrameType | None = sys._getframe(depth)
+    except ValueError:
+        return None
+    if f is None:
+        return None
+    code = f.f_code.co_name
+    local = f.f_locals
+    if code == "<listcomp>" and f.f_back is not None:
+        outer = f.f_back
+        up = outer.f_locals
+        if _is_horovod(outer, "optimizer.py") and outer.f_code.co_name == "_grouped_allreduce_grad_async":
+            opt = up["self"]
+            p = local.get("p")
+            return CallSite("grouped", opt.op, opt.process_set, opt._parameter_names.get(p), p)
+        if _is_horovod(outer, "mpi_ops.py") and outer.f_code.co_name in ("grouped_allreduce", "grouped_reducescatter"):
+            kind = "grouped" if outer.f_code.co_name == "grouped_allreduce" else "reducescatter"
+            t, tensors, base = local.get("t"), up.get("tensors") or (), up.get("name")
+            index = next((i for i, x in enumerate(tensors) if x is t), None)
+            name = f"{base}.{index}" if base is not None and index is not None else None
+            return CallSite(kind, _op_of(up), up.get("process_set"), name)
+        return None
+    if _is_horovod(f, "optimizer.py") and code == "_allreduce_grad_async":
+        opt = local["self"]
+        p = local.get("p")
+        if not hasattr(opt, "op"):  # _DistributedAdasumOptimizer: compresses parameter deltas
+            return CallSite("adasum", hvd.Adasum, None, local.get("name"), p)
+        return CallSite("optimizer", opt.op, opt.process_set, local.get("name"), p)
+    if _is_horovod(f, "mpi_ops.py") and code in ("allreduce", "reducescatter"):
+        kind = "allreduce" if code == "allreduce" else "reducescatter"
+        return CallSite(kind, _op_of(local), local.get("process_set"), local.get("name"))
+    return None

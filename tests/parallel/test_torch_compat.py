@@ -1,0 +1,128 @@
+"""Ordinary PyTorch training scripts work with hvd_gradq as with stock Horovod (issue 12).
+
+Each check below failed on the code before this change: a hang (unused parameters, process
+sets), an error (GradScaler overflow, sparse_as_dense, the rank-0 checkpoint recipe) or a silently
+different result (scale factors). Two launches hold them all (``worker_torch_compat.py``).
+"""
+import pytest
+from harness import assert_ranks_equal, launch
+
+pytestmark = pytest.mark.parallel
+
+
+@pytest.fixture(scope="module")
+def cases() -> dict:
+    return launch("worker_torch_compat.py", np=2, args=["--mode", "cases"], timeout=420)
+
+
+def _ok(reps: dict, key: str) -> None:
+    for r, rep in reps.items():
+        assert not (isinstance(rep[key], str) and rep[key].startswith("FAILED")), f"rank {r} {key}:\n{rep[key]}"
+
+
+UNUSED = [("qsgd:levels=4", "auto"), ("uniform:bits=4", "summable"), ("terngrad", "auto"),
+          ("orq:levels=5,ef=true", "scatter"), ("qsgd:levels=4,ef=true", "scatter"), ("orq:levels=3", "gather")]
+
+
+@pytest.mark.parametrize("spec,pattern", UNUSED)
+def test_unused_and_rank_dependent_parameters_do_not_hang(cases: dict, spec: str, pattern: str) -> None:
+    key = f"unused/{spec}/{pattern}"
+    _ok(cases, key)
+    assert_ranks_equal({r: {"d": rep[key]["digest"]} for r, rep in cases.items()}, "d")
+    assert cases[0][key]["finite"]
+    expected = {"auto": None, "summable": "summable", "scatter": "scatter", "gather": "gather"}[pattern]
+    if expected:
+        assert expected in cases[0][key]["patterns"], cases[0][key]["patterns"]
+    if spec == "qsgd:levels=4" and pattern == "auto":
+        assert "summable" in cases[0][key]["patterns"]  # the case that hung: summable's statistics
+
+
+@pytest.mark.parametrize("spec", ["orq:levels=5,ef=true", "qsgd:levels=4,ef=true", "fp16", "topk:ratio=0.1,ef=true"])
+def test_gradscaler_overflow_is_skipped_everywhere(cases: dict, spec: str) -> None:
+    key = f"amp/{spec}"
+    _ok(cases, key)
+    for r, rep in cases.items():
+        rec = rep[key]
+        assert rec["skipped"][3], f"rank {r}: the overflow step (inf on rank 1) was not skipped"
+        assert rec["scales"][3] == rec["scales"][2] / 2, rec["scales"]
+        assert not all(rec["skipped"][4:]), "training did not resume after the overflow"
+        assert rec["residuals_finite"]
+        if "ef=true" in spec:
+            assert rec["residual_kept"], f"rank {r}: the skipped step changed the error-feedback residuals"
+    assert_ranks_equal({r: {"d": rep[key]["digest"]} for r, rep in cases.items()}, "d")
+
+
+@pytest.mark.parametrize("spec", ["orq:levels=5,ef=true", "qsgd:levels=4,ef=true"])
+def test_residuals_follow_loss_scale_changes_exactly(cases: dict, spec: str) -> None:
+    key = f"amp-scale/{spec}"
+    _ok(cases, key)
+    rec = cases[0][key]
+    assert rec["scales"][-1] > rec["scales"][0]  # the scale did change during the run
+    assert rec["told"] == rec["plain"], "with loss_scale= the scaled run must equal the unscaled one bitwise"
+    assert rec["untold"] != rec["plain"], "the check has no power: residuals in scaled units did not differ"
+
+
+def test_sparse_as_dense_is_compressed(cases: dict) -> None:
+    _ok(cases, "sparse_as_dense")
+    for rep in cases.values():
+        res = rep["sparse_as_dense"]
+        for spec in ("none", "orq:levels=5,ef=true", "qsgd:levels=4"):
+            assert res[spec]["compressed"] >= 3, (spec, res[spec])
+        assert res["none"]["digest"] == res["stock"]["digest"], "lossless compression differs from stock Horovod"
+    assert_ranks_equal({r: {"d": rep["sparse_as_dense"]} for r, rep in cases.items()}, "d")
+
+
+def test_op_and_scale_factors_match_stock_horovod(cases: dict) -> None:
+    _ok(cases, "scale_factors")
+    for rep in cases.values():
+        for k, err in rep["scale_factors"].items():
+            assert err < 1e-6, f"case {k}: relative difference {err} from stock Horovod"
+
+
+def test_adasum_and_other_ops_are_refused(cases: dict) -> None:
+    _ok(cases, "adasum")
+    for rep in cases.values():
+        res = rep["adasum"]
+        assert "Adasum" in res["optimizer"] and "hvd.Average" in res["optimizer"], res["optimizer"]
+        assert "Adasum" in res["adasum"], res["adasum"]
+        assert "Average and hvd.Sum only" in res["max"], res["max"]
+
+
+def test_standard_checkpoint_recipe_resumes_exactly(cases: dict) -> None:
+    _ok(cases, "checkpoint")
+    for r, rep in cases.items():
+        ck = rep["checkpoint"]
+        assert ck["full"] == ck["resumed"], f"rank {r}: resumed from rank 0's file differs from the uninterrupted run"
+        assert ck["residual_before"] > 0 and ck["steps_after_rank0_state"] > 0
+        if r == 0:
+            assert ck["residual_after_rank0_state"] == pytest.approx(ck["residual_before"])
+        else:  # another rank's residuals are never adopted
+            assert ck["residual_after_rank0_state"] == 0.0
+
+
+def test_elastic_is_refused_at_construction(cases: dict) -> None:
+    msg = cases[0]["elastic"]
+    assert "elastic" in msg and "-np" in msg, msg
+
+
+def test_nonfinite_values_come_through_by_default(cases: dict) -> None:
+    _ok(cases, "nonfinite")
+    for rep in cases.values():
+        for spec, res in rep["nonfinite"].items():
+            assert res["any_nonfinite"], f"{spec}: an inf on rank 1 did not reach the reduced gradient"
+            if spec in ("orq:levels=5", "qsgd:levels=4", "sign"):
+                assert res["first_bucket_finite"], f"{spec}: a bucket without NaN/Inf was poisoned"
+
+
+def test_process_sets_use_their_own_ranks() -> None:
+    reps = launch("worker_torch_compat.py", np=3, args=["--mode", "sets"], timeout=300)
+    assert reps[2]["sets"] == "idle"
+    res0, res1 = reps[0]["sets"], reps[1]["sets"]
+    for k in res0:
+        if k == "mismatch":
+            continue
+        assert res0[k]["digest"] == res1[k]["digest"], k
+        assert res0[k]["compressed"] > 0, k
+        if k.startswith("none/"):  # lossless: exactly the average over the set (divisor 2)
+            assert res0[k]["rel_err"] < 1e-6, (k, res0[k]["rel_err"])
+    assert "process_set" in res0["mismatch"], res0["mismatch"]
