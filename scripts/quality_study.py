@@ -372,28 +372,19 @@ def plot_training(rows: list[dict[str, Any]], path: Path, np_: int, optimizer: s
 # ==================================================================================================
 def exact_orq_variance(x: np.ndarray, s: int, bucket: int) -> np.ndarray:
     """Per bucket, the minimum over level sets (s levels, l_0 = min, l_{s-1} = max) of the stochastic-
-    rounding variance sum (l_{j+1}-x)(x-l_j): an exact O(s w^2) dynamic program over the sorted
-    data points (the optimum puts every level on a data point)."""
+    rounding variance sum (l_{j+1}-x)(x-l_j): the library's exact level search
+    (``hvd_gradq.kernels.orq_levels``, checked against an O(s w^2) program in tests/unit/test_orq.py)."""
+    from hvd_gradq.kernels.orq_levels import levels
+
+    x = np.asarray(x, np.float32)
+    full = len(x) // bucket * bucket
+    parts = [x[:full].reshape(-1, bucket)] if full else []
+    if full < len(x):
+        parts.append(x[full:].reshape(1, -1))
     out = []
-    for b0 in range(0, len(x), bucket):
-        y = np.sort(x[b0 : b0 + bucket].astype(np.float64))
-        w = len(y)
-        y = y - y[0]
-        p1 = np.concatenate([[0.0], np.cumsum(y)])
-        p2 = np.concatenate([[0.0], np.cumsum(y * y)])
-        ia = np.arange(w)[:, None]
-        ib = np.arange(w)[None, :]
-        s1 = p1[ib + 1] - p1[ia]
-        s2 = p2[ib + 1] - p2[ia]
-        n = (ib - ia + 1).astype(np.float64)
-        ya, yb = y[ia], y[ib]
-        cost = yb * s1 - s2 - ya * yb * n + ya * s1  # sum_{a<=k<=b} (y_b-y_k)(y_k-y_a)
-        cost = np.where(ib >= ia, np.maximum(cost, 0.0), np.inf)
-        f = cost[0].copy()  # levels at 0 and b
-        for _ in range(s - 2):
-            f = np.min(f[:, None] + cost, axis=0)
-        out.append(f[w - 1])
-    return np.array(out)
+    for rows in parts:
+        out.append(levels_variance(rows.reshape(-1), levels(rows, s), rows.shape[1]))
+    return np.concatenate(out) if out else np.zeros(0)
 
 
 def levels_variance(x: np.ndarray, table: np.ndarray, bucket: int) -> np.ndarray:
