@@ -12,6 +12,7 @@ from hypothesis import strategies as st
 import hvd_gradq
 from hvd_gradq import payload as pl
 from hvd_gradq.errors import PayloadError
+from hvd_gradq.packing import layout
 
 SCHEMES = [
     "none",
@@ -287,3 +288,95 @@ def test_fuzz_header_text_mutations(base, where, bit):
     for w in where:
         b[start + int(w * speclen)] ^= bit
     _check(reseal(b))
+
+
+# -- malformed sections reach the decoders ----------------------------------------------------
+def _decode_both(p: hvd_gradq.Payload) -> list[object]:
+    """dequantize with the NumPy reference and with the compiled kernels: an array, or the
+    PayloadError raised (any other exception propagates and fails the test)."""
+    import os
+
+    out: list[object] = []
+    old = os.environ.get("HVD_GRADQ_KERNELS")
+    try:
+        for engine in ("0", "1"):
+            os.environ["HVD_GRADQ_KERNELS"] = engine
+            try:
+                with np.errstate(all="ignore"):  # garbage metas may overflow: not an error
+                    out.append(hvd_gradq.dequantize(p))
+            except PayloadError as e:
+                assert str(e)
+                out.append(e)
+    finally:
+        if old is None:
+            os.environ.pop("HVD_GRADQ_KERNELS", None)
+        else:
+            os.environ["HVD_GRADQ_KERNELS"] = old
+    return out
+
+
+def _body_offset(raw: bytes) -> int:
+    p = hvd_gradq.Payload.from_bytes(raw)
+    return pl.header_size(p.scheme.spec, len(p.shape))
+
+
+def test_topk_index_out_of_range_is_a_payload_error():
+    x = _data((9,), np.float32)
+    raw = hvd_gradq.quantize(x, "topk:ratio=0.5").to_bytes()  # 5 indices of 4 bits (n = 9)
+    b = bytearray(raw)
+    b[_body_offset(raw)] = 0xFF  # the first two indices become 15 >= 9
+    for got in _decode_both(hvd_gradq.Payload.from_bytes(reseal(b))):
+        assert isinstance(got, PayloadError) and "out of range" in str(got)
+    b = bytearray(raw)
+    b[_body_offset(raw)] = 0x00  # indices 0, 0: the same element twice
+    for got in _decode_both(hvd_gradq.Payload.from_bytes(reseal(b))):
+        assert isinstance(got, PayloadError) and "increasing" in str(got)
+
+
+@pytest.mark.parametrize("spec", ["orq:levels=129", "orq:levels=200", "orq:levels=255", "qsgd:levels=100"])
+def test_code_beyond_the_alphabet_is_a_payload_error(spec):
+    """129..255 symbols are sent one a byte: a byte >= symbols indexes past the table (an
+    IndexError in the reference, NaN in the kernels before); both must say the payload is bad."""
+    x = _data((600,), np.float32)
+    raw = hvd_gradq.quantize(x, spec, seed=2).to_bytes()
+    s = hvd_gradq.parse(spec).symbols
+    codes_at = len(raw) - layout(s).nbytes(600)
+    for pos, val in ((codes_at, 255), (len(raw) - 1, s), (codes_at + 300, min(s + 1, 255))):
+        b = bytearray(raw)
+        b[pos] = val
+        for got in _decode_both(hvd_gradq.Payload.from_bytes(reseal(b))):
+            assert isinstance(got, PayloadError) and f"alphabet of {s} symbols" in str(got), (pos, val)
+
+
+_DECODE_BASES = [
+    hvd_gradq.quantize(_data(s, np.float32, i), spec, seed=i).to_bytes()
+    for i, (s, spec) in enumerate(
+        [((40,), "topk:ratio=0.2"), ((30,), "topk:ratio=0.3,values=orq"), ((20,), "orq:levels=200"),
+         ((20,), "qsgd:levels=100"), ((30,), "orq:levels=5,bucket=16"), ((25,), "uniform:bits=3,bucket=8"),
+         ((20,), "qsgd:levels=2,bucket=8"), ((20,), "terngrad:bucket=8"), ((24,), "sign:bucket=8"),
+         ((20,), "bingrad:variant=pb,bucket=8"), ((12,), "fp16"), ((7,), "orq:levels=3,scales=fp16,bucket=4")]
+    )
+]
+
+
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(
+    base=st.sampled_from(_DECODE_BASES),
+    edits=st.lists(st.tuples(st.floats(0, 1, exclude_max=True), st.integers(0, 255)), min_size=1, max_size=4),
+)
+def test_fuzz_mutated_sections_decode_or_refuse(base, edits):
+    """Edits to a payload's sections, checksum resealed so that they reach the decoders: the
+    reference and the kernels either both refuse with PayloadError, or both decode the same bits
+    into an array of the payload's shape and dtype. Nothing else (IndexError, a crash)."""
+    start = _body_offset(base)
+    b = bytearray(base)
+    for where, val in edits:
+        b[start + int(where * (len(base) - start))] = val
+    p = hvd_gradq.Payload.from_bytes(reseal(b))  # the header is intact: it parses
+    ref, fast = _decode_both(p)
+    if isinstance(ref, PayloadError) or isinstance(fast, PayloadError):
+        assert isinstance(ref, PayloadError) and isinstance(fast, PayloadError), (ref, fast)
+        return
+    assert isinstance(ref, np.ndarray) and isinstance(fast, np.ndarray)
+    assert ref.shape == p.shape and ref.dtype == np.dtype(p.dtype)
+    assert _same_array(ref, fast)

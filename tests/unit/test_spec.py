@@ -18,7 +18,8 @@ NON_DEFAULT = [
     "none:bucket=64,ef=true,nonfinite=skip",
     "fp16:overflow=saturate,bucket=1",
     "uniform:bits=4,clip=2.0,scales=fp16",
-    "uniform:bits=1,nonfinite=propagate",
+    "uniform:bits=1,nonfinite=raise",
+    "fp16:overflow=raise",
     "qsgd:levels=2,norm=l2",
     "qsgd:levels=7,bucket=100,ef=true",
     "terngrad:clip=0",
@@ -219,3 +220,32 @@ def test_quantize_rejects_a_bad_spec_with_spec_error():
 
     with pytest.raises(SpecError):
         hvd_gradq.quantize(np.zeros(4, np.float32), "orq:levels=1")
+
+
+def test_defaults_in_canonical_strings():
+    """The defaults that issue 12 changed, as every payload header spells them."""
+    for name in spec.names():
+        assert ",nonfinite=propagate" in spec.parse(name).spec, name
+    assert spec.parse("fp16").spec == "fp16:bucket=512,ef=false,nonfinite=propagate,overflow=inf"
+    assert spec.parse("fp16:overflow=raise") != spec.parse("fp16")
+    assert spec.parse("orq:nonfinite=raise").spec.replace("raise", "propagate") == spec.parse("orq").spec
+
+
+@pytest.mark.parametrize("text", ["orq:levels=5", "qsgd", "uniform:bits=4", "sign", "topk", "bingrad", "fp16"])
+def test_policy_changes_only_the_header_for_finite_input(text):
+    """Payloads of finite gradients: the sections are the same bytes under every nonfinite
+    policy (only the spec text in the header differs), and a payload written under the old
+    default spelling (nonfinite=raise) still parses and decodes to the same values."""
+    import numpy as np
+
+    x = np.random.default_rng(1).standard_normal(1100).astype(np.float32)
+    sep = "," if ":" in text else ":"
+    new = hvd_gradq.quantize(x, text, seed=5)
+    for policy in ("raise", "skip"):
+        old = hvd_gradq.quantize(x, f"{text}{sep}nonfinite={policy}", seed=5)
+        assert old.parts.keys() == new.parts.keys()
+        for k in new.parts:
+            assert np.asarray(old.parts[k]).tobytes() == np.asarray(new.parts[k]).tobytes(), (policy, k)
+        back = hvd_gradq.Payload.from_bytes(old.to_bytes())
+        assert back.scheme.nonfinite.value == policy
+        assert hvd_gradq.dequantize(back).tobytes() == hvd_gradq.dequantize(new).tobytes()
