@@ -115,7 +115,8 @@ def test_nonfinite_values_come_through_by_default(cases: dict) -> None:
 
 
 def test_process_sets_use_their_own_ranks() -> None:
-    reps = launch("worker_torch_compat.py", np=3, args=["--mode", "sets"], timeout=300)
+    reps = launch("worker_torch_compat.py", np=3, args=["--mode", "sets"], timeout=300,
+                  env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"})
     assert reps[2]["sets"] == "idle"
     res0, res1 = reps[0]["sets"], reps[1]["sets"]
     for k in res0:
