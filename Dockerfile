@@ -31,15 +31,9 @@ SHELL ["/bin/bash", "-euo", "pipefail", "-c"]
 LABEL org.opencontainers.image.title="hvd_gradq" \
       org.opencontainers.image.description="Horovod gradient-compression plugin: Horovod ${HOROVOD_VERSION}, torch ${TORCH_VERSION} (CPU), tensorflow-cpu ${TF_VERSION}, Open MPI, Gloo"
 
-# Only what setup.sh needs before it can run; it installs Open MPI, cmake, g++ etc. itself.
-# DL3008 (pin apt versions) is ignored: the packages come from the bookworm suite itself; exact
-# Debian revisions disappear from the mirror with each point/security release and break the build.
-# hadolint ignore=DL3008
-RUN apt-get update \
- && DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends \
-      ca-certificates python3 python3-venv python3-dev \
- && rm -rf /var/lib/apt/lists/*
-
+# No apt-get here: setup.sh installs every Debian package itself, python3 and python3-venv
+# included (it runs as root in the build, so without sudo). The image holds nothing that a bare
+# machine running setup.sh would not (tests/unit/test_dockerfile.py checks this).
 ENV OMPI_ALLOW_RUN_AS_ROOT=1 \
     OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 \
     PYTHONDONTWRITEBYTECODE=1 \

@@ -33,14 +33,31 @@ step() {
 }
 
 # ---- 1. system packages ------------------------------------------------------------------
-APT_PKGS=(openmpi-bin libopenmpi-dev cmake g++ make python3-dev iproute2 git)
+# Everything a minimal Debian/Ubuntu image (debian:bookworm-slim, debootstrap minbase) lacks:
+# python3 itself and its venv module (ensurepip), ca-certificates for pip's HTTPS, the
+# compilers and Open MPI for Horovod's build, openssh-client (Open MPI's launcher looks for ssh
+# even on one host), procps (ps/kill for tests and MPI), iproute2 (ip/tc: the emulated network),
+# git. The Dockerfile installs nothing itself: tests/unit/test_dockerfile.py checks this list.
+APT_PKGS=(
+  python3 python3-venv python3-dev ca-certificates
+  openmpi-bin libopenmpi-dev openssh-client cmake g++ make
+  procps iproute2 git
+)
 missing=()
 for p in "${APT_PKGS[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
 done
 if ((${#missing[@]})); then
   say "apt: installing ${missing[*]}"
-  SUDO=""; [ "$(id -u)" -eq 0 ] || SUDO="sudo"
+  SUDO=""
+  if [ "$(id -u)" -ne 0 ]; then
+    if ! command -v sudo >/dev/null 2>&1; then
+      echo "setup.sh: these Debian packages are missing: ${missing[*]}; run as root, or install sudo," \
+           "or install them first: apt-get install -y --no-install-recommends ${missing[*]}" >&2
+      exit 1
+    fi
+    SUDO="sudo"
+  fi
   step apt-update $SUDO apt-get update -qq
   step apt-install env DEBIAN_FRONTEND=noninteractive $SUDO apt-get install -y -qq --no-install-recommends "${missing[@]}"
 else

@@ -236,3 +236,81 @@ def test_docker_check_script() -> None:
 @pytest.mark.parametrize("path", [DOCKERFILE, DOCKERIGNORE, WORKFLOW, DOCKER_CHECK])
 def test_container_files_exist(path: Path) -> None:
     assert path.is_file(), f"{path.relative_to(ROOT)} is missing"
+
+
+# ---- a fresh machine: setup.sh installs everything, the Dockerfile nothing of its own ---------------
+
+# What a minimal Debian/Ubuntu image (debian:bookworm-slim, debootstrap --variant=minbase) lacks and
+# setup.sh or the tests need: `python3 -m venv` needs python3-venv (ensurepip), pip's HTTPS needs
+# ca-certificates, Open MPI's launcher looks for ssh, the tests use ps/kill and ip/tc.
+MINIMAL_IMAGE_NEEDS = {
+    "python3", "python3-venv", "python3-dev", "ca-certificates", "openmpi-bin", "libopenmpi-dev",
+    "openssh-client", "cmake", "g++", "make", "procps", "iproute2", "git",
+}
+
+
+def setup_apt_packages() -> list[str]:
+    m = re.search(r"^APT_PKGS=\(([^)]*)\)", SETUP_SH.read_text(), re.MULTILINE)
+    assert m, "scripts/setup.sh has no APT_PKGS=(...) array"
+    return m.group(1).split()
+
+
+def apt_installs(run: str) -> list[str]:
+    """Packages named by `apt-get install` / `apt install` commands in one RUN's text."""
+    out: list[str] = []
+    for cmd in re.split(r"&&|\|\||;", run):
+        words = cmd.split()
+        for i, w in enumerate(words):
+            if w in ("apt-get", "apt", "aptitude") and "install" in words[i + 1 :]:
+                after = words[words.index("install", i) + 1 :]
+                out += [a for a in after if not a.startswith("-")]
+    return out
+
+
+def test_setup_sh_installs_what_a_minimal_image_lacks() -> None:
+    have = set(setup_apt_packages())
+    assert MINIMAL_IMAGE_NEEDS <= have, f"scripts/setup.sh's APT_PKGS lacks {sorted(MINIMAL_IMAGE_NEEDS - have)}"
+
+
+def test_dockerfile_installs_nothing_that_setup_sh_does_not() -> None:
+    """The image is what setup.sh makes of a bare machine: any apt package a RUN installs
+    must be in setup.sh's list (today there is none), and nothing is pip-installed by hand."""
+    have = set(setup_apt_packages())
+    for word, args in instructions():
+        if word != "RUN":
+            continue
+        extra = [p for p in apt_installs(args) if p not in have]
+        assert not extra, f"Dockerfile installs {extra}, which scripts/setup.sh does not"
+        assert not re.search(r"\bpip3?\s+install\b|-m\s+pip\s+install\b", args), f"Dockerfile pip-installs: {args}"
+    assert apt_installs("apt-get update && apt-get install -y --no-install-recommends a b && rm -rf x") == ["a", "b"]
+
+
+def test_setup_sh_without_root_or_sudo_says_what_to_do(tmp_path: Path) -> None:
+    """A bare machine, not root, no sudo: setup.sh stops at the apt step naming the packages and
+    the command to run, instead of failing on `sudo: command not found`."""
+    (tmp_path / "scripts").mkdir()
+    script = tmp_path / "scripts" / "setup.sh"
+    script.write_text(SETUP_SH.read_text())
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    for tool in ("dirname", "mkdir", "date", "grep", "cat", "tail"):
+        real = shutil.which(tool)
+        assert real, tool
+        (bin_dir / tool).symlink_to(real)
+    for fake, body in (("id", "echo 1000"), ("dpkg-query", "exit 1")):  # a user; nothing installed
+        (bin_dir / fake).write_text(f"#!/bin/bash\n{body}\n")
+        (bin_dir / fake).chmod(0o755)
+    bash = shutil.which("bash")
+    assert bash
+    proc = subprocess.run(
+        [bash, str(script)],
+        env={"PATH": str(bin_dir), "HOME": str(tmp_path)},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        check=False,
+    )
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert "install sudo" in proc.stderr and "python3-venv" in proc.stderr, proc.stderr
+    assert "apt-get install -y --no-install-recommends" in proc.stderr, proc.stderr
+    assert "command not found" not in proc.stderr, proc.stderr
