@@ -25,12 +25,12 @@ from .compressor import GradqCompressor
 from .ops import TF, TFOps
 
 ENV = "HVD_GRADQ"
-_COMPRESSOR_KEYS = ("seed", "pattern", "check_ranks", "name", "verify")
+_COMPRESSOR_KEYS = ("seed", "pattern", "check_ranks", "name", "verify", "process_set", "loss_scale")
 
 
 def from_spec(spec: str, **kwargs: Any) -> GradqCompressor:
     """A compressor for ``spec`` (e.g. ``"orq:levels=5,ef=true"``); keyword arguments go to
-    :class:`GradqCompressor` (seed, pattern, check_ranks, name, verify)."""
+    :class:`GradqCompressor` (seed, pattern, check_ranks, name, verify, process_set, loss_scale)."""
     return GradqCompressor(parse(spec), **kwargs)
 
 

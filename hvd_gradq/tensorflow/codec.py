@@ -81,11 +81,12 @@ def _fn(f: Any, *signature: Any) -> _Exact:
 
 
 def encode_parts(scheme: Scheme, x: Any, words: Any) -> dict[str, Any]:
-    """The scheme's sections for flat float32 ``x``; ``nonfinite=propagate`` as
-    :func:`hvd_gradq.api.quantize` does it (such buckets encoded as zeros, their meta NaN)."""
-    if scheme.nonfinite is not NonFinite.PROPAGATE:
+    """The scheme's sections for flat float32 ``x``; ``nonfinite=propagate`` in level schemes as
+    :func:`hvd_gradq.api.quantize` does it (such buckets encoded as zeros, their meta NaN). Other
+    schemes encode ``x`` as it is (``none``, ``fp16`` carry NaN/Inf themselves; the compressor
+    cleans ``x`` for the rest and marks the result NaN through Horovod's own allreduce)."""
+    if scheme.nonfinite is not NonFinite.PROPAGATE or not isinstance(scheme, LevelScheme):
         return scheme.encode(TF, x, words)
-    assert isinstance(scheme, LevelScheme)
     n = TF.shape(x)[0]
     d = scheme.bucket
     nb = -(-n // d)

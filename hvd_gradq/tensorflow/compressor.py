@@ -6,27 +6,16 @@ are reduced inside a ``tf.function`` Horovod makes), each inside ``tf.cond(size(
 identity)``. Everything here is therefore TF ops, and the schemes' shared mathematics runs on
 :class:`~hvd_gradq.tensorflow.ops.TFOps` inside the graph, bit-identical to the NumPy reference.
 
-**Identity.** No name reaches a compressor, and gradient op names are no help (eager tapes and
-Keras hand Horovod placeholders ``grads``, ``grads_1``...). The key of a gradient is its position
-among the ``compress()`` calls made while tracing one function graph: the graph being built,
-found by walking ``outer_graph`` up out of ``tf.cond`` / ``tf.while_loop`` branch graphs (Horovod
-wraps every gradient in a ``tf.cond``). Each new function graph (a retrace; the second trace
-``tf.function`` makes after variables were created; Horovod's nested ``allreduce_grads``
-function under Keras) counts from 0. Horovod reduces the gradients in ``var_list`` order, the
-same on every rank and in every trace of the same training function, so position ``i`` always
-means the same variable. A slot remembers the shape and dtype it was made for and a mismatch
-raises: use one compressor per model / gradient list (two tapes in one ``tf.function`` are fine:
-their calls count on in the same graph).
-Collective names are ``hvd_gradq.<name>.<kind><i>``, identical on every rank; ``<name>`` is
-``name=`` or ``c<k>`` for the k-th compressor this process built, which ``check_ranks`` compares.
-
-**State.** Per slot, created once (under ``tf.init_scope``, on the trace that first reaches it):
-an int64 step counter (the random stream's position: draws are seeded by base seed, rank, slot
-and step) and, with ``ef``, the float32 residual. They are ``tf.Variable`` s tracked by this
-``tf.Module`` (``steps/i``, ``residuals/i``), so ``tf.train.Checkpoint(compressor=...)`` saves
-and restores them; restores made before the first trace are applied when the slot is created.
-The Python side (shapes, patterns, byte costs) is rebuilt by tracing; ``stats()`` multiplies the
-static per-step bytes of each slot by its step counter, so nothing is counted in the graph.
+**The call.** No name, op or process set reaches a compressor; :mod:`.callsite` reads them from
+Horovod's calling frames: ``op`` (``Adasum``, ``Min``, ``Max``, ``Product`` are refused: only a
+sum or an average of decoded payloads is served), the pre/post scale factors, the process set
+(every collective here runs on it, with its rank and size; a constructor ``process_set=`` must
+agree) and the variable of the gradient. **State** is keyed by that variable (see
+:mod:`.state`: per slot a step counter, and with ``ef`` a residual and the rank that owns it,
+``tf.Variable`` s tracked by this ``tf.Module`` for ``tf.train.Checkpoint``). Collective names
+are ``hvd_gradq.<name>.<kind><i>[.p<set>]``, ``i`` the slot's creation order, identical on
+every rank; ``<name>`` is ``name=`` or ``c<k>`` for the k-th compressor this process built,
+which the one-time configuration check (an eager allgather on the process set) compares.
 
 **Patterns.** ``gather``: encode, lay the payload bytes (header static per shape and spec, the
 checksum a weighted int64 byte sum) and ``hvd.allgather`` the uint8 payload; ``decompress``
@@ -35,29 +24,38 @@ order from the gathered bytes (every rank runs one computation on the same bytes
 scales; with ``ef`` the residual is set from its own decoded payload there. ``summable``
 (evenly spaced levels): a Max-allreduce of per-bucket statistics fixes a shared table, codes are
 packed into int32 lanes and Sum-allreduced. Horovod's own allreduce carries a float32 ``[1.0]``
-that reads 1 after ``op=Average`` and N after ``op=Sum``. Under ``pattern=auto``, a tensor whose
-compressed traffic would not be below a plain fp32 ring allreduce (a bias of a few elements)
-is handed to Horovod's allreduce unchanged, as the PyTorch frontend does; Horovod's tensor
-fusion makes that sum's order (and so its bits, beyond 2 ranks) depend on what it fused: set
+that comes back as ``v = post * pre * N`` (Sum) or ``post * pre`` (Average), so the result is
+``sum_of_decoded * v / N`` (computed as ``/ N`` when ``v == 1`` and as is when ``v == N``).
+Under ``pattern=auto``, a tensor whose compressed traffic would not be below a plain fp32 ring
+allreduce (a bias of a few elements) is handed to Horovod's allreduce unchanged; so is a
+gradient whose shape is not static and whose variable's shape is unknown too (with
+``sparse_as_dense`` the variable's static shape is used). Horovod's tensor fusion makes such a
+sum's order (and so its bits, beyond 2 ranks) depend on what it fused: set
 ``HOROVOD_FUSION_THRESHOLD=0`` or ``pattern=gather`` where runs must reproduce bit for bit
 (ranks agree either way). The PyTorch frontend's scatter-reduce pattern is not implemented here.
 The mathematics runs in :mod:`hvd_gradq.tensorflow.codec` functions, traced once per
 (scheme, size) and shielded from Grappler's float rewrites.
 
 **Not compressed.** ``tf.IndexedSlices`` (embeddings) never reach ``compress()``: Horovod
-allgathers their values and indices itself, unless ``sparse_as_dense=True``. With
-``nonfinite=raise`` (default) a NaN/Inf on any rank stops the step on every rank with an
-``InvalidArgumentError`` that says so (a graph cannot raise Python errors on values; the rank
-with NaN still takes part in the collective, with a poison payload or +inf statistics, so that no
-rank waits for it); ``nonfinite=skip`` is refused (payload sizes are fixed
-when the graph is traced); ``propagate`` sends NaN buckets. Errors raised while tracing
-(a rank mismatch, a slot mismatch) surface as AutoGraph ``StagingError`` s carrying the message
-when the caller was converted by AutoGraph.
+allgathers their values and indices itself, unless ``sparse_as_dense=True``.
+**Non-finite values.** ``nonfinite=propagate`` (as Horovod carries infs through): in level
+schemes a bucket holding NaN/Inf on any rank decodes to NaN on every rank (gather: its scale is
+sent as NaN; summable: the rank sends +inf statistics for it in the Max-allreduce); ``none`` and
+``fp16`` carry the values themselves; other schemes (Top-K) make Horovod's ``[1.0]`` NaN, which
+turns the whole tensor NaN. Error feedback keeps its previous residual wherever the result is
+not finite, so training recovers after a skipped step (``loss_scale=`` keeps residuals in
+unscaled units for loss-scaled gradients). ``nonfinite=raise`` stops the step on every rank with
+an ``InvalidArgumentError`` that says so (the rank with NaN still takes part in the collective,
+with a poison payload or +inf statistics, so that no rank waits for it); ``nonfinite=skip`` is
+refused (payload sizes are fixed when the graph is traced). Errors raised while tracing (a rank
+mismatch, Adasum) surface as AutoGraph ``StagingError`` s carrying the message when the caller
+was converted by AutoGraph. Elastic Horovod is refused at construction.
 """
 from __future__ import annotations
 
 import hashlib
 import itertools
+import os
 import re
 import weakref
 from dataclasses import dataclass
@@ -73,9 +71,12 @@ from ..frontend.patterns import Pattern, choose, cost, fp32_cost, parse_pattern
 from ..frontend.stats import Stats
 from ..payload import CHECK_OFFSET, DTYPE_CODES, MAX_NDIM, header_bytes, header_size
 from ..schemes.base import Combine, EvenLevelScheme, LevelScheme, NonFinite, Scheme
+from ..schemes.plain import FP16Scheme, NoneScheme
 from ..xp import stream_seed
 from . import codec
+from .callsite import CallSite, horovod_call_site
 from .ops import TF, step_words
+from .state import Slot, check_slot, make_variables, variable_key
 
 _MOD = 65521
 _COUNTER = itertools.count()
@@ -89,45 +90,35 @@ def _no_convert(f: _F) -> _F:
 
 
 @dataclass
-class _Slot:
-    """What one gradient position holds: static facts and its variables."""
-
-    index: int
-    shape: tuple[int, ...]
-    dtype: str
-    n: int
-    pattern: Pattern | None  # None: a tiny tensor passed to Horovod's own allreduce as it is
-    step: Any  # tf.Variable int64 scalar
-    residual: Any  # tf.Variable float32 (n,) or None
-    sent: int  # bytes a rank sends per reduction (model: gather is exact, ring is 2(N-1)/N)
-    received: int
-    fp32: int
-
-
-@dataclass
 class _Ctx:
     slot_index: int
     shape: tuple[int, ...]
     dtype: Any
     n: int
     pattern: Pattern | None
+    size: int = 1
+    rank: int = 0
     result: Any = None  # gathered bytes (gather) or summed int32 lanes (summable)
     meta: Any = None  # the shared meta (summable)
     x: Any = None  # the compressed input g + e (gather with ef: the residual is set in decompress)
-    residual: Any = None
+    slot: Slot | None = None
+    residual: Any = None  # the residual in use this step (zero if another rank's), unscaled
     finite: Any = None  # nonfinite=raise: whether this rank's x held no NaN/Inf (a bool tensor)
-    what: str = ""  # "gradient #i [shape]" for messages
+    bad: Any = None  # summable propagate: elements of buckets that were non-finite on some rank
+    what: str = ""  # "gradient <key> [shape]" for messages
 
 
 class _Host:
     """Python-side bookkeeping, kept out of TF's object tracking."""
 
-    def __init__(self) -> None:
-        self.slots: list[_Slot] = []
-        # compress() calls so far in each function graph being traced
+    def __init__(self, loss_scale: Any) -> None:
+        self.slots: dict[str, Slot] = {}
+        # compress() calls without a known variable so far in each function graph being traced
         self.positions: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self.eager_calls = 0
-        self.checked = False
+        self.checked: set[int] = set()  # process set ids whose ranks were compared
+        self.loss_scale = loss_scale
+        self.process_set: Any = None
 
 
 class GradqCompressor(tf.Module):  # type: ignore[misc]
@@ -143,6 +134,10 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
             k-th compressor built in this process (same on every rank when they build the same).
         verify: check every received payload's header and checksum inside the graph (a failed
             check stops the step with ``InvalidArgumentError``).
+        process_set: the Horovod process set; by default the one Horovod's call names (they
+            must agree when both are given). Needed only when ``compress()`` is called by hand.
+        loss_scale: the current loss scale (a callable returning it, or a ``tf.Variable``) when
+            gradients arrive scaled (mixed precision): residuals are stored divided by it.
     """
 
     def __init__(
@@ -154,18 +149,27 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         check_ranks: bool = True,
         name: str | None = None,
         verify: bool = True,
+        process_set: Any = None,
+        loss_scale: Any = None,
     ) -> None:
         super().__init__(name="hvd_gradq_compressor")
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise GradqError(f"seed must be an integer, not {type(seed).__name__}")
+        if os.environ.get("HOROVOD_ELASTIC", "0") not in ("", "0"):
+            raise GradqError(
+                "hvd_gradq.tensorflow does not support elastic Horovod (HOROVOD_ELASTIC is set): a worker that "
+                "joins later would run the one-time rank check alone, and error-feedback state is per rank. "
+                "Run without elastic mode (horovodrun without --min-np/--max-np/--host-discovery-script)")
         if scheme.nonfinite is NonFinite.SKIP:
             raise GradqError(
                 f"{scheme.name}: nonfinite=skip is not supported by hvd_gradq.tensorflow: it changes a "
                 "payload's size at run time, and a TF graph's allgather sizes are fixed when it is traced. "
-                "Valid here: nonfinite=raise (the step fails) or nonfinite=propagate (NaN buckets)"
+                "Valid here: nonfinite=propagate (NaN results, as Horovod) or nonfinite=raise (the step fails)"
             )
-        if scheme.nonfinite is NonFinite.PROPAGATE and not isinstance(scheme, LevelScheme):
-            raise GradqError(f"{scheme.name}: nonfinite=propagate is supported by level schemes only; use raise")
+        if loss_scale is not None and not (callable(loss_scale) or isinstance(loss_scale, tf.Variable)):
+            raise GradqError(f"loss_scale must be a callable or a tf.Variable, not {type(loss_scale).__name__}")
+        if process_set is not None and not hasattr(process_set, "process_set_id"):
+            raise GradqError(f"process_set must be a horovod ProcessSet, not {type(process_set).__name__}")
         cid = name if name is not None else f"c{next(_COUNTER)}"
         if not _NAME_OK.match(cid):
             raise GradqError(f"name={cid!r} is not valid: 1-64 letters, digits, '_', '.' or '-'")
@@ -183,30 +187,54 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         self.check_ranks = check_ranks
         self.verify = verify
         self.cid = cid
-        self.steps: list[Any] = []  # tracked: checkpoint keys steps/<i>
-        self.residuals: list[Any] = []  # tracked: residuals/<i> (ef only)
-        self._host = _Host()
+        self.steps: dict[str, Any] = {}  # tracked: checkpoint keys steps/<variable name>
+        self.residuals: dict[str, Any] = {}  # residuals/<variable name> (ef only), unscaled
+        self.owners: dict[str, Any] = {}  # owners/<variable name>: the rank whose residual it is
+        self._host = _Host(loss_scale)
+        self._host.process_set = process_set
 
     # -- configuration ---------------------------------------------------------------------------
     def config(self) -> str:
         """What every rank must agree on."""
-        return f"{self.scheme.spec}|pattern={self.pattern.value}|seed={self.seed}|name={self.cid}|tf|v=1"
+        return f"{self.scheme.spec}|pattern={self.pattern.value}|seed={self.seed}|name={self.cid}|tf|v=2"
 
     def digest(self) -> str:
         return hashlib.sha256(self.config().encode()).hexdigest()[:16]
 
-    def _check_ranks(self) -> None:
-        self._host.checked = True
-        if not self.check_ranks or hvd.size() == 1:
+    def _check_ranks(self, ps: Any) -> None:
+        self._host.checked.add(ps.process_set_id)
+        if not self.check_ranks or ps.size() == 1:
             return
+        sfx = _set_suffix(ps)
         with tf.init_scope():  # runs now, eagerly, even while a graph is being traced
             mine = self.config().encode()
-            lens = hvd.allgather(tf.constant([len(mine)], tf.int64), name="hvd_gradq.tfconfig.len",
-                                 ignore_name_scope=True)
-            allb = hvd.allgather(tf.constant(np.frombuffer(mine, np.uint8)), name="hvd_gradq.tfconfig",
-                                 ignore_name_scope=True)
+            lens = hvd.allgather(tf.constant([len(mine)], tf.int64), name=f"hvd_gradq.tfconfig.len{sfx}",
+                                 ignore_name_scope=True, process_set=ps)
+            allb = hvd.allgather(tf.constant(np.frombuffer(mine, np.uint8)), name=f"hvd_gradq.tfconfig{sfx}",
+                                 ignore_name_scope=True, process_set=ps)
             lens_np, allb_np = lens.numpy(), allb.numpy()
         codec_host.check_configs(lens_np.tolist(), allb_np)
+
+    def _process_set(self, site: CallSite) -> Any:
+        mine = self._host.process_set
+        theirs = site.process_set
+        if mine is not None and theirs is not None and mine.process_set_id != theirs.process_set_id:
+            raise GradqError(
+                f"the compressor was built with process_set={mine.process_set_id} but Horovod reduces this gradient "
+                f"over process set {theirs.process_set_id}: pass the same process set to both (or to Horovod only)")
+        return theirs if theirs is not None else (mine if mine is not None else hvd.global_process_set)
+
+    def _check_op(self, site: CallSite) -> None:
+        if site.kind == "reducescatter":
+            raise GradqError("hvd_gradq compresses allreduce only; use hvd.Compression.none with reducescatter")
+        if site.op is None or site.op in (hvd.Average, hvd.Sum):
+            return
+        if site.op == hvd.Adasum:
+            raise GradqError(
+                "op=hvd.Adasum cannot be combined with a hvd_gradq compressor: Adasum combines the gradients "
+                "themselves, while hvd_gradq sends quantized payloads and sums their decoded values. Use "
+                "op=hvd.Average (or hvd.Sum) with compression, or Adasum with hvd.Compression.none")
+        raise GradqError(f"hvd_gradq serves op=Average or op=Sum, not op={site.op!r}; use hvd.Compression.none")
 
     # -- identity ------------------------------------------------------------------------------
     @staticmethod
@@ -218,17 +246,15 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
             g = g.outer_graph
         return g
 
-    def _pattern_for(self, n: int, ndim: int) -> Pattern | None:
+    def _pattern_for(self, n: int, ndim: int, size: int) -> Pattern | None:
         """The pattern of a tensor of ``n`` elements; None: pass it to Horovod's own allreduce.
 
         As in the PyTorch frontend: with ``pattern=auto``, a tensor whose compressed traffic
         would not be smaller than a plain fp32 ring allreduce (a bias of a few elements: the
-        payload header alone outweighs it) goes uncompressed, exactly; ``nonfinite=propagate``
-        uses gather (a rank's NaN buckets are its own). The scatter-reduce pattern of the
-        PyTorch frontend is not implemented here: where the cost model prefers it, the cheaper
-        of gather and summable is used.
+        payload header alone outweighs it) goes uncompressed, exactly. The scatter-reduce
+        pattern of the PyTorch frontend is not implemented here: where the cost model prefers
+        it, the cheaper of gather and summable is used.
         """
-        size = hvd.size()
         p = choose(self.scheme, n, ndim, size, self.pattern)
         if p is Pattern.SCATTER:
             p = Pattern.GATHER
@@ -242,62 +268,70 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         if (self.pattern is Pattern.AUTO and size > 1
                 and cost(self.scheme, n, ndim, size, p).received >= fp32_cost(n, size).received):
             return None
-        if p is Pattern.SUMMABLE and self.scheme.nonfinite is not NonFinite.RAISE:
-            p = Pattern.GATHER
         return p
 
-    def _slot(self, tensor: Any, shape: tuple[int, ...], dtype: str) -> _Slot:
-        """The slot of this gradient: by its position among this trace's compress() calls."""
+    def _slot(self, shape: tuple[int, ...], dtype: str, variable: Any, size: int) -> Slot:
+        """The slot of this gradient: by its variable, else by its position in this trace."""
         h = self._host
-        g = self._function_graph()
-        i = h.positions.get(g, 0)
-        h.positions[g] = i + 1
-        if i < len(h.slots):
-            s = h.slots[i]
-            if s.shape != shape or s.dtype != dtype:
-                raise GradqError(
-                    f"gradient #{i} of this trace has shape {list(shape)} ({dtype}); the compressor's slot "
-                    f"#{i} was made for {list(s.shape)} ({s.dtype}). hvd_gradq.tensorflow keys state by the "
-                    "order of gradients in a training function: use one compressor per model / gradient list"
-                )
-            return s
-        return self._new_slot(i, shape, dtype)
-
-    def _new_slot(self, i: int, shape: tuple[int, ...], dtype: str) -> _Slot:
+        if variable is not None:
+            key, ident = variable_key(variable)
+        else:
+            g = self._function_graph()
+            i = h.positions.get(g, 0)
+            h.positions[g] = i + 1
+            key, ident = f"#{i}", None
+        slot = h.slots.get(key)
+        if slot is not None:
+            check_slot(slot, key, ident, shape, dtype, size)
+            return slot
         n = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        size = hvd.size()
-        pattern = self._pattern_for(n, len(shape))
+        pattern = self._pattern_for(n, len(shape), size)
         c = cost(self.scheme, n, len(shape), size, pattern) if size > 1 and pattern else fp32_cost(n, size)
-        with tf.init_scope():
-            step = tf.Variable(tf.constant(0, tf.int64), trainable=False, name=f"hvd_gradq_step_{i}")
-            residual = None
-            if self.scheme.ef:
-                residual = tf.Variable(tf.zeros((n,), tf.float32), trainable=False, name=f"hvd_gradq_residual_{i}")
-        self.steps.append(step)
+        step, residual, owner = make_variables(key, n, self.scheme.ef, hvd.rank())
+        self.steps[key] = step
         if residual is not None:
-            self.residuals.append(residual)
-        slot = _Slot(i, shape, dtype, n, pattern, step, residual, c.sent, c.received, fp32_cost(n, size).sent)
-        self._host.slots.append(slot)
+            self.residuals[key] = residual
+            self.owners[key] = owner
+        slot = Slot(len(h.slots), key, ident, shape, dtype, n, size, pattern, step, residual, owner,
+                    c.sent, c.received, fp32_cost(n, size).sent)
+        h.slots[key] = slot
         return slot
+
+    def _loss_scale(self) -> Any:
+        ls = self._host.loss_scale
+        if ls is None:
+            return None
+        return tf.cast(ls() if callable(ls) and not isinstance(ls, tf.Variable) else ls, tf.float32)
 
     # -- Horovod's interface -------------------------------------------------------------------
     @_no_convert
     def compress(self, tensor: Any) -> tuple[Any, Any]:
+        site = horovod_call_site(tensor)
         if isinstance(tensor, tf.IndexedSlices):  # Horovod allgathers these itself
             return tensor, None
+        self._check_op(site)
+        ps = self._process_set(site)
+        if not ps.included():  # Horovod traces the reduction on every rank; this branch never runs here
+            return tensor, None
+        size, prank = ps.size(), ps.rank()
         tensor = tf.convert_to_tensor(tensor)
         if not tensor.dtype.is_floating:
             raise GradqError(f"hvd_gradq compresses floating-point gradients, not {tensor.dtype.name}")
         dtype = tensor.dtype.name
         if dtype not in DTYPE_CODES:
             raise GradqError(f"gradient dtype {dtype} is not supported; valid: {', '.join(DTYPE_CODES)}")
+        if not tensor.shape.is_fully_defined():
+            vshape = getattr(site.variable, "shape", None)
+            if vshape is None or not vshape.is_fully_defined():
+                return tensor, _Ctx(-1, (), tensor.dtype, 0, None)  # no static size: Horovod's own allreduce
+            tensor = tf.ensure_shape(tensor, vshape)
         shape = TF.shape(tensor)
         if len(shape) > MAX_NDIM:
             raise GradqError(f"a gradient of {len(shape)} dimensions; at most {MAX_NDIM}")
-        if not self._host.checked:
-            self._check_ranks()
-        eager = tf.executing_eagerly()
-        if eager:
+        if ps.process_set_id not in self._host.checked:
+            self._check_ranks(ps)
+        slot = None
+        if tf.executing_eagerly():
             if self.scheme.ef:
                 raise GradqError(
                     "error feedback needs to know which variable a gradient belongs to, and an eager "
@@ -308,46 +342,72 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
             step: Any = self._host.eager_calls
             self._host.eager_calls += 1
             n = int(np.prod(shape, dtype=np.int64)) if shape else 1
-            pattern = self._pattern_for(n, len(shape))
-            index, residual, stream = -1, None, stream_seed(self.seed, hvd.rank(), 1 << 40)
+            pattern = self._pattern_for(n, len(shape), size)
+            index, stream = -1, stream_seed(self.seed, hvd.rank(), 1 << 40)
         else:
-            slot = self._slot(tensor, shape, dtype)
-            key, n, pattern, residual, index = f"{slot.index}", slot.n, slot.pattern, slot.residual, slot.index
+            slot = self._slot(shape, dtype, site.variable, size)
+            key, n, pattern, index = f"{slot.index}", slot.n, slot.pattern, slot.index
             step = slot.step.assign_add(1, read_value=True) - 1
             stream = stream_seed(self.seed, hvd.rank(), slot.index)
-        ctx = _Ctx(index, shape, tensor.dtype, n, pattern)
+        ctx = _Ctx(index, shape, tensor.dtype, n, pattern, size, prank, slot=slot)
         if pattern is None:  # fp32 pass-through (Horovod's TF allreduce has no bfloat16: sent as fp32)
             return (tf.cast(tensor, tf.float32) if tensor.dtype == tf.bfloat16 else tensor), ctx
         one = tf.ones((1,), tf.float32)
         if n == 0:
             return one, ctx
         x = tf.reshape(tf.cast(tensor, tf.float32), (n,))
-        if residual is not None:
-            x = x + residual.read_value()
+        scale = self._loss_scale()
+        if slot is not None and slot.residual is not None:
+            mine = tf.equal(slot.owner.read_value(), hvd.rank())  # another rank's restored residual: zero
+            ctx.residual = tf.where(mine, slot.residual.read_value(), tf.zeros((n,), tf.float32))
+            x = x + (ctx.residual * scale if scale is not None else ctx.residual)
         words: Any = step_words(TF, stream, step)
-        ctx.what = f"gradient #{key} {list(shape)}"
-        if self.scheme.nonfinite is NonFinite.RAISE:
+        ctx.what = f"gradient {slot.key if slot is not None else '#' + key} {list(shape)}"
+        nf = self.scheme.nonfinite
+        if nf is NonFinite.RAISE:
             # Failing here, before the collective, would leave the other ranks waiting for this
             # rank's payload forever. Instead the collective goes ahead with a signal (a poison
             # payload, or +inf statistics) and every rank fails after it, with the same message.
             ctx.finite = tf.reduce_all(tf.math.is_finite(x))
             x = tf.where(ctx.finite, x, tf.zeros_like(x))
+        elif not isinstance(self.scheme, (LevelScheme, NoneScheme, FP16Scheme)):
+            # no per-bucket scale to carry a NaN: Horovod's [1.0] does, for the whole tensor
+            finite = tf.reduce_all(tf.math.is_finite(x))
+            one = tf.where(finite, one, tf.fill((1,), float("nan")))
+            x = tf.where(tf.math.is_finite(x), x, tf.zeros_like(x))
+            ctx.bad = tf.fill((n,), tf.logical_not(finite))  # the whole result is NaN: keep the residual
+        ctx.x = x
         if pattern is Pattern.GATHER:
-            self._gather_start(x, words, key, ctx)
-            ctx.x, ctx.residual = x, residual
+            self._gather_start(x, words, key, ctx, ps)
         else:
-            own = self._summable_start(x, words, key, ctx)
-            if residual is not None:
-                residual.assign(x - own)
+            own = self._summable_start(x, words, key, ctx, ps)
+            if ctx.slot is not None and ctx.slot.residual is not None:
+                self._store_residual(ctx, own, ctx.bad)
         return one, ctx
 
-    def _gather_start(self, x: Any, words: Any, key: str, ctx: _Ctx) -> None:
+    def _store_residual(self, ctx: _Ctx, own: Any, bad: Any) -> None:
+        """residual <- (x - own) / scale, but the previous one where the result is not finite
+        (a skipped step must not poison error feedback); this rank owns it from now on."""
+        slot = ctx.slot
+        assert slot is not None
+        new = ctx.x - own
+        scale = self._loss_scale()
+        if scale is not None:
+            new = new / scale
+        keep = tf.logical_not(tf.math.is_finite(new))
+        if bad is not None:
+            keep = tf.logical_or(keep, bad)
+        slot.residual.assign(tf.where(keep, ctx.residual, new))
+        slot.owner.assign(tf.constant(hvd.rank(), tf.int64))
+
+    def _gather_start(self, x: Any, words: Any, key: str, ctx: _Ctx, ps: Any) -> None:
         body = codec.body_encoder(self._math, ctx.n)(x, words[0], words[1])
         payload = self._payload(body, ctx)
         if ctx.finite is not None:
             # all zeros, no magic: the same size as a payload (allgather shapes are traced)
             payload = tf.where(ctx.finite, payload, tf.zeros_like(payload))
-        ctx.result = hvd.allgather(payload, name=f"hvd_gradq.{self.cid}.g{key}", ignore_name_scope=True)
+        ctx.result = hvd.allgather(payload, name=f"hvd_gradq.{self.cid}.g{key}{_set_suffix(ps)}",
+                                   ignore_name_scope=True, process_set=ps)
 
     def _header(self, ctx: _Ctx) -> tuple[bytes, int]:
         spec = self.scheme.spec
@@ -368,24 +428,37 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         hb = np.frombuffer(head, np.uint8)
         return tf.concat([tf.constant(hb[:CHECK_OFFSET]), cb, tf.constant(hb[CHECK_OFFSET + 4 :]), body], 0)
 
-    def _summable_start(self, x: Any, words: Any, key: str, ctx: _Ctx) -> Any:
+    def _summable_start(self, x: Any, words: Any, key: str, ctx: _Ctx, ps: Any) -> Any:
         scheme = self._math
         assert isinstance(scheme, EvenLevelScheme)
-        size = hvd.size()
+        sfx = _set_suffix(ps)
+        propagate = scheme.nonfinite is NonFinite.PROPAGATE
+        if propagate:  # a bucket with NaN/Inf sends +inf statistics: every rank decodes it NaN
+            bad_b = _bad_buckets(x, scheme.bucket, ctx.n)
+            x = tf.where(_per_element(bad_b, scheme.bucket, ctx.n), tf.zeros_like(x), x)
         stats = codec.shared_stats(scheme, ctx.n)(x)
         if ctx.finite is not None:  # a rank with NaN/Inf sends +inf statistics: every rank sees it
             stats = tf.where(ctx.finite, stats, tf.fill(tf.shape(stats), float("inf")))
-        stats = hvd.allreduce(stats, op=hvd.Max, name=f"hvd_gradq.{self.cid}.s{key}", ignore_name_scope=True)
+        if propagate:
+            stats = tf.where(bad_b[:, None], tf.fill(tf.shape(stats), float("inf")), stats)
+        stats = hvd.allreduce(stats, op=hvd.Max, name=f"hvd_gradq.{self.cid}.s{key}{sfx}", ignore_name_scope=True,
+                              process_set=ps)
         if ctx.finite is not None:
             stats = tf.debugging.assert_all_finite(stats, self._nonfinite_message(ctx))
-        lanes, meta, own = codec.lane_encoder(scheme, ctx.n, size)(x, stats, words[0], words[1])
+        if propagate:
+            all_bad = tf.reduce_any(tf.logical_not(tf.math.is_finite(stats)), axis=1)
+            stats = tf.where(all_bad[:, None], tf.zeros_like(stats), stats)
+            ctx.bad = _per_element(all_bad, scheme.bucket, ctx.n)
+            x = tf.where(ctx.bad, tf.zeros_like(x), x)
+        lanes, meta, own = codec.lane_encoder(scheme, ctx.n, ctx.size)(x, stats, words[0], words[1])
         ctx.meta = meta
-        ctx.result = hvd.allreduce(lanes, op=hvd.Sum, name=f"hvd_gradq.{self.cid}.l{key}", ignore_name_scope=True)
+        ctx.result = hvd.allreduce(lanes, op=hvd.Sum, name=f"hvd_gradq.{self.cid}.l{key}{sfx}",
+                                   ignore_name_scope=True, process_set=ps)
         return own
 
     @_no_convert
     def decompress(self, tensor: Any, ctx: Any) -> Any:
-        if ctx is None:  # IndexedSlices pass through untouched
+        if ctx is None:  # IndexedSlices, or a rank outside the process set: untouched
             return tensor
         if not isinstance(ctx, _Ctx):
             raise GradqError("decompress() got a context hvd_gradq did not make")
@@ -393,22 +466,27 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
             return tf.cast(tensor, ctx.dtype)
         if ctx.n == 0:
             return tf.zeros(ctx.shape, ctx.dtype)
-        size = hvd.size()
-        averaged = tf.reshape(tensor, (-1,))[0] < 1.5
+        size = ctx.size
         if ctx.pattern is Pattern.GATHER:
-            out = self._gather_finish(ctx, size)
+            out = self._gather_finish(ctx)
         else:
             scheme = self._math
             assert isinstance(scheme, EvenLevelScheme)
             out = codec.lane_decoder(scheme, ctx.n, size)(ctx.result, ctx.meta)
-        out = out / tf.where(averaged, tf.constant(float(size), tf.float32), tf.constant(1.0, tf.float32))
+            if ctx.bad is not None:
+                out = tf.where(ctx.bad, tf.fill((ctx.n,), float("nan")), out)
+        # Horovod's [1.0] came back as v = post * op(pre * 1): the result is out * v / N, written
+        # as out / N (v == 1) and out (v == N) so that the plain cases keep their bits.
+        v = tf.reshape(tensor, (-1,))[0]
+        nf = tf.constant(float(size), tf.float32)
+        out = tf.where(tf.equal(v, 1.0), out / nf, tf.where(tf.equal(v, nf), out, out * (v / nf)))
         return tf.cast(tf.reshape(out, ctx.shape), ctx.dtype)
 
-    def _gather_finish(self, ctx: _Ctx, size: int) -> Any:
+    def _gather_finish(self, ctx: _Ctx) -> Any:
         head, total = self._header(ctx)
-        rows = tf.reshape(ctx.result, (size, total))
+        rows = tf.reshape(ctx.result, (ctx.size, total))
         if ctx.finite is None:
-            return self._gather_decode(ctx, size, rows)
+            return self._gather_decode(ctx, rows)
         magic = tf.constant(np.frombuffer(head[:4], np.uint8))
         poisoned = tf.reduce_any(tf.not_equal(rows[:, :4], magic[None, :]))
 
@@ -417,9 +495,9 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
                 return tf.zeros((ctx.n,), tf.float32)
 
         # a cond: only the taken branch runs, so the checksum check cannot fail first
-        return tf.cond(poisoned, fail, lambda: self._gather_decode(ctx, size, rows))
+        return tf.cond(poisoned, fail, lambda: self._gather_decode(ctx, rows))
 
-    def _gather_decode(self, ctx: _Ctx, size: int, rows: Any) -> Any:
+    def _gather_decode(self, ctx: _Ctx, rows: Any) -> Any:
         """Every rank's payload rows (size, total) decoded and summed in rank order."""
         head, total = self._header(ctx)
         deps = [self._verify(rows, head, total, ctx)] if self.verify else []
@@ -427,9 +505,10 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
             bodies = rows[:, len(head) :]
         # Every payload, this rank's own included, is decoded from the gathered bytes by the
         # same ops in rank order: every rank runs one computation on the same bytes.
-        out, own = codec.body_decoder(self._math, ctx.n, size, hvd.rank())(bodies)
-        if ctx.residual is not None:
-            ctx.residual.assign(ctx.x - own)
+        out, own = codec.body_decoder(self._math, ctx.n, ctx.size, ctx.rank)(bodies)
+        if ctx.slot is not None and ctx.slot.residual is not None:
+            bad = tf.logical_not(tf.math.is_finite(out))
+            self._store_residual(ctx, own, bad if ctx.bad is None else tf.logical_or(bad, ctx.bad))
         return out
 
     @staticmethod
@@ -451,16 +530,15 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
                                * tf.constant([1, 1 << 8, 1 << 16, 1 << 24], tf.int64), axis=1)
         ok = tf.logical_and(head_ok, tf.reduce_all(tf.equal(sums, stored)))
         return tf.debugging.Assert(ok, [
-            f"hvd_gradq: a gathered payload for gradient #{ctx.slot_index} {list(ctx.shape)} has a wrong header or "
-            "checksum (corrupted in transit, or ranks disagree on the scheme); checksums computed/stored:",
-            sums, stored])
+            f"hvd_gradq: a gathered payload for {ctx.what} has a wrong header or checksum (corrupted in "
+            "transit, or ranks disagree on the scheme); checksums computed/stored:", sums, stored])
 
     # -- state and accounting ----------------------------------------------------------------------
     def slots(self) -> list[dict[str, Any]]:
-        """One entry per gradient position: shape, dtype, pattern, steps so far, bytes per step."""
+        """One entry per gradient (creation order): key, shape, dtype, pattern, steps, bytes per step."""
         out = []
-        for s in self._host.slots:
-            out.append({"index": s.index, "shape": list(s.shape), "dtype": s.dtype,
+        for s in self._host.slots.values():
+            out.append({"index": s.index, "key": s.key, "shape": list(s.shape), "dtype": s.dtype,
                         "pattern": s.pattern.value if s.pattern else "fp32",
                         "steps": int(s.step.numpy()), "sent": s.sent, "received": s.received, "fp32": s.fp32})
         return out
@@ -470,18 +548,34 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         allreduce (the same layout as the PyTorch frontend's). Sizes are static per slot, and
         the step counters say how often each ran, so nothing is counted inside the graph."""
         st = Stats()
-        for s in self._host.slots:
+        for s in self._host.slots.values():
             k = int(s.step.numpy())
             if k == 0:
                 continue
             p = s.pattern.value if s.pattern else "fp32"
-            st.last[str(s.index)] = (p, s.sent, s.received, s.fp32)
+            st.last[s.key] = (p, s.sent, s.received, s.fp32)
             c = st.total[p]
             c.sent += k * s.sent
             c.received += k * s.received
             c.fp32 += k * s.fp32
             c.tensors += k
         return st.summary()
+
+
+def _set_suffix(ps: Any) -> str:
+    """Collective-name suffix of a process set (none for the global one)."""
+    return "" if ps.process_set_id == 0 else f".p{ps.process_set_id}"
+
+
+def _bad_buckets(x: Any, d: int, n: int) -> Any:
+    """(buckets,) bool: whether each bucket of flat ``x`` holds a NaN/Inf."""
+    nb = -(-n // d)
+    fin = tf.concat([tf.math.is_finite(x), tf.ones((nb * d - n,), tf.bool)], 0)
+    return tf.logical_not(tf.reduce_all(tf.reshape(fin, (nb, d)), axis=1))
+
+
+def _per_element(buckets: Any, d: int, n: int) -> Any:
+    return tf.repeat(buckets, d)[:n]
 
 
 def _is_control_flow_graph(g: Any) -> bool:

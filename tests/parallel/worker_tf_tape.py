@@ -100,20 +100,20 @@ if want("ckpt"):
         for i in range(FULL):
             step(*batch(i))
         straight = digest(model.trainable_variables)
-        straight_res = [r.numpy().tobytes() for r in comp.residuals]
+        straight_res = [r.numpy().tobytes() for r in comp.residuals.values()]
         n_slots = len(comp.slots())
 
         model, opt, comp, step = fresh()
         for i in range(HALF):
             step(*batch(i))
-        at5 = {"residuals": [r.numpy().copy() for r in comp.residuals], "steps": [s["steps"] for s in comp.slots()]}
+        at5 = {"residuals": [r.numpy().copy() for r in comp.residuals.values()], "steps": [s["steps"] for s in comp.slots()]}
         path = tf.train.Checkpoint(model=model, optimizer=opt, compressor=comp).save(os.path.join(ckdir, "c"))
 
         model, opt, comp, step = fresh()  # new objects: nothing carried over but the checkpoint
         status = tf.train.Checkpoint(model=model, optimizer=opt, compressor=comp).restore(path)
         x0, y0 = batch(HALF)
         step.get_concrete_function(x0, y0)  # the trace creates the slots: restored on creation
-        restored = [r.numpy() for r in comp.residuals]
+        restored = [r.numpy() for r in comp.residuals.values()]
         status.assert_existing_objects_matched()
         for i in range(HALF, FULL):
             step(*batch(i))
@@ -127,7 +127,7 @@ if want("ckpt"):
             "residuals_nonzero": any(float(np.abs(r).max()) > 0 for r in at5["residuals"]),
             "steps_at5": at5["steps"],
             "steps_end": [s["steps"] for s in comp.slots()],
-            "residual_end_same": [r.numpy().tobytes() for r in comp.residuals] == straight_res,
+            "residual_end_same": [r.numpy().tobytes() for r in comp.residuals.values()] == straight_res,
         }
     out["ckpt"] = res
     done("ckpt")

@@ -1,0 +1,91 @@
+"""Per-gradient state of the TensorFlow compressor: which slot a gradient belongs to, and the
+``tf.Variable`` s each slot holds.
+
+**Keys.** A slot is keyed by the *variable* the gradient belongs to (its ``name``, e.g.
+``dense/kernel:0``, read from Horovod's ``allreduce_grads`` by :mod:`.callsite`): freezing or
+unfreezing layers, recompiling, or a new training function cannot hand one variable's residual
+and random stream to another. Two different variables of one name in one compressor raise
+(use one compressor per model). Where no variable is known (``compress()`` called by hand
+inside a ``tf.function``), the key is the gradient's position among the calls made while
+tracing one function graph (``#0``, ``#1``...), as before.
+
+**Variables.** Per slot, created once under ``tf.init_scope`` (so a slot first reached in a
+later trace, a new training function after ``compile()``, still works): ``steps[key]`` (int64,
+the random stream's position), and with ``ef`` ``residuals[key]`` (float32, in *unscaled* units
+when the compressor has a ``loss_scale``) and ``owners[key]`` (int64, the rank whose residual it
+is). They live in dicts tracked by the ``tf.Module``, so ``tf.train.Checkpoint`` saves them under
+the variable's name and restores them when the slot is created (restore before the first trace)
+or at once (restore later).
+
+**Checkpoints and ranks.** Horovod's recipe saves on rank 0 and restores on every rank. A
+residual is one rank's own rounding error: a rank that restores another rank's residual (its
+``owners`` entry differs from its rank) uses zero in its place at the next step (a one-step
+bias, as a fresh start has) and keeps its step counter; a rank that restores its own file
+resumes exactly.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import tensorflow as tf
+
+from ..errors import GradqError
+from ..frontend.patterns import Pattern
+
+
+@dataclass
+class Slot:
+    """What one gradient holds: static facts and its variables."""
+
+    index: int  # creation order: the number in collective names, the seed's stream
+    key: str  # the variable's name, or "#<position>"
+    ident: Any  # the variable's identity (None for position keys)
+    shape: tuple[int, ...]
+    dtype: str
+    n: int
+    size: int  # the process set's size it was made for
+    pattern: Pattern | None  # None: a tiny tensor passed to Horovod's own allreduce as it is
+    step: Any  # tf.Variable int64 scalar
+    residual: Any  # tf.Variable float32 (n,) or None
+    owner: Any  # tf.Variable int64 scalar (ef) or None
+    sent: int  # bytes a rank sends per reduction (model: gather is exact, ring is 2(N-1)/N)
+    received: int
+    fp32: int
+
+
+def variable_key(variable: Any) -> tuple[str, Any]:
+    """(key, identity) of a variable: its name, and what tells two variables of one name apart."""
+    name = str(getattr(variable, "name", "") or "")
+    if not name:
+        raise GradqError(f"a variable without a name ({type(variable).__name__}) cannot key hvd_gradq's state")
+    ident = getattr(variable, "_unique_id", None)
+    return name, (ident if ident is not None else id(variable))
+
+
+def make_variables(key: str, n: int, ef: bool, rank: int) -> tuple[Any, Any, Any]:
+    """(step, residual, owner) for a new slot, created outside any graph being traced."""
+    safe = "".join(c if c.isalnum() or c in "_.-" else "_" for c in key)
+    with tf.init_scope():
+        step = tf.Variable(tf.constant(0, tf.int64), trainable=False, name=f"hvd_gradq_step_{safe}")
+        if not ef:
+            return step, None, None
+        residual = tf.Variable(tf.zeros((n,), tf.float32), trainable=False, name=f"hvd_gradq_residual_{safe}")
+        owner = tf.Variable(tf.constant(rank, tf.int64), trainable=False, name=f"hvd_gradq_owner_{safe}")
+    return step, residual, owner
+
+
+def check_slot(slot: Slot, key: str, ident: Any, shape: tuple[int, ...], dtype: str, size: int) -> None:
+    """Raise if a gradient does not fit the slot found for it."""
+    if slot.ident != ident:
+        raise GradqError(
+            f"two different variables are both named {key!r} in one hvd_gradq compressor: its state is keyed "
+            "by variable name. Give the variables distinct names, or use one compressor per model")
+    if slot.shape != shape or slot.dtype != dtype:
+        raise GradqError(
+            f"gradient {key} has shape {list(shape)} ({dtype}); the compressor's slot was made for "
+            f"{list(slot.shape)} ({slot.dtype}). Use one compressor per model / gradient list")
+    if slot.size != size:
+        raise GradqError(
+            f"gradient {key} is reduced over {size} ranks; its slot was made for {slot.size}: use one "
+            "compressor per process set")
