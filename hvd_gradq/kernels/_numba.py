@@ -832,10 +832,10 @@ def sorted_encode(kind, param, x, srt, n, d, b0, b1, s, g, bits, lid, clip_c, fp
     y = np.empty(dpd, np.float64)
     p1 = np.empty(dpd + 1, np.float64)
     p2 = np.empty(dpd + 1, np.float64)
-    fx = np.empty(dpd + 1, np.float64)
+    hh = np.empty(dpd, np.float64)
     fa = np.empty(dpd, np.float64)
     fb = np.empty(dpd, np.float64)
-    vb = np.empty(dpd, np.float64)
+    gg = np.empty(dpd, np.float64)
     dargs = np.empty((max(s - 3, 1), dpd), np.int64)
     stk = np.empty(4 * STACK, np.int64)
     path = np.empty((1, max(s, 2)), np.int64)
@@ -855,7 +855,7 @@ def sorted_encode(kind, param, x, srt, n, d, b0, b1, s, g, bits, lid, clip_c, fp
             for i in range(w):
                 ys[i] = np.float64(row[i])
         if dp:
-            orq_exact(ys[:w].reshape((1, w)), s, path, y, p1, p2, fx, fa, fb, vb, dargs, stk)
+            orq_exact(ys[:w].reshape((1, w)), s, path, y, p1, p2, hh, fa, fb, gg, dargs, stk)
             for k in range(s):
                 lv[k] = ys[path[0, k]]
             ex = -1

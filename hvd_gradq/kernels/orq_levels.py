@@ -46,13 +46,13 @@ STACK = 64  # divide-and-conquer frames: the depth is at most log2(w) + 1
 
 def scratch(w: int, s: int) -> tuple[NDArray[Any], ...]:
     """Work arrays for :func:`exact_level_indices` on buckets of up to ``w`` points, ``s`` levels:
-    (y, p1, p2, fx, fa, fb, vb, arg, stk). Allocate once per call, reuse for every bucket."""
+    (y, p1, p2, hh, fa, fb, gg, arg, stk). Allocate once per call, reuse for every bucket."""
     w = max(w, 1)
     return (
         np.empty(w, np.float64),
         np.empty(w + 1, np.float64),
         np.empty(w + 1, np.float64),
-        np.empty(w + 1, np.float64),
+        np.empty(w, np.float64),
         np.empty(w, np.float64),
         np.empty(w, np.float64),
         np.empty(w, np.float64),
@@ -61,42 +61,47 @@ def scratch(w: int, s: int) -> tuple[NDArray[Any], ...]:
     )
 
 
-def exact_level_indices(ys: Any, s: int, idx: Any, y: Any, p1: Any, p2: Any, fx: Any, fa: Any, fb: Any,
-                        vb: Any, arg: Any, stk: Any) -> None:
+def exact_level_indices(ys: Any, s: int, idx: Any, y: Any, p1: Any, p2: Any, hh: Any, fa: Any, fb: Any,
+                        gg: Any, arg: Any, stk: Any) -> None:
     """Level indices idx[r, :s] (non-decreasing, first 0, last w-1) of the exact optimum for each
-    sorted float64 row ys[r, :w]. Scratch from :func:`scratch`. Numba-compilable as it is."""
+    sorted float64 row ys[r, :w]. Scratch from :func:`scratch`. Numba-compilable as it is.
+
+    The candidate value f(i) + C(i, j) is evaluated as G_i + y_i K1_j + y_j H_i + K0_j with
+    G_i = f(i) + P2_i - y_i P1_i (per layer), H_i = i y_i - P1_i (per bucket), K1_j =
+    P1_{j+1} - (j+1) y_j, K0_j = y_j P1_{j+1} - P2_{j+1}: the same sum regrouped (P1, P2 prefix
+    sums of y, y^2 before each index), two products a candidate, K0 left out of the comparison."""
     rows = ys.shape[0]
     w = ys.shape[1]
     for r in range(rows):
         row = ys[r]
         out = idx[r]
-        # points shifted to start at 0 (keeps the cost's cancellation small), prefix sums of y, y^2
+        # points shifted to start at 0 (keeps the cancellation small), prefix sums of y, y^2
         y0 = row[0]
         a1 = 0.0
         a2 = 0.0
-        p1[0] = 0.0
-        p2[0] = 0.0
-        fx[0] = 0.0
         for k in range(w):
             v = row[k] - y0
             y[k] = v
+            p1[k] = a1
+            p2[k] = a2
+            hh[k] = np.float64(k) * v - a1
             a1 += v
             a2 += v * v
-            p1[k + 1] = a1
-            p2[k + 1] = a2
-            fx[k + 1] = np.float64(k + 1)
+        p1[w] = a1
+        p2[w] = a2
         out[0] = 0
         out[s - 1] = w - 1
         if s == 2:
             continue
-        # layer 1: F_1(j) = C(0, j)
+        # layer 1: F_1(j) = C(0, j) = K0_j (G_0 = H_0 = y_0 = 0)
         f0 = fa
         f1 = fb
         for j in range(w):
-            yj = y[j]
-            f0[j] = (y[0] + yj) * p1[j + 1] - p2[j + 1] - (fx[j + 1] - fx[0]) * y[0] * yj
+            f0[j] = y[j] * p1[j + 1] - p2[j + 1]
         # layers 2 .. s-2: divide and conquer over j with monotone argmin
         for t in range(2, s - 1):
+            for i in range(w):
+                gg[i] = f0[i] + p2[i] - y[i] * p1[i]
             at = arg[t - 2]
             stk[0] = 0
             stk[1] = w - 1
@@ -112,26 +117,21 @@ def exact_level_indices(ys: Any, s: int, idx: Any, y: Any, p1: Any, p2: Any, fx:
                 mid = (jlo + jhi) >> 1
                 ym = y[mid]
                 b1 = p1[mid + 1]
-                b2 = p2[mid + 1]
+                k1 = b1 - np.float64(mid + 1) * ym
                 top = min(mid, ihi)
                 # and opt_t(mid) >= opt_{t-1}(mid) (a last segment only shortens as segments are
                 # added: the quadrangle inequality again); a floor of 0 at t = 2
                 lo = ilo
                 if t > 2:
                     lo = min(max(ilo, arg[t - 3, mid]), top)
-                # two passes, each a straight loop that LLVM vectorizes: the values, then the
-                # first index attaining their minimum (ties keep the smaller index)
-                fm = fx[mid + 1]
-                for i in range(lo, top + 1):
-                    yi = y[i]
-                    vb[i] = f0[i] + ((yi + ym) * (b1 - p1[i]) - (b2 - p2[i]) - (fm - fx[i]) * yi * ym)
                 best = np.inf
-                for i in range(lo, top + 1):
-                    best = min(best, vb[i])
                 bi = lo
-                while vb[bi] != best:
-                    bi += 1
-                f1[mid] = best
+                for i in range(lo, top + 1):
+                    v = gg[i] + y[i] * k1 + ym * hh[i]
+                    if v < best:  # ties keep the smaller index
+                        best = v
+                        bi = i
+                f1[mid] = best + (ym * b1 - p2[mid + 1])
                 at[mid] = bi
                 if mid < jhi:
                     stk[4 * sp] = mid + 1
@@ -148,21 +148,17 @@ def exact_level_indices(ys: Any, s: int, idx: Any, y: Any, p1: Any, p2: Any, fx:
             f0, f1 = f1, f0
         # layer s-1 at j = w-1 only, then back along the stored argmins
         ym = y[w - 1]
-        b1 = p1[w]
-        b2 = p2[w]
+        k1 = p1[w] - np.float64(w) * ym
         lo = 0
         if s > 3:
             lo = arg[s - 4, w - 1]
-        fm = fx[w]
-        for i in range(lo, w):
-            yi = y[i]
-            vb[i] = f0[i] + ((yi + ym) * (b1 - p1[i]) - (b2 - p2[i]) - (fm - fx[i]) * yi * ym)
         best = np.inf
-        for i in range(lo, w):
-            best = min(best, vb[i])
         bi = lo
-        while vb[bi] != best:
-            bi += 1
+        for i in range(lo, w):
+            v = (f0[i] + p2[i] - y[i] * p1[i]) + y[i] * k1 + ym * hh[i]
+            if v < best:
+                best = v
+                bi = i
         out[s - 2] = bi
         for t in range(s - 2, 1, -1):
             out[t - 1] = arg[t - 2, out[t]]
