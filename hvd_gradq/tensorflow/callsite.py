@@ -33,6 +33,10 @@ from dataclasses import dataclass
 from types import FrameType
 from typing import Any
 
+import horovod.tensorflow as hvd
+
+from ..errors import GradqError
+
 _HVD_TF = "horovod.tensorflow"  # the module whose functions call compress()
 _REDUCTIONS = ("allreduce", "grouped_allreduce")
 _SCATTERS = ("reducescatter", "grouped_reducescatter")
@@ -103,3 +107,30 @@ def horovod_call_site(tensor: Any, depth: int = 2) -> CallSite:
             )
         frame, steps = frame.f_back, steps + 1
     return CallSite(False)
+
+
+def check_op(site: CallSite) -> None:
+    """Refuse reductions other than a sum or an average of decoded payloads (Adasum above all:
+    Horovod would otherwise average what the compressor hands back, silently)."""
+    if site.kind == "reducescatter":
+        raise GradqError("hvd_gradq compresses allreduce only; use hvd.Compression.none with reducescatter")
+    if site.op is None or site.op in (hvd.Average, hvd.Sum):
+        return
+    if site.op == hvd.Adasum:
+        raise GradqError(
+            "op=hvd.Adasum cannot be combined with a hvd_gradq compressor: Adasum combines the gradients "
+            "themselves, while hvd_gradq sends quantized payloads and sums their decoded values. Use "
+            "op=hvd.Average (or hvd.Sum) with compression, or Adasum with hvd.Compression.none")
+    raise GradqError(f"hvd_gradq serves op=Average or op=Sum, not op={site.op!r}; use hvd.Compression.none")
+
+
+def resolve_process_set(explicit: Any, site: CallSite) -> Any:
+    """The process set of this reduction: Horovod's, the constructor's (they must agree), or
+    the global one."""
+    theirs = site.process_set
+    if explicit is not None and theirs is not None and explicit.process_set_id != theirs.process_set_id:
+        raise GradqError(
+            f"the compressor was built with process_set={explicit.process_set_id} but Horovod reduces this "
+            f"gradient over process set {theirs.process_set_id}: pass the same process set to both (or to "
+            "Horovod only)")
+    return theirs if theirs is not None else (explicit if explicit is not None else hvd.global_process_set)

@@ -58,8 +58,9 @@ import itertools
 import os
 import re
 import weakref
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import Any, Callable, TypeVar, cast
+from typing import Any, TypeVar, cast
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -68,17 +69,15 @@ import tensorflow as tf
 from ..errors import GradqError
 from ..frontend import codec as codec_host
 from ..frontend.patterns import Pattern, choose, cost, fp32_cost, parse_pattern
-from ..frontend.stats import Stats
-from ..payload import CHECK_OFFSET, DTYPE_CODES, MAX_NDIM, header_bytes, header_size
+from ..payload import DTYPE_CODES, MAX_NDIM
 from ..schemes.base import Combine, EvenLevelScheme, LevelScheme, NonFinite, Scheme
 from ..schemes.plain import FP16Scheme, NoneScheme
 from ..xp import stream_seed
-from . import codec
-from .callsite import CallSite, horovod_call_site
+from . import codec, wire
+from .callsite import check_op, horovod_call_site, resolve_process_set
 from .ops import TF, step_words
-from .state import Slot, check_slot, make_variables, variable_key
+from .state import Slot, byte_stats, check_slot, describe, make_variables, variable_key
 
-_MOD = 65521
 _COUNTER = itertools.count()
 _NAME_OK = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -215,27 +214,6 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
             lens_np, allb_np = lens.numpy(), allb.numpy()
         codec_host.check_configs(lens_np.tolist(), allb_np)
 
-    def _process_set(self, site: CallSite) -> Any:
-        mine = self._host.process_set
-        theirs = site.process_set
-        if mine is not None and theirs is not None and mine.process_set_id != theirs.process_set_id:
-            raise GradqError(
-                f"the compressor was built with process_set={mine.process_set_id} but Horovod reduces this gradient "
-                f"over process set {theirs.process_set_id}: pass the same process set to both (or to Horovod only)")
-        return theirs if theirs is not None else (mine if mine is not None else hvd.global_process_set)
-
-    def _check_op(self, site: CallSite) -> None:
-        if site.kind == "reducescatter":
-            raise GradqError("hvd_gradq compresses allreduce only; use hvd.Compression.none with reducescatter")
-        if site.op is None or site.op in (hvd.Average, hvd.Sum):
-            return
-        if site.op == hvd.Adasum:
-            raise GradqError(
-                "op=hvd.Adasum cannot be combined with a hvd_gradq compressor: Adasum combines the gradients "
-                "themselves, while hvd_gradq sends quantized payloads and sums their decoded values. Use "
-                "op=hvd.Average (or hvd.Sum) with compression, or Adasum with hvd.Compression.none")
-        raise GradqError(f"hvd_gradq serves op=Average or op=Sum, not op={site.op!r}; use hvd.Compression.none")
-
     # -- identity ------------------------------------------------------------------------------
     @staticmethod
     def _function_graph() -> Any:
@@ -309,8 +287,8 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         site = horovod_call_site(tensor)
         if isinstance(tensor, tf.IndexedSlices):  # Horovod allgathers these itself
             return tensor, None
-        self._check_op(site)
-        ps = self._process_set(site)
+        check_op(site)
+        ps = resolve_process_set(self._host.process_set, site)
         if not ps.included():  # Horovod traces the reduction on every rank; this branch never runs here
             return tensor, None
         size, prank = ps.size(), ps.rank()
@@ -375,7 +353,6 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
             finite = tf.reduce_all(tf.math.is_finite(x))
             one = tf.where(finite, one, tf.fill((1,), float("nan")))
             x = tf.where(tf.math.is_finite(x), x, tf.zeros_like(x))
-            ctx.bad = tf.fill((n,), tf.logical_not(finite))  # the whole result is NaN: keep the residual
         ctx.x = x
         if pattern is Pattern.GATHER:
             self._gather_start(x, words, key, ctx, ps)
@@ -402,7 +379,7 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
 
     def _gather_start(self, x: Any, words: Any, key: str, ctx: _Ctx, ps: Any) -> None:
         body = codec.body_encoder(self._math, ctx.n)(x, words[0], words[1])
-        payload = self._payload(body, ctx)
+        payload = wire.payload(body, *self._header(ctx))
         if ctx.finite is not None:
             # all zeros, no magic: the same size as a payload (allgather shapes are traced)
             payload = tf.where(ctx.finite, payload, tf.zeros_like(payload))
@@ -410,23 +387,7 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
                                    ignore_name_scope=True, process_set=ps)
 
     def _header(self, ctx: _Ctx) -> tuple[bytes, int]:
-        spec = self.scheme.spec
-        total = header_size(spec, len(ctx.shape)) + self.scheme.nbytes(ctx.n)
-        return header_bytes(spec, ctx.dtype.name, ctx.shape, total), total
-
-    def _payload(self, body: Any, ctx: _Ctx) -> Any:
-        """The payload bytes (uint8), as :meth:`hvd_gradq.Payload.to_array` lays them out: the
-        header is a constant for this shape, dtype and spec; the checksum is computed here."""
-        head, total = self._header(ctx)
-        hl = len(head)
-        hw = (np.arange(hl, dtype=np.int64) % _MOD) + 1
-        hsum = int(np.dot(np.frombuffer(head, np.uint8).astype(np.int64), hw))
-        bw = tf.math.floormod(tf.range(hl, total, dtype=tf.int64), _MOD) + 1
-        check = tf.bitwise.bitwise_and(hsum + tf.reduce_sum(tf.cast(body, tf.int64) * bw), 0xFFFFFFFF)
-        cb = tf.cast(tf.bitwise.bitwise_and(
-            tf.bitwise.right_shift(check, tf.constant([0, 8, 16, 24], tf.int64)), 0xFF), tf.uint8)
-        hb = np.frombuffer(head, np.uint8)
-        return tf.concat([tf.constant(hb[:CHECK_OFFSET]), cb, tf.constant(hb[CHECK_OFFSET + 4 :]), body], 0)
+        return wire.header(self.scheme, ctx.dtype.name, ctx.shape, ctx.n)
 
     def _summable_start(self, x: Any, words: Any, key: str, ctx: _Ctx, ps: Any) -> Any:
         scheme = self._math
@@ -434,8 +395,8 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         sfx = _set_suffix(ps)
         propagate = scheme.nonfinite is NonFinite.PROPAGATE
         if propagate:  # a bucket with NaN/Inf sends +inf statistics: every rank decodes it NaN
-            bad_b = _bad_buckets(x, scheme.bucket, ctx.n)
-            x = tf.where(_per_element(bad_b, scheme.bucket, ctx.n), tf.zeros_like(x), x)
+            bad_b = wire.bad_buckets(x, scheme.bucket, ctx.n)
+            x = tf.where(wire.per_element(bad_b, scheme.bucket, ctx.n), tf.zeros_like(x), x)
         stats = codec.shared_stats(scheme, ctx.n)(x)
         if ctx.finite is not None:  # a rank with NaN/Inf sends +inf statistics: every rank sees it
             stats = tf.where(ctx.finite, stats, tf.fill(tf.shape(stats), float("inf")))
@@ -448,7 +409,7 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         if propagate:
             all_bad = tf.reduce_any(tf.logical_not(tf.math.is_finite(stats)), axis=1)
             stats = tf.where(all_bad[:, None], tf.zeros_like(stats), stats)
-            ctx.bad = _per_element(all_bad, scheme.bucket, ctx.n)
+            ctx.bad = wire.per_element(all_bad, scheme.bucket, ctx.n)
             x = tf.where(ctx.bad, tf.zeros_like(x), x)
         lanes, meta, own = codec.lane_encoder(scheme, ctx.n, ctx.size)(x, stats, words[0], words[1])
         ctx.meta = meta
@@ -467,8 +428,9 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         if ctx.n == 0:
             return tf.zeros(ctx.shape, ctx.dtype)
         size = ctx.size
+        own = None
         if ctx.pattern is Pattern.GATHER:
-            out = self._gather_finish(ctx)
+            out, own = self._gather_finish(ctx)
         else:
             scheme = self._math
             assert isinstance(scheme, EvenLevelScheme)
@@ -480,6 +442,8 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         v = tf.reshape(tensor, (-1,))[0]
         nf = tf.constant(float(size), tf.float32)
         out = tf.where(tf.equal(v, 1.0), out / nf, tf.where(tf.equal(v, nf), out, out * (v / nf)))
+        if own is not None and ctx.slot is not None and ctx.slot.residual is not None:
+            self._store_residual(ctx, own, tf.logical_not(tf.math.is_finite(out)))
         return tf.cast(tf.reshape(out, ctx.shape), ctx.dtype)
 
     def _gather_finish(self, ctx: _Ctx) -> Any:
@@ -492,90 +456,42 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
 
         def fail() -> Any:  # a rank sent the all-zero poison payload: it had NaN/Inf
             with tf.control_dependencies([tf.debugging.Assert(False, [self._nonfinite_message(ctx)])]):
-                return tf.zeros((ctx.n,), tf.float32)
+                return tf.zeros((ctx.n,), tf.float32), tf.zeros((ctx.n,), tf.float32)
 
         # a cond: only the taken branch runs, so the checksum check cannot fail first
         return tf.cond(poisoned, fail, lambda: self._gather_decode(ctx, rows))
 
     def _gather_decode(self, ctx: _Ctx, rows: Any) -> Any:
-        """Every rank's payload rows (size, total) decoded and summed in rank order."""
+        """(sum, own): every rank's payload rows (size, total) decoded and summed in rank order,
+        and this rank's own decoded payload (for error feedback)."""
         head, total = self._header(ctx)
-        deps = [self._verify(rows, head, total, ctx)] if self.verify else []
+        deps = [wire.verify(rows, head, total, ctx.what)] if self.verify else []
         with tf.control_dependencies(deps):
             bodies = rows[:, len(head) :]
         # Every payload, this rank's own included, is decoded from the gathered bytes by the
         # same ops in rank order: every rank runs one computation on the same bytes.
-        out, own = codec.body_decoder(self._math, ctx.n, ctx.size, ctx.rank)(bodies)
-        if ctx.slot is not None and ctx.slot.residual is not None:
-            bad = tf.logical_not(tf.math.is_finite(out))
-            self._store_residual(ctx, own, bad if ctx.bad is None else tf.logical_or(bad, ctx.bad))
-        return out
+        return codec.body_decoder(self._math, ctx.n, ctx.size, ctx.rank)(bodies)
 
     @staticmethod
     def _nonfinite_message(ctx: _Ctx) -> str:
         return (f"hvd_gradq: {ctx.what}: non-finite values (NaN/Inf) in this gradient on at least one rank "
                 "(nonfinite=raise, checked on every rank); set nonfinite=propagate to send NaN buckets instead")
 
-    def _verify(self, rows: Any, head: bytes, total: int, ctx: _Ctx) -> Any:
-        """An assertion that every gathered payload has the expected header and checksum."""
-        hb = np.frombuffer(head, np.uint8).astype(np.int64)
-        keep = np.ones(len(head), bool)
-        keep[CHECK_OFFSET : CHECK_OFFSET + 4] = False
-        r64 = tf.cast(rows, tf.int64)
-        head_ok = tf.reduce_all(tf.equal(tf.boolean_mask(r64[:, : len(head)], keep, axis=1), hb[keep][None, :]))
-        w = (np.arange(total, dtype=np.int64) % _MOD) + 1
-        w[CHECK_OFFSET : CHECK_OFFSET + 4] = 0
-        sums = tf.bitwise.bitwise_and(tf.reduce_sum(r64 * tf.constant(w), axis=1), 0xFFFFFFFF)
-        stored = tf.reduce_sum(r64[:, CHECK_OFFSET : CHECK_OFFSET + 4]
-                               * tf.constant([1, 1 << 8, 1 << 16, 1 << 24], tf.int64), axis=1)
-        ok = tf.logical_and(head_ok, tf.reduce_all(tf.equal(sums, stored)))
-        return tf.debugging.Assert(ok, [
-            f"hvd_gradq: a gathered payload for {ctx.what} has a wrong header or checksum (corrupted in "
-            "transit, or ranks disagree on the scheme); checksums computed/stored:", sums, stored])
-
     # -- state and accounting ----------------------------------------------------------------------
     def slots(self) -> list[dict[str, Any]]:
         """One entry per gradient (creation order): key, shape, dtype, pattern, steps, bytes per step."""
-        out = []
-        for s in self._host.slots.values():
-            out.append({"index": s.index, "key": s.key, "shape": list(s.shape), "dtype": s.dtype,
-                        "pattern": s.pattern.value if s.pattern else "fp32",
-                        "steps": int(s.step.numpy()), "sent": s.sent, "received": s.received, "fp32": s.fp32})
-        return out
+        return describe(self._host.slots.values())
 
     def stats(self) -> dict[str, Any]:
         """Bytes this rank sent and received, last step and in total, per pattern, against fp32
         allreduce (the same layout as the PyTorch frontend's). Sizes are static per slot, and
         the step counters say how often each ran, so nothing is counted inside the graph."""
-        st = Stats()
-        for s in self._host.slots.values():
-            k = int(s.step.numpy())
-            if k == 0:
-                continue
-            p = s.pattern.value if s.pattern else "fp32"
-            st.last[s.key] = (p, s.sent, s.received, s.fp32)
-            c = st.total[p]
-            c.sent += k * s.sent
-            c.received += k * s.received
-            c.fp32 += k * s.fp32
-            c.tensors += k
-        return st.summary()
+        return byte_stats(self._host.slots.values())
 
 
 def _set_suffix(ps: Any) -> str:
     """Collective-name suffix of a process set (none for the global one)."""
     return "" if ps.process_set_id == 0 else f".p{ps.process_set_id}"
-
-
-def _bad_buckets(x: Any, d: int, n: int) -> Any:
-    """(buckets,) bool: whether each bucket of flat ``x`` holds a NaN/Inf."""
-    nb = -(-n // d)
-    fin = tf.concat([tf.math.is_finite(x), tf.ones((nb * d - n,), tf.bool)], 0)
-    return tf.logical_not(tf.reduce_all(tf.reshape(fin, (nb, d)), axis=1))
-
-
-def _per_element(buckets: Any, d: int, n: int) -> Any:
-    return tf.repeat(buckets, d)[:n]
 
 
 def _is_control_flow_graph(g: Any) -> bool:

@@ -25,6 +25,7 @@ resumes exactly.
 """
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
@@ -32,6 +33,7 @@ import tensorflow as tf
 
 from ..errors import GradqError
 from ..frontend.patterns import Pattern
+from ..frontend.stats import Stats
 
 
 @dataclass
@@ -89,3 +91,29 @@ def check_slot(slot: Slot, key: str, ident: Any, shape: tuple[int, ...], dtype: 
         raise GradqError(
             f"gradient {key} is reduced over {size} ranks; its slot was made for {slot.size}: use one "
             "compressor per process set")
+
+
+def describe(slots: Iterable[Slot]) -> list[dict[str, Any]]:
+    """One entry per slot: key, shape, dtype, pattern, steps so far, bytes per step."""
+    return [{"index": s.index, "key": s.key, "shape": list(s.shape), "dtype": s.dtype,
+             "pattern": s.pattern.value if s.pattern else "fp32",
+             "steps": int(s.step.numpy()), "sent": s.sent, "received": s.received, "fp32": s.fp32}
+            for s in slots]
+
+
+def byte_stats(slots: Iterable[Slot]) -> dict[str, Any]:
+    """Bytes sent and received, last step and in total, per pattern: each slot's static bytes
+    per step times its step counter (nothing is counted inside the graph)."""
+    st = Stats()
+    for s in slots:
+        k = int(s.step.numpy())
+        if k == 0:
+            continue
+        p = s.pattern.value if s.pattern else "fp32"
+        st.last[s.key] = (p, s.sent, s.received, s.fp32)
+        c = st.total[p]
+        c.sent += k * s.sent
+        c.received += k * s.received
+        c.fp32 += k * s.fp32
+        c.tensors += k
+    return st.summary()

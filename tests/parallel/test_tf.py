@@ -134,3 +134,87 @@ def test_tape_dying_worker_ends_the_job():
     msg = str(info.value)
     assert "exited with" in msg and re.search(r"Process name: 1\s+Exit code:\s+3", msg), msg[-3000:]
     assert time.monotonic() - t0 < 90
+
+
+def _no_errors(reports, sections):
+    for r, rep in reports.items():
+        for s in sections:
+            assert s in rep, (r, s, sorted(rep))
+            assert not (isinstance(rep[s], dict) and "error" in rep[s]), (r, s, rep[s].get("error"), rep[s].get("trace"))
+
+
+def test_horovod_features_gloo():
+    """Issue 12, wherever stock Horovod trains: Adasum refused, scale factors, process sets, state
+    keyed by variable, sparse_as_dense, propagate for every scheme, loss scaling, checkpoints
+    restored on another rank, elastic refused (worker_tf_compat.py, two launches)."""
+    sections = ["adasum", "scale", "psets", "keys", "dynamic", "propagate", "lossscale", "ckptrank", "elastic"]
+    reports = launch("worker_tf_compat.py", np=2, controller="gloo", timeout=420,
+                     args=["--only", "adasum,scale,psets,keys,dynamic,elastic"])
+    more = launch("worker_tf_compat.py", np=2, controller="gloo", timeout=420,
+                  args=["--only", "propagate,lossscale,ckptrank"])
+    for r in reports:
+        reports[r].update({k: v for k, v in more[r].items() if k in sections})
+    _no_errors(reports, sections)
+    for r, rep in reports.items():
+        # 1. Adasum: a clear error on every rank (Horovod's Keras optimizer refuses it itself), no hang
+        ad = rep["adasum"]
+        for k in ("tape", "allreduce"):
+            assert "Adasum cannot be combined with a hvd_gradq compressor" in ad[k], (r, k, ad[k])
+        assert "Adasum" in ad["keras"] or "only supports Average and Sum" in ad["keras"], ad["keras"]
+        assert ad["after"] == 2.0
+        # 2. scale factors: stock Horovod's result (fp32 pass-through payloads: rounding only)
+        for case, rec in rep["scale"].items():
+            if isinstance(rec, dict):
+                assert rec["eager_rel"] <= 1e-6 and rec["graph_rel"] <= 1e-6, (case, rec)
+        assert rep["scale"]["predivide_rel"] <= 1e-6
+        # 3. process sets
+        ps = rep["psets"]
+        assert ps["both_rel"] <= 1e-6 and ps["orq_rel"] < 1.0 and ps["own_set_finite"], ps
+        assert "process_set" in ps["mismatch"] and "pass the same process set" in ps["mismatch"], ps["mismatch"]
+        if r == 0:
+            assert ps["single_ok"] and ps["single_eager"] > 0.0  # a set of one: its own (quantized) tensor
+        # 4. variable keys: frozen layers keep their state, new slots after unfreezing, checkpoint by name
+        k = rep["keys"]
+        names = k["names"]
+        assert "dense/kernel:0" not in k["frozen"] and set(k["unfrozen"]) == set(names), k
+        assert k["refrozen"]["dense/kernel:0"] == k["unfrozen"]["dense/kernel:0"], k
+        assert k["refrozen"]["dense_1/kernel:0"] > k["unfrozen"]["dense_1/kernel:0"], k
+        assert k["frozen_residual_kept"] and k["others_moved"], k
+        assert k["restored_keys"] == sorted(names)
+        assert all(k["restored_steps"][n] == k["refrozen"][n] + 1 for n in names), k
+        # 5. sparse_as_dense: the embedding's gradient compressed at the variable's static shape
+        d = rep["dynamic"]
+        assert [50, 64] in d["keras_slots"] and all(math.isfinite(v) for v in d["keras_loss"]), d
+        assert d["unknown_shape_sum"] == [3.0, 3.0]  # no static shape, no variable: Horovod's own sum
+        # 6. propagate: NaN where a rank had Inf, residuals kept there, recovery next step
+        for case, rec in rep["propagate"].items():
+            assert rec["bad_at_700"] and rec["residual_finite"] and rec["recovered"], (case, rec)
+            assert rec["residual_kept_where_nonfinite"], (case, rec)
+            lossless = case.startswith("none")
+            assert lossless or rec["residual_moved_elsewhere"], (case, rec)
+            if case.startswith(("none", "fp16")):  # the values carry it: that element only
+                assert rec["bad_count"] == 1, (case, rec)
+            elif case.startswith("topk"):  # no per-bucket scale: the whole tensor
+                assert rec["bad_count"] == 1200, (case, rec)
+            else:  # level schemes: that bucket only
+                assert rec["bad_count"] == 512 and rec["first_bucket_finite"], (case, rec)
+        assert len(rep["propagate"]) == 13
+        # 7. loss scaling: residuals stored unscaled (two fixed scales agree bit for bit); an overflow
+        # on one rank is skipped on every rank, residuals survive it, the scale halves
+        ls = rep["lossscale"]
+        assert ls["s10"]["residuals"] == ls["s4"]["residuals"] and ls["s10"]["weights"] == ls["s4"]["weights"], ls
+        assert ls["dyn"]["skipped"] and ls["dyn"]["residuals_kept"] and ls["dyn"]["scale_after"] == 512.0, ls
+        assert ls["dyn"]["finite"] and ls["s10"]["finite"], ls
+        # 8. checkpoints: a rank's own file resumes exactly; another rank's residuals are not used
+        ck = rep["ckptrank"]
+        assert ck["own_next"] == ck["straight_next"], ck
+        assert ck["own_steps"] == ck["rank0_steps"] == [3] * len(ck["own_steps"]), ck
+        assert ck["rank0_owners"] == [0] and ck["rank0_owners_after"] == [r], ck
+        assert ck["rank0_next"] == ck["oracle_next"], ck
+        if r == 1:
+            assert ck["rank0_next"] != ck["straight_next"], ck
+        # 9. elastic
+        assert "does not support elastic Horovod" in rep["elastic"]["refused"]
+    for key in ("scale", "keys", "lossscale"):
+        assert_ranks_equal({r: {key: {k: v for k, v in rep[key].items() if k != "trace"}} for r, rep in reports.items()},
+                           key)
