@@ -1,4 +1,4 @@
-"""The emulated network (hvd_gradq/bench/netemu.py): 2 hosts in namespaces at 1gbit, a stock
+"""The emulated network (bench/netemu.py): 2 hosts in namespaces at 1gbit, a stock
 Horovod allreduce through them, its bytes against the ring model, and a clean machine afterwards.
 
 Needs root (CI runs as root). Without root these tests FAIL, unless HVD_GRADQ_NO_NETNS=1 is
@@ -22,10 +22,11 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+BENCH = ROOT / "bench"
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(ROOT / "scripts"))
+sys.path.insert(0, str(BENCH))
 
-from hvd_gradq.bench import netemu  # noqa: E402
+import netemu  # noqa: E402
 
 pytestmark = pytest.mark.parallel
 
@@ -50,7 +51,7 @@ def _require_root() -> None:
 
 def _env() -> dict[str, str]:
     return {
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), str(BENCH), os.environ.get("PYTHONPATH", "")) if p),
         "OMP_NUM_THREADS": "1",
     }
 
@@ -72,7 +73,7 @@ def test_allreduce_bytes_match_ring_model_and_cleanup() -> None:
 
     n = 2
     t0 = time.monotonic()
-    argv = [sys.executable, str(ROOT / "scripts" / "netbench.py"), "--selftest-worker",
+    argv = [sys.executable, str(BENCH / "netbench.py"), "--selftest-worker",
             "--numel", str(NUMEL), "--steps", str(STEPS), "--idle", "0"]
     with netemu.EmulatedCluster(n, rate="1gbit") as cluster:
         assert len(netemu.leftovers()) >= n + 1  # the hosts and the switch exist while inside
@@ -106,7 +107,7 @@ def test_allreduce_bytes_match_ring_model_and_cleanup() -> None:
 def test_timeouts_failures_and_phase_mismatch_kill_all_ranks() -> None:
     _require_root()
     py = sys.executable
-    phase = "from hvd_gradq.bench.netemu import phase; import os; "
+    phase = "from netemu import phase; import os; "
     with netemu.EmulatedCluster(2, rate="1gbit") as cluster:
         t = time.monotonic()
         hung = cluster.run([py, "-c", "import time; time.sleep(600)"], timeout=2)
