@@ -128,7 +128,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--idle", type=float, default=3.0, help="seconds of the idle phase (background traffic)")
     ap.add_argument("--lr", type=float, default=1e-3)
     ap.add_argument("--schemes", default="", help="comma-separated labels (default: all): " +
-                    ", ".join(e.label for e in ENTRIES))
+                    ", ".join(e.label for e in ENTRIES).replace("%", "%%"))  # argparse formats help with %
     ap.add_argument("--tta", action="store_true", help="also measure time to --tta-target accuracy")
     ap.add_argument("--tta-rates", default="1gbit", help="bandwidths at which --tta runs")
     ap.add_argument("--tta-schemes", default="", help="labels for --tta (default: a representative subset)")
