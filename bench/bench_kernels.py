@@ -4,8 +4,8 @@ for the NumPy reference (``scheme.encode(NUMPY, ...)`` / ``scheme.decode``) and 
 compiled fast path (``hvd_gradq.kernels``, preallocated output buffers). Writes
 results/kernels.md and results/raw/kernels.json.
 
-    .venv/bin/python scripts/bench_kernels.py            # everything (the reference takes minutes)
-    .venv/bin/python scripts/bench_kernels.py --no-ref   # the fast path only
+    .venv/bin/python bench/bench_kernels.py            # everything (the reference takes minutes)
+    .venv/bin/python bench/bench_kernels.py --no-ref   # the fast path only
 
 "% of copy" is copy_ms / total_ms * 100 (the bandwidth of quantize+dequantize as a share of a
 memcpy's); targets: uniform, qsgd, terngrad, sign >= 20%; orq, bingrad >= 5%. Every figure is

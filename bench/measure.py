@@ -1,5 +1,7 @@
-"""What the three MNIST-1D examples share: arguments, data, the learning-rate schedule, a progress
-bar, compressor timing and the final summary.
+"""The measurement harness of the MNIST-1D training runs in bench/ (``train_mnist1d.py``,
+``train_keras_mnist1d.py``, ``train_tape_mnist1d.py``; the demo and the quality study run them):
+arguments, data, the learning-rate schedule, a progress bar, compressor timing and the summary.
+examples/ has the user-facing versions of these scripts, without the measurement.
 
 MNIST-1D (Greydanus 2020) is generated locally by the ``mnist1d`` package (4000 train / 1000 test
 signals of 40 samples, 10 classes; never downloaded) and cached in
@@ -16,8 +18,9 @@ import os
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
@@ -253,7 +256,7 @@ def tf_timed_compressor(inner: Any, n_grads: int) -> Any:
     return TFTimedCompressor()
 
 
-# -- TensorFlow pieces shared by keras_mnist1d.py and tf_tape_mnist1d.py -----------------------------------
+# -- TensorFlow pieces shared by train_keras_mnist1d.py and train_tape_mnist1d.py -----------------------------------
 def tf_setup() -> None:
     """One intra-op thread a rank (the ranks share the cores), quiet logs."""
     import tensorflow as tf
@@ -264,7 +267,7 @@ def tf_setup() -> None:
 
 
 def tf_model(seed: int, channels: int = 25, length: int = 40, classes: int = 10) -> Any:
-    """The MNIST-1D CNN of torch_mnist1d.py in Keras (same shapes: padding 1, stride 2)."""
+    """The MNIST-1D CNN of train_mnist1d.py in Keras (same shapes: padding 1, stride 2)."""
     import tensorflow as tf
 
     tf.keras.utils.set_random_seed(seed)

@@ -1,6 +1,6 @@
 """MNIST-1D with a small 1-D CNN under ``horovod.torch``, gradients compressed by hvd_gradq.
 
-    horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python examples/torch_mnist1d.py \\
+    horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python bench/train_mnist1d.py \\
         --compression orq:levels=5 --epochs 5
 
 The CNN is the MNIST-1D paper's (three stride-2 convolutions of 25 channels, then a linear
@@ -14,8 +14,8 @@ import argparse
 import time
 from pathlib import Path
 
-import common
 import horovod.torch as hvd
+import measure
 import numpy as np
 import torch
 import torch.nn.functional as F
@@ -65,14 +65,14 @@ def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, flo
 
 def train(args: argparse.Namespace) -> dict:
     """One training run on the ranks Horovod was initialised with; every rank returns the summary.
-    May be called again in the same process (``scripts/quality_study.py`` does, for several runs
+    May be called again in the same process (``bench/quality_study.py`` does, for several runs
     per launch)."""
     rank, size = hvd.rank(), hvd.size()
-    data = common.load_mnist1d()
-    x, y = common.shard(data["x"], data["y"], rank, size)
-    xt, yt = common.shard(data["x_test"], data["y_test"], rank, size)
-    spe, total = common.plan(len(x), args.batch_size, args.epochs, args.max_steps)
-    warmup = common.warmup_steps(spe, total)
+    data = measure.load_mnist1d()
+    x, y = measure.shard(data["x"], data["y"], rank, size)
+    xt, yt = measure.shard(data["x_test"], data["y_test"], rank, size)
+    spe, total = measure.plan(len(x), args.batch_size, args.epochs, args.max_steps)
+    warmup = measure.warmup_steps(spe, total)
 
     torch.manual_seed(args.seed)
     model = CNN()
@@ -83,14 +83,14 @@ def train(args: argparse.Namespace) -> dict:
     else:
         opt = torch.optim.Adam(model.parameters(), lr=args.lr)
 
-    kind = common.stock_kind(args.compression)
+    kind = measure.stock_kind(args.compression)
     if kind is not None:
         inner = hvd.Compression.fp16 if kind == "fp16" else hvd.Compression.none
         scheme = f"horovod {kind}"
     else:
         inner = gq.from_spec(args.compression, named_parameters=named, seed=args.seed)
         scheme = inner.scheme.spec
-    timed = common.TimedCompressor(inner)
+    timed = measure.TimedCompressor(inner)
     opt = hvd.DistributedOptimizer(opt, named_parameters=named, compression=timed, op=hvd.Average)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     hvd.broadcast_optimizer_state(opt, root_rank=0)
@@ -101,12 +101,12 @@ def train(args: argparse.Namespace) -> dict:
         k = max(1, min(args.dump_steps, total))
         dump_at = {round(i * (total - 1) / max(1, k - 1)) for i in range(k)}
 
-    clock = common.StepClock(total)
-    bar = common.progress(rank, total, f"torch {args.compression}", args.quiet)
+    clock = measure.StepClock(total)
+    bar = measure.progress(rank, total, f"torch {args.compression}", args.quiet)
     step, epoch, losses = 0, 0, []
     t_start = time.perf_counter()
     while step < total:
-        order = common.epoch_order(len(x), args.seed, epoch, rank)
+        order = measure.epoch_order(len(x), args.seed, epoch, rank)
         epoch_losses = []
         for b in range(spe):
             if step >= total:
@@ -114,7 +114,7 @@ def train(args: argparse.Namespace) -> dict:
             t0 = time.perf_counter()
             c0 = timed.total()
             for g in opt.param_groups:
-                g["lr"] = common.lr_at(step, total, warmup, args.lr)
+                g["lr"] = measure.lr_at(step, total, warmup, args.lr)
             idx = order[b * args.batch_size : (b + 1) * args.batch_size]
             xb, yb = torch.from_numpy(x[idx]), torch.from_numpy(y[idx])
             opt.zero_grad()
@@ -136,11 +136,11 @@ def train(args: argparse.Namespace) -> dict:
     acc, test_loss = evaluate(model, xt, yt)
 
     stats = inner.stats() if kind is None else None
-    summary = common.make_summary(
-        args, framework="torch", example="torch_mnist1d", scheme=scheme, nranks=size, steps=total,
+    summary = measure.make_summary(
+        args, framework="torch", example="train_mnist1d", scheme=scheme, nranks=size, steps=total,
         epochs_run=round(total / spe, 3), n_params=sum(sizes), accuracy=acc, test_loss=test_loss,
         train_loss=float(np.mean(losses)) if losses else float("nan"), clock=clock,
-        bytes_info=common.bytes_summary(stats, kind, sizes, size, total), wall_s=wall,
+        bytes_info=measure.bytes_summary(stats, kind, sizes, size, total), wall_s=wall,
     )
     if rank == 0 and args.dump_grads:
         Path(args.dump_grads).parent.mkdir(parents=True, exist_ok=True)
@@ -150,13 +150,13 @@ def train(args: argparse.Namespace) -> dict:
 
 
 def main() -> None:
-    args = common.parse_args(__doc__.split("\n")[0], extra_args)
+    args = measure.parse_args(__doc__.split("\n")[0], extra_args)
     hvd.init()
     torch.set_num_threads(1)
     summary = train(args)
     if hvd.rank() == 0:
-        common.print_summary(summary)
-        common.write_json(args.json, summary)
+        measure.print_summary(summary)
+        measure.write_json(args.json, summary)
         if args.dump_grads:
             print(f"  saved rank 0's local gradients at steps {summary['dumped_grads']['steps']} to {args.dump_grads}")
 

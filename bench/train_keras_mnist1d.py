@@ -1,20 +1,20 @@
 """MNIST-1D with Keras ``model.fit`` and ``horovod.tensorflow.keras.DistributedOptimizer``, gradients
 compressed by hvd_gradq.
 
-    horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python examples/keras_mnist1d.py \\
+    horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python bench/train_keras_mnist1d.py \\
         --compression orq:levels=5 --epochs 5
 
-The same CNN, data, schedule and summary as ``torch_mnist1d.py``. The compressor is
+The same CNN, data, schedule and summary as ``train_mnist1d.py``. The compressor is
 ``hvd_gradq.tensorflow.from_spec(spec)``; Horovod traces it into Keras' train function, so the
-compress share is measured in the graph (see ``common.tf_timed_compressor``).
+compress share is measured in the graph (see ``measure.tf_timed_compressor``).
 """
 from __future__ import annotations
 
 import math
 import time
 
-import common
 import horovod.tensorflow.keras as hvd
+import measure
 import numpy as np
 import tensorflow as tf
 
@@ -23,7 +23,7 @@ class _Steps(tf.keras.callbacks.Callback):  # type: ignore[misc]
     """Sets the learning rate, times each step, reads the compressor's time, drives the progress bar,
     stops at --max-steps."""
 
-    def __init__(self, total: int, warmup: int, peak_lr: float, clock: common.StepClock, timed: object,
+    def __init__(self, total: int, warmup: int, peak_lr: float, clock: measure.StepClock, timed: object,
                  bar: object) -> None:
         super().__init__()
         self.total, self.warmup, self.peak_lr = total, warmup, peak_lr
@@ -34,9 +34,9 @@ class _Steps(tf.keras.callbacks.Callback):  # type: ignore[misc]
 
     def on_train_batch_begin(self, batch: int, logs: dict | None = None) -> None:
         self.t0 = time.perf_counter()
-        # the schedule of common.lr_at (a Keras LearningRateSchedule would not survive Horovod
+        # the schedule of measure.lr_at (a Keras LearningRateSchedule would not survive Horovod
         # rebuilding the optimizer from its config)
-        self.model.optimizer.learning_rate = common.lr_at(self.step, self.total, self.warmup, self.peak_lr)
+        self.model.optimizer.learning_rate = measure.lr_at(self.step, self.total, self.warmup, self.peak_lr)
 
     def on_train_batch_end(self, batch: int, logs: dict | None = None) -> None:
         loss = float((logs or {}).get("loss", float("nan")))  # waits for the step to finish
@@ -51,46 +51,46 @@ class _Steps(tf.keras.callbacks.Callback):  # type: ignore[misc]
 
 
 def main() -> None:
-    args = common.parse_args(__doc__.split("\n")[0])
+    args = measure.parse_args(__doc__.split("\n")[0])
     hvd.init()
-    common.tf_setup()
+    measure.tf_setup()
     rank, size = hvd.rank(), hvd.size()
 
-    data = common.load_mnist1d()
-    x, y = common.shard(data["x"], data["y"], rank, size)
-    xt, yt = common.shard(data["x_test"], data["y_test"], rank, size)
-    spe, total = common.plan(len(x), args.batch_size, args.epochs, args.max_steps)
+    data = measure.load_mnist1d()
+    x, y = measure.shard(data["x"], data["y"], rank, size)
+    xt, yt = measure.shard(data["x_test"], data["y_test"], rank, size)
+    spe, total = measure.plan(len(x), args.batch_size, args.epochs, args.max_steps)
 
-    model = common.tf_model(args.seed)
+    model = measure.tf_model(args.seed)
     sizes = [int(np.prod(v.shape)) for v in model.trainable_variables]
-    inner, timed, scheme, kind = common.tf_compression(args.compression, args.seed, hvd, len(sizes))
-    opt = common.tf_optimizer(args.optimizer, args.lr)
+    inner, timed, scheme, kind = measure.tf_compression(args.compression, args.seed, hvd, len(sizes))
+    opt = measure.tf_optimizer(args.optimizer, args.lr)
     opt = hvd.DistributedOptimizer(opt, compression=timed)
     model.compile(optimizer=opt, loss=tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True))
 
     ds = (tf.data.Dataset.from_tensor_slices((x, y))
           .shuffle(len(x), seed=args.seed * 1000 + rank, reshuffle_each_iteration=True)
           .batch(args.batch_size, drop_remainder=True).repeat())
-    clock = common.StepClock(total)
-    bar = common.progress(rank, total, f"keras {args.compression}", args.quiet)
-    steps_cb = _Steps(total, common.warmup_steps(spe, total), args.lr, clock, timed, bar)
+    clock = measure.StepClock(total)
+    bar = measure.progress(rank, total, f"keras {args.compression}", args.quiet)
+    steps_cb = _Steps(total, measure.warmup_steps(spe, total), args.lr, clock, timed, bar)
     t_start = time.perf_counter()
     model.fit(ds, epochs=math.ceil(total / spe), steps_per_epoch=spe, verbose=0,
               callbacks=[hvd.callbacks.BroadcastGlobalVariablesCallback(0), steps_cb])
     bar.close()
     wall = time.perf_counter() - t_start
-    acc, test_loss = common.tf_evaluate(model, xt, yt, hvd)
+    acc, test_loss = measure.tf_evaluate(model, xt, yt, hvd)
 
-    summary = common.make_summary(
-        args, framework="tensorflow (keras fit)", example="keras_mnist1d", scheme=scheme, nranks=size,
+    summary = measure.make_summary(
+        args, framework="tensorflow (keras fit)", example="train_keras_mnist1d", scheme=scheme, nranks=size,
         steps=steps_cb.step, epochs_run=round(steps_cb.step / spe, 3), n_params=sum(sizes), accuracy=acc,
         test_loss=test_loss, train_loss=float(np.mean(steps_cb.losses[-spe:])), clock=clock,
-        bytes_info=common.bytes_summary(inner.stats() if kind is None else None, kind, sizes, size, steps_cb.step),
+        bytes_info=measure.bytes_summary(inner.stats() if kind is None else None, kind, sizes, size, steps_cb.step),
         wall_s=wall,
     )
     if rank == 0:
-        common.print_summary(summary)
-        common.write_json(args.json, summary)
+        measure.print_summary(summary)
+        measure.write_json(args.json, summary)
 
 
 if __name__ == "__main__":

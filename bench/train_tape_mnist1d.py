@@ -1,39 +1,39 @@
 """MNIST-1D with a custom TensorFlow loop: ``tf.GradientTape`` wrapped in ``hvd.DistributedGradientTape``
 inside a ``tf.function``, gradients compressed by hvd_gradq.
 
-    horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python examples/tf_tape_mnist1d.py \\
+    horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python bench/train_tape_mnist1d.py \\
         --compression orq:levels=5 --epochs 5
 
-The same CNN, data, schedule and summary as ``torch_mnist1d.py``; the compressor is
+The same CNN, data, schedule and summary as ``train_mnist1d.py``; the compressor is
 ``hvd_gradq.tensorflow.from_spec(spec)``, traced into the step function by Horovod.
 """
 from __future__ import annotations
 
 import time
 
-import common
 import horovod.tensorflow as hvd
+import measure
 import numpy as np
 import tensorflow as tf
 
 
 def main() -> None:
-    args = common.parse_args(__doc__.split("\n")[0])
+    args = measure.parse_args(__doc__.split("\n")[0])
     hvd.init()
-    common.tf_setup()
+    measure.tf_setup()
     rank, size = hvd.rank(), hvd.size()
 
-    data = common.load_mnist1d()
-    x, y = common.shard(data["x"], data["y"], rank, size)
-    xt, yt = common.shard(data["x_test"], data["y_test"], rank, size)
-    spe, total = common.plan(len(x), args.batch_size, args.epochs, args.max_steps)
-    warmup = common.warmup_steps(spe, total)
+    data = measure.load_mnist1d()
+    x, y = measure.shard(data["x"], data["y"], rank, size)
+    xt, yt = measure.shard(data["x_test"], data["y_test"], rank, size)
+    spe, total = measure.plan(len(x), args.batch_size, args.epochs, args.max_steps)
+    warmup = measure.warmup_steps(spe, total)
 
-    model = common.tf_model(args.seed)
+    model = measure.tf_model(args.seed)
     variables = model.trainable_variables
     sizes = [int(np.prod(v.shape)) for v in variables]
-    inner, timed, scheme, kind = common.tf_compression(args.compression, args.seed, hvd, len(sizes))
-    opt = common.tf_optimizer(args.optimizer, args.lr)
+    inner, timed, scheme, kind = measure.tf_compression(args.compression, args.seed, hvd, len(sizes))
+    opt = measure.tf_optimizer(args.optimizer, args.lr)
     loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
 
     @tf.function
@@ -45,18 +45,18 @@ def main() -> None:
         opt.apply_gradients(zip(grads, variables))
         return loss
 
-    clock = common.StepClock(total)
-    bar = common.progress(rank, total, f"tape {args.compression}", args.quiet)
+    clock = measure.StepClock(total)
+    bar = measure.progress(rank, total, f"tape {args.compression}", args.quiet)
     step, epoch, losses = 0, 0, []
     t_start = time.perf_counter()
     while step < total:
-        order = common.epoch_order(len(x), args.seed, epoch, rank)
+        order = measure.epoch_order(len(x), args.seed, epoch, rank)
         epoch_losses = []
         for b in range(spe):
             if step >= total:
                 break
             t0 = time.perf_counter()
-            opt.learning_rate = common.lr_at(step, total, warmup, args.lr)  # a variable once created
+            opt.learning_rate = measure.lr_at(step, total, warmup, args.lr)  # a variable once created
             idx = order[b * args.batch_size : (b + 1) * args.batch_size]
             loss = float(train_step(tf.constant(x[idx]), tf.constant(y[idx])))
             if step == 0:  # every rank starts from rank 0's weights and optimizer state
@@ -71,18 +71,18 @@ def main() -> None:
         epoch += 1
     bar.close()
     wall = time.perf_counter() - t_start
-    acc, test_loss = common.tf_evaluate(model, xt, yt, hvd)
+    acc, test_loss = measure.tf_evaluate(model, xt, yt, hvd)
 
-    summary = common.make_summary(
-        args, framework="tensorflow (GradientTape)", example="tf_tape_mnist1d", scheme=scheme, nranks=size,
+    summary = measure.make_summary(
+        args, framework="tensorflow (GradientTape)", example="train_tape_mnist1d", scheme=scheme, nranks=size,
         steps=total, epochs_run=round(total / spe, 3), n_params=sum(sizes), accuracy=acc, test_loss=test_loss,
         train_loss=float(np.mean(losses)) if losses else float("nan"), clock=clock,
-        bytes_info=common.bytes_summary(inner.stats() if kind is None else None, kind, sizes, size, total),
+        bytes_info=measure.bytes_summary(inner.stats() if kind is None else None, kind, sizes, size, total),
         wall_s=wall,
     )
     if rank == 0:
-        common.print_summary(summary)
-        common.write_json(args.json, summary)
+        measure.print_summary(summary)
+        measure.write_json(args.json, summary)
 
 
 if __name__ == "__main__":
