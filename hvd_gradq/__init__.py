@@ -11,9 +11,8 @@ Framework-free front (NumPy)::
 Frontends: ``hvd_gradq.torch`` and ``hvd_gradq.tensorflow`` (imported on demand, so this
 package imports without either framework).
 """
-from .api import dequantize, quantize
+from .api import Payload, dequantize, quantize
 from .errors import GradqError, NonFiniteError, PayloadError, RankMismatchError, SpecError
-from .payload import Payload
 from .spec import names, parse
 
 __version__ = "0.1.0"

@@ -1,19 +1,71 @@
-"""Framework-free front: quantize NumPy arrays to payloads and back (offline analysis, oracle)."""
+"""Framework-free front: quantize NumPy arrays to payloads and back (offline analysis, oracle).
+
+Reading a payload is where spec text becomes a scheme: :mod:`hvd_gradq.wire` validates the
+header and hands back the spec as text; :func:`parse_one` parses it here (and refuses a
+non-canonical spelling), then lets the wire cut the sections that scheme declares.
+"""
 from __future__ import annotations
 
 import math
 import warnings
+from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
-from . import kernels
-from .errors import GradqError, NonFiniteError
-from .payload import Payload
+from . import kernels, wire
+from .errors import GradqError, NonFiniteError, PayloadError, SpecError
 from .schemes.base import NonFinite, Scheme
 from .spec import parse
 from .xp import NUMPY
+
+
+@dataclass
+class Payload(wire.Payload[Scheme]):
+    """A quantized tensor bound to its parsed scheme (:class:`hvd_gradq.wire.Payload`)."""
+
+    @classmethod
+    def from_bytes(cls, data: bytes | bytearray | memoryview | NDArray[Any]) -> Payload:
+        """Parse and validate one payload; every field is checked, bad input raises PayloadError."""
+        # a private copy: the parsed sections are views of it, never of the caller's array
+        buf = wire.private_copy(data)
+        payload, used = parse_one(buf)
+        if used != buf.shape[0]:
+            raise PayloadError(f"{buf.shape[0] - used} trailing bytes after a payload of {used} bytes")
+        return payload
+
+
+@lru_cache(maxsize=256)
+def scheme_of(spec_text: str) -> Scheme:
+    """The scheme a payload header names; PayloadError if the text is not a canonical spec
+    ("ORQ:..." would decode alike but re-encode to other bytes: one spelling per payload)."""
+    try:
+        scheme = parse(spec_text)
+    except SpecError as e:
+        raise PayloadError(f"payload names an invalid scheme: {e}") from None
+    if scheme.spec != spec_text:
+        raise PayloadError(f"payload scheme spec {spec_text!r} is not canonical; expected {scheme.spec!r}")
+    return scheme
+
+
+def parse_one(buf: NDArray[Any], offset: int = 0) -> tuple[Payload, int]:
+    """Parse the payload that starts at ``offset`` of a uint8 array; returns it and its end.
+    Its sections are views of ``buf`` (no copy): keep ``buf`` unchanged while the payload is used."""
+    head = wire.read_header(buf, offset)
+    scheme = scheme_of(head.spec)
+    return Payload(scheme, head.shape, head.dtype, wire.cut(buf, head, scheme)), head.end
+
+
+def split(buf: NDArray[Any]) -> list[Payload]:
+    """Parse a concatenation of payloads (as an allgather returns them), in order."""
+    out = []
+    pos = 0
+    while pos < buf.shape[0]:
+        p, pos = parse_one(buf, pos)
+        out.append(p)
+    return out
 
 
 def as_scheme(spec: str | Scheme) -> Scheme:

@@ -1,217 +1,34 @@
-"""The wire format: one self-describing, checksummed byte string per tensor.
+"""Re-export shim: the wire format lives in :mod:`hvd_gradq.wire.payload`, and the payload
+bound to a parsed scheme (``Payload.from_bytes``, ``split``) in :mod:`hvd_gradq.api` (kept for
+the TensorFlow frontend and the tests, which import them from here)."""
+from .api import Payload, parse_one, split
+from .wire.payload import (
+    CHECK_MODULUS,
+    CHECK_OFFSET,
+    DTYPE_CODES,
+    DTYPES,
+    MAGIC,
+    MAX_ELEMENTS,
+    MAX_NDIM,
+    VERSION,
+    checksum,
+    header_bytes,
+    header_size,
+)
 
-Layout (little-endian)::
-
-    magic  b"HVGQ"            4
-    version u8 (=1)           1
-    dtype   u8                1   the input's dtype (see DTYPES)
-    ndim    u8                1
-    flags   u8 (=0)           1
-    total   u64               8   the whole payload's length, header included
-    check   u32               4   checksum of every byte but these four
-    speclen u16               2
-    dims    u64 * ndim
-    spec    utf-8 * speclen       the canonical scheme spec, e.g. "orq:bucket=512,...,levels=5"
-    sections                      as the scheme declares them for n = prod(dims); sizes exact
-
-The checksum is sum(byte_i * (1 + i mod 65521)) mod 2**32: any single flipped bit changes it,
-and it is cheap in every array namespace (no CRC table walk), so the frontends compute it on
-the device that built the payload.
-"""
-
-from __future__ import annotations
-
-import struct
-from dataclasses import dataclass
-from functools import lru_cache
-from typing import TYPE_CHECKING, Any
-
-import numpy as np
-from numpy.typing import NDArray
-
-from .errors import PayloadError, SpecError
-
-if TYPE_CHECKING:
-    from .schemes.base import Scheme, Section
-
-MAGIC = b"HVGQ"
-VERSION = 1
-_FIXED = struct.Struct("<4sBBBBQIH")
-CHECK_OFFSET = 16
-MAX_NDIM = 16
-MAX_ELEMENTS = 1 << 40
-DTYPES = {1: "float32", 2: "float16", 3: "float64", 4: "bfloat16"}
-DTYPE_CODES = {v: k for k, v in DTYPES.items()}
-_MOD = 65521
-
-
-_WEIGHTS = np.zeros(0, np.int64)
-
-
-def _weights(n: int) -> NDArray[np.int64]:
-    global _WEIGHTS
-    if _WEIGHTS.shape[0] < n:
-        _WEIGHTS = (np.arange(max(n, 2 * _WEIGHTS.shape[0], 1 << 16), dtype=np.int64) % _MOD) + 1
-    return _WEIGHTS[:n]
-
-
-def checksum(buf: NDArray[Any]) -> int:
-    """The payload checksum of a uint8 array whose check field is already zeroed."""
-    n = buf.shape[0]
-    w = _weights(n)
-    # chunks keep the int64 dot product exact (255 * 65521 * 2**20 < 2**63)
-    total = 0
-    step = 1 << 20
-    for i in range(0, n, step):
-        total += int(np.dot(buf[i : i + step].astype(np.int64), w[i : i + step]))
-    return total & 0xFFFFFFFF
-
-
-def _checksum_skipping_check(buf: NDArray[Any]) -> int:
-    """``checksum`` of ``buf`` as if its check field were zero, without copying it."""
-    w = _weights(buf.shape[0])
-    field = buf[CHECK_OFFSET : CHECK_OFFSET + 4].astype(np.int64)
-    return (checksum(buf) - int(np.dot(field, w[CHECK_OFFSET : CHECK_OFFSET + 4]))) & 0xFFFFFFFF
-
-
-@lru_cache(maxsize=4096)
-def _sections(scheme: Scheme, n: int) -> list[Section]:
-    return scheme.sections(n)
-
-
-@lru_cache(maxsize=4096)
-def header_bytes(spec: str, dtype: str, shape: tuple[int, ...], total: int) -> bytes:
-    """The header for a payload (check field zero)."""
-    sb = spec.encode()
-    return (
-        _FIXED.pack(MAGIC, VERSION, DTYPE_CODES[dtype], len(shape), 0, total, 0, len(sb))
-        + struct.pack(f"<{len(shape)}Q", *shape)
-        + sb
-    )
-
-
-def header_size(spec: str, ndim: int) -> int:
-    return _FIXED.size + 8 * ndim + len(spec.encode())
-
-
-@dataclass
-class Payload:
-    """A quantized tensor: its scheme, shape and dtype, and its wire sections (NumPy arrays)."""
-
-    scheme: Scheme
-    shape: tuple[int, ...]
-    dtype: str
-    parts: dict[str, NDArray[Any]]
-
-    @property
-    def n(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
-
-    @property
-    def nbytes(self) -> int:
-        """Bytes that cross the wire for this tensor, header included."""
-        return header_size(self.scheme.spec, len(self.shape)) + self.scheme.nbytes(self.n)
-
-    @property
-    def body_nbytes(self) -> int:
-        """Bytes of the sections alone (codes and scales), without the header."""
-        return self.scheme.nbytes(self.n)
-
-    def to_bytes(self) -> bytes:
-        return bytes(self.to_array())
-
-    def to_array(self) -> NDArray[Any]:
-        """The payload as a uint8 array (no copy of the sections beyond one concatenation)."""
-        spec = self.scheme.spec
-        pieces = [np.frombuffer(header_bytes(spec, self.dtype, self.shape, self.nbytes), np.uint8)]
-        for sec in _sections(self.scheme, self.n):
-            arr = np.ascontiguousarray(np.asarray(self.parts[sec.name]).astype(sec.dtype, copy=False))
-            if arr.size != sec.count:
-                raise PayloadError(f"section {sec.name!r} holds {arr.size} values; the scheme needs {sec.count}")
-            pieces.append(arr.reshape(-1).view(np.uint8))
-        buf = np.concatenate(pieces)
-        buf[CHECK_OFFSET : CHECK_OFFSET + 4] = np.frombuffer(struct.pack("<I", checksum(buf)), np.uint8)
-        return buf
-
-    @classmethod
-    def from_bytes(cls, data: bytes | bytearray | memoryview | NDArray[Any]) -> Payload:
-        """Parse and validate one payload; every field is checked, bad input raises PayloadError."""
-        # a private copy: the parsed sections are views of it, never of the caller's array
-        buf = np.frombuffer(bytes(data), np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1).copy()
-        if buf.dtype != np.uint8:
-            raise PayloadError(f"a payload is bytes or a uint8 array, not {buf.dtype}")
-        payload, used = parse_one(buf)
-        if used != buf.shape[0]:
-            raise PayloadError(f"{buf.shape[0] - used} trailing bytes after a payload of {used} bytes")
-        return payload
-
-
-def parse_one(buf: NDArray[Any], offset: int = 0) -> tuple[Payload, int]:
-    """Parse the payload that starts at ``offset`` of a uint8 array; returns it and its end.
-    Its sections are views of ``buf`` (no copy): keep ``buf`` unchanged while the payload is used."""
-    from .spec import parse
-
-    size = buf.shape[0] - offset
-    if size < _FIXED.size:
-        raise PayloadError(f"truncated payload: {size} bytes, a header needs at least {_FIXED.size}")
-    magic, version, dcode, ndim, flags, total, check, speclen = _FIXED.unpack(bytes(buf[offset : offset + _FIXED.size]))
-    if magic != MAGIC:
-        raise PayloadError(f"not an hvd_gradq payload: magic {magic!r}, expected {MAGIC!r}")
-    if version != VERSION:
-        raise PayloadError(f"payload version {version} is not supported; this hvd_gradq reads version {VERSION}")
-    if dcode not in DTYPES:
-        raise PayloadError(f"unknown dtype code {dcode}; valid: {sorted(DTYPES)}")
-    if ndim > MAX_NDIM:
-        raise PayloadError(f"payload claims {ndim} dimensions; at most {MAX_NDIM}")
-    if flags != 0:
-        raise PayloadError(f"unknown payload flags {flags:#x}")
-    if total > size:
-        raise PayloadError(f"truncated payload: header says {total} bytes, {size} present")
-    hlen = _FIXED.size + 8 * ndim + speclen
-    if total < hlen:
-        raise PayloadError(f"corrupt payload: total length {total} is shorter than its header ({hlen})")
-    end = offset + total
-    view = buf[offset:end]
-    if _checksum_skipping_check(view) != check:
-        raise PayloadError("payload checksum mismatch: the bytes were corrupted or truncated in transit")
-    dims = struct.unpack(f"<{ndim}Q", bytes(view[_FIXED.size : _FIXED.size + 8 * ndim]))
-    n = 1
-    for d in dims:
-        if d > MAX_ELEMENTS:
-            raise PayloadError(f"payload claims a dimension of {d}; at most {MAX_ELEMENTS}")
-        n *= d
-    if n > MAX_ELEMENTS:
-        raise PayloadError(f"payload claims {n} elements; at most {MAX_ELEMENTS}")
-    try:
-        spec_text = bytes(view[_FIXED.size + 8 * ndim : hlen]).decode()
-        scheme = parse(spec_text)
-    except (UnicodeDecodeError, SpecError) as e:
-        raise PayloadError(f"payload names an invalid scheme: {e}") from None
-    if scheme.spec != spec_text:
-        # one spelling per payload: "ORQ:..." would decode alike but re-encode to other bytes
-        raise PayloadError(f"payload scheme spec {spec_text!r} is not canonical; expected {scheme.spec!r}")
-    parts: dict[str, NDArray[Any]] = {}
-    pos = hlen
-    for sec in _sections(scheme, n):
-        if pos + sec.nbytes > total:
-            raise PayloadError(
-                f"truncated payload: section {sec.name!r} needs {sec.nbytes} bytes at {pos}, total {total}"
-            )
-        parts[sec.name] = view[pos : pos + sec.nbytes].view(np.dtype(sec.dtype))
-        pos += sec.nbytes
-    if pos != total:
-        raise PayloadError(f"corrupt payload: sections end at {pos}, header says {total}")
-    return Payload(scheme, tuple(int(d) for d in dims), DTYPES[dcode], parts), end
-
-
-def split(buf: NDArray[Any]) -> list[Payload]:
-    """Parse a concatenation of payloads (as an allgather returns them), in order."""
-    out = []
-    pos = 0
-    while pos < buf.shape[0]:
-        p, pos = parse_one(buf, pos)
-        out.append(p)
-    return out
+__all__ = [
+    "CHECK_MODULUS",
+    "CHECK_OFFSET",
+    "DTYPES",
+    "DTYPE_CODES",
+    "MAGIC",
+    "MAX_ELEMENTS",
+    "MAX_NDIM",
+    "VERSION",
+    "Payload",
+    "checksum",
+    "header_bytes",
+    "header_size",
+    "parse_one",
+    "split",
+]

@@ -9,9 +9,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..api import dequantize, quantize
+from ..api import dequantize, quantize, split
 from ..errors import NonFiniteError, RankMismatchError
-from ..payload import split
 from ..schemes.base import Scheme
 from ..xp import stream_seed
 

@@ -23,8 +23,8 @@ import functools
 from dataclasses import dataclass
 
 from ..errors import SpecError
-from ..payload import header_size
 from ..schemes.base import Combine, EvenLevelScheme, Scheme
+from ..wire.payload import header_size
 
 
 class Pattern(enum.Enum):

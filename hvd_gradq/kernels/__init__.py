@@ -34,7 +34,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..packing import check_codes, layout
+from ..wire.packing import check_codes, layout
 from ..schemes.base import Scales, Scheme
 from ..schemes.bingrad import BinGrad, Variant
 from ..schemes.orq import ORQ

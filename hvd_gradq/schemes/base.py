@@ -21,7 +21,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import SpecError
-from ..packing import check_codes, layout, pack, unpack
+from ..wire.packing import check_codes, layout, pack, unpack
 from ..xp import Array, Ops, tree_sum, uniforms
 
 

@@ -18,36 +18,13 @@ from numpy.typing import NDArray
 
 from ..errors import PayloadError, SpecError
 from ..spec import register
+from ..wire.packing import pack_bits, unpack_bits
 from ..xp import NUMPY, Array, Ops
 from .base import Scheme, Section, param
 
 
 def index_bits(n: int) -> int:
     return max(1, math.ceil(math.log2(max(n, 2))))
-
-
-def pack_bits(ops: Ops, v: Array, bits: int) -> Array:
-    """Non-negative int64 values < 2**bits -> a bitstream as int64 byte values (LSB first)."""
-    k = ops.shape(v)[0]
-    total = k * bits
-    nbytes = -(-total // 8)
-    shifts = ops.i64(ops.from_numpy(np.left_shift(np.int64(1), np.arange(bits, dtype=np.int64))))
-    bitmat = ops.mod(ops.floordiv_by(ops.reshape(v, (k, 1)), shifts), 2)
-    flat = ops.reshape(bitmat, (total,))
-    pad = nbytes * 8 - total
-    if pad:
-        flat = ops.concat([flat, ops.zeros((pad,), "int64")], 0)
-    weights = ops.i64(ops.from_numpy(np.left_shift(np.int64(1), np.arange(8, dtype=np.int64))))
-    return ops.reshape(ops.sum(ops.reshape(flat, (nbytes, 8)) * weights, 1), (nbytes,))
-
-
-def unpack_bits(ops: Ops, data: Array, bits: int, k: int) -> Array:
-    nbytes = -(-(k * bits) // 8)
-    shifts = ops.i64(ops.from_numpy(np.left_shift(np.int64(1), np.arange(8, dtype=np.int64))))
-    bitmat = ops.mod(ops.floordiv_by(ops.reshape(ops.i64(data), (nbytes, 1)), shifts), 2)
-    flat = ops.reshape(bitmat, (nbytes * 8,))[: k * bits]
-    weights = ops.i64(ops.from_numpy(np.left_shift(np.int64(1), np.arange(bits, dtype=np.int64))))
-    return ops.reshape(ops.sum(ops.reshape(flat, (k, bits)) * weights, 1), (k,))
 
 
 @register("topk")

@@ -42,14 +42,13 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 
-from ..api import dequantize
+from ..api import dequantize, split
 from ..errors import GradqError, NonFiniteError, RankMismatchError
 from ..frontend import codec
 from ..frontend.patterns import Lanes, Pattern, choose, chunk_bounds, cost, fp32_cost, lanes_for, parse_pattern
 from ..frontend.stats import Stats
-from ..packing import pack_lanes, unpack_lanes
-from ..payload import split
 from ..schemes.base import EvenLevelScheme, NonFinite, Scheme, decode_codes, encode_shared, local_stats
+from ..wire.packing import pack_lanes, unpack_lanes
 from .callsite import CallSite, inspect_call
 from .feedback import LossScale, Memory
 from .ops import TorchOps

@@ -1,0 +1,257 @@
+"""The wire format: one self-describing, checksummed byte string per tensor.
+
+Layout (little-endian)::
+
+    magic  b"HVGQ"            4
+    version u8 (=1)           1
+    dtype   u8                1   the input's dtype (see DTYPES)
+    ndim    u8                1
+    flags   u8 (=0)           1
+    total   u64               8   the whole payload's length, header included
+    check   u32               4   checksum of every byte but these four
+    speclen u16               2
+    dims    u64 * ndim
+    spec    utf-8 * speclen       the canonical scheme spec, e.g. "orq:bucket=512,...,levels=5"
+    sections                      as the scheme declares them for n = prod(dims); sizes exact
+
+The checksum is sum(byte_i * (1 + i mod CHECK_MODULUS)) mod 2**32: any single flipped bit
+changes it, and it is cheap in every array namespace (no CRC table walk), so the frontends
+compute it on the device that built the payload (:func:`checksum_weights` gives the weights).
+
+The header carries the spec as text; this module never parses it. Laying out or cutting the
+sections needs only what :class:`Codec` declares (the spec text and the sections for ``n``
+elements), so a scheme is handed in by whoever turns spec text into a scheme
+(:mod:`hvd_gradq.api`, where decoding is requested).
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Hashable, Sequence
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, Generic, Protocol, TypeVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..errors import PayloadError
+
+MAGIC = b"HVGQ"
+VERSION = 1
+_FIXED = struct.Struct("<4sBBBBQIH")
+CHECK_OFFSET = 16
+MAX_NDIM = 16
+MAX_ELEMENTS = 1 << 40
+DTYPES = {1: "float32", 2: "float16", 3: "float64", 4: "bfloat16"}
+DTYPE_CODES = {v: k for k, v in DTYPES.items()}
+# the one declaration of the checksum's modulus (65521: the largest prime below 2**16)
+CHECK_MODULUS = 65521
+
+
+class SectionLike(Protocol):
+    """One part of a payload on the wire (``hvd_gradq.schemes.base.Section`` is one)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def dtype(self) -> str: ...
+    @property
+    def count(self) -> int: ...
+    @property
+    def nbytes(self) -> int: ...
+
+
+class Codec(Hashable, Protocol):
+    """What the wire needs of a scheme: its spec text and its sections for ``n`` elements."""
+
+    @property
+    def spec(self) -> str: ...
+    def sections(self, n: int) -> Sequence[SectionLike]: ...
+    def nbytes(self, n: int) -> int: ...
+
+
+S = TypeVar("S", bound=Codec)
+
+_WEIGHTS = np.zeros(0, np.int64)
+
+
+def checksum_weights(start: int, stop: int) -> NDArray[np.int64]:
+    """The checksum's weights of bytes ``start .. stop-1`` (1 + i mod CHECK_MODULUS)."""
+    global _WEIGHTS
+    if _WEIGHTS.shape[0] < stop:
+        _WEIGHTS = (np.arange(max(stop, 2 * _WEIGHTS.shape[0], 1 << 16), dtype=np.int64) % CHECK_MODULUS) + 1
+    return _WEIGHTS[start:stop]
+
+
+def checksum(buf: NDArray[Any]) -> int:
+    """The payload checksum of a uint8 array whose check field is already zeroed."""
+    n = buf.shape[0]
+    w = checksum_weights(0, n)
+    # chunks keep the int64 dot product exact (255 * 65521 * 2**20 < 2**63)
+    total = 0
+    step = 1 << 20
+    for i in range(0, n, step):
+        total += int(np.dot(buf[i : i + step].astype(np.int64), w[i : i + step]))
+    return total & 0xFFFFFFFF
+
+
+def _checksum_skipping_check(buf: NDArray[Any]) -> int:
+    """``checksum`` of ``buf`` as if its check field were zero, without copying it."""
+    field = buf[CHECK_OFFSET : CHECK_OFFSET + 4].astype(np.int64)
+    own = int(np.dot(field, checksum_weights(CHECK_OFFSET, CHECK_OFFSET + 4)))
+    return (checksum(buf) - own) & 0xFFFFFFFF
+
+
+@lru_cache(maxsize=4096)
+def _sections(codec: Codec, n: int) -> Sequence[SectionLike]:
+    return codec.sections(n)
+
+
+@lru_cache(maxsize=4096)
+def header_bytes(spec: str, dtype: str, shape: tuple[int, ...], total: int) -> bytes:
+    """The header for a payload (check field zero)."""
+    sb = spec.encode()
+    return (
+        _FIXED.pack(MAGIC, VERSION, DTYPE_CODES[dtype], len(shape), 0, total, 0, len(sb))
+        + struct.pack(f"<{len(shape)}Q", *shape)
+        + sb
+    )
+
+
+def header_size(spec: str, ndim: int) -> int:
+    return _FIXED.size + 8 * ndim + len(spec.encode())
+
+
+@dataclass
+class Payload(Generic[S]):
+    """A quantized tensor: its scheme, shape and dtype, and its wire sections (NumPy arrays)."""
+
+    scheme: S
+    shape: tuple[int, ...]
+    dtype: str
+    parts: dict[str, NDArray[Any]]
+
+    @property
+    def n(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes that cross the wire for this tensor, header included."""
+        return header_size(self.scheme.spec, len(self.shape)) + self.scheme.nbytes(self.n)
+
+    @property
+    def body_nbytes(self) -> int:
+        """Bytes of the sections alone (codes and scales), without the header."""
+        return self.scheme.nbytes(self.n)
+
+    def to_bytes(self) -> bytes:
+        return bytes(self.to_array())
+
+    def to_array(self) -> NDArray[Any]:
+        """The payload as a uint8 array (no copy of the sections beyond one concatenation)."""
+        spec = self.scheme.spec
+        pieces = [np.frombuffer(header_bytes(spec, self.dtype, self.shape, self.nbytes), np.uint8)]
+        for sec in _sections(self.scheme, self.n):
+            arr = np.ascontiguousarray(np.asarray(self.parts[sec.name]).astype(sec.dtype, copy=False))
+            if arr.size != sec.count:
+                raise PayloadError(f"section {sec.name!r} holds {arr.size} values; the scheme needs {sec.count}")
+            pieces.append(arr.reshape(-1).view(np.uint8))
+        buf = np.concatenate(pieces)
+        buf[CHECK_OFFSET : CHECK_OFFSET + 4] = np.frombuffer(struct.pack("<I", checksum(buf)), np.uint8)
+        return buf
+
+
+@dataclass(frozen=True)
+class Header:
+    """A payload's validated header: where it starts and ends, and the spec text it names."""
+
+    offset: int
+    size: int  # header bytes (fixed part, dims, spec)
+    total: int  # the whole payload, header included
+    dtype: str
+    shape: tuple[int, ...]
+    spec: str
+
+    @property
+    def n(self) -> int:
+        n = 1
+        for d in self.shape:
+            n *= d
+        return n
+
+    @property
+    def end(self) -> int:
+        return self.offset + self.total
+
+
+def private_copy(data: bytes | bytearray | memoryview | NDArray[Any]) -> NDArray[Any]:
+    """A uint8 copy of ``data`` that parsed sections may view (never the caller's array)."""
+    buf = np.frombuffer(bytes(data), np.uint8) if not isinstance(data, np.ndarray) else data.reshape(-1).copy()
+    if buf.dtype != np.uint8:
+        raise PayloadError(f"a payload is bytes or a uint8 array, not {buf.dtype}")
+    return buf
+
+
+def read_header(buf: NDArray[Any], offset: int = 0) -> Header:
+    """Validate the header (every field, and the checksum of the whole payload) that starts at
+    ``offset`` of a uint8 array; the spec text is returned as it is, unparsed."""
+    size = buf.shape[0] - offset
+    if size < _FIXED.size:
+        raise PayloadError(f"truncated payload: {size} bytes, a header needs at least {_FIXED.size}")
+    magic, version, dcode, ndim, flags, total, check, speclen = _FIXED.unpack(bytes(buf[offset : offset + _FIXED.size]))
+    if magic != MAGIC:
+        raise PayloadError(f"not an hvd_gradq payload: magic {magic!r}, expected {MAGIC!r}")
+    if version != VERSION:
+        raise PayloadError(f"payload version {version} is not supported; this hvd_gradq reads version {VERSION}")
+    if dcode not in DTYPES:
+        raise PayloadError(f"unknown dtype code {dcode}; valid: {sorted(DTYPES)}")
+    if ndim > MAX_NDIM:
+        raise PayloadError(f"payload claims {ndim} dimensions; at most {MAX_NDIM}")
+    if flags != 0:
+        raise PayloadError(f"unknown payload flags {flags:#x}")
+    if total > size:
+        raise PayloadError(f"truncated payload: header says {total} bytes, {size} present")
+    hlen = _FIXED.size + 8 * ndim + speclen
+    if total < hlen:
+        raise PayloadError(f"corrupt payload: total length {total} is shorter than its header ({hlen})")
+    view = buf[offset : offset + total]
+    if _checksum_skipping_check(view) != check:
+        raise PayloadError("payload checksum mismatch: the bytes were corrupted or truncated in transit")
+    dims = struct.unpack(f"<{ndim}Q", bytes(view[_FIXED.size : _FIXED.size + 8 * ndim]))
+    n = 1
+    for d in dims:
+        if d > MAX_ELEMENTS:
+            raise PayloadError(f"payload claims a dimension of {d}; at most {MAX_ELEMENTS}")
+        n *= d
+    if n > MAX_ELEMENTS:
+        raise PayloadError(f"payload claims {n} elements; at most {MAX_ELEMENTS}")
+    try:
+        spec = bytes(view[_FIXED.size + 8 * ndim : hlen]).decode()
+    except UnicodeDecodeError as e:
+        raise PayloadError(f"payload names an invalid scheme: {e}") from None
+    return Header(offset, hlen, total, DTYPES[dcode], tuple(int(d) for d in dims), spec)
+
+
+def cut(buf: NDArray[Any], head: Header, codec: Codec) -> dict[str, NDArray[Any]]:
+    """The sections of the payload ``head`` describes, as ``codec`` declares them: views of
+    ``buf`` (no copy), so keep ``buf`` unchanged while they are used."""
+    if codec.spec != head.spec:
+        raise PayloadError(f"payload names the scheme {head.spec!r}, not {codec.spec!r}")
+    view = buf[head.offset : head.end]
+    parts: dict[str, NDArray[Any]] = {}
+    pos = head.size
+    for sec in _sections(codec, head.n):
+        if pos + sec.nbytes > head.total:
+            raise PayloadError(
+                f"truncated payload: section {sec.name!r} needs {sec.nbytes} bytes at {pos}, total {head.total}"
+            )
+        parts[sec.name] = view[pos : pos + sec.nbytes].view(np.dtype(sec.dtype))
+        pos += sec.nbytes
+    if pos != head.total:
+        raise PayloadError(f"corrupt payload: sections end at {pos}, header says {head.total}")
+    return parts
