@@ -112,6 +112,7 @@ class _Host:
 
     def __init__(self, loss_scale: Any) -> None:
         self.slots: dict[str, Slot] = {}
+        self.keys: dict[Any, str] = {}  # variable identity -> its key (see state.variable_key)
         # compress() calls without a known variable so far in each function graph being traced
         self.positions: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self.eager_calls = 0
@@ -206,6 +207,8 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
             return
         sfx = _set_suffix(ps)
         with tf.init_scope():  # runs now, eagerly, even while a graph is being traced
+            if not tf.executing_eagerly():  # a TF1-style graph: no eager collective can run now
+                return
             mine = self.config().encode()
             lens = hvd.allgather(tf.constant([len(mine)], tf.int64), name=f"hvd_gradq.tfconfig.len{sfx}",
                                  ignore_name_scope=True, process_set=ps)
@@ -252,7 +255,7 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         """The slot of this gradient: by its variable, else by its position in this trace."""
         h = self._host
         if variable is not None:
-            key, ident = variable_key(variable)
+            key, ident = variable_key(variable, h.keys)
         else:
             g = self._function_graph()
             i = h.positions.get(g, 0)
@@ -260,7 +263,7 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
             key, ident = f"#{i}", None
         slot = h.slots.get(key)
         if slot is not None:
-            check_slot(slot, key, ident, shape, dtype, size)
+            check_slot(slot, key, shape, dtype, size)
             return slot
         n = int(np.prod(shape, dtype=np.int64)) if shape else 1
         pattern = self._pattern_for(n, len(shape), size)

@@ -4,8 +4,10 @@
 **Keys.** A slot is keyed by the *variable* the gradient belongs to (its ``name``, e.g.
 ``dense/kernel:0``, read from Horovod's ``allreduce_grads`` by :mod:`.callsite`): freezing or
 unfreezing layers, recompiling, or a new training function cannot hand one variable's residual
-and random stream to another. Two different variables of one name in one compressor raise
-(use one compressor per model). Where no variable is known (``compress()`` called by hand
+and random stream to another. Variables that share a name (unnamed ``tf.Variable`` s are all
+``Variable:0``, as in Horovod's own tests) are told apart by identity and numbered in the order
+the compressor first meets them (``Variable:0``, ``Variable:0#1``...), the same on every rank;
+checkpoints of such models restore by that order. Where no variable is known (``compress()`` called by hand
 inside a ``tf.function``), the key is the gradient's position among the calls made while
 tracing one function graph (``#0``, ``#1``...), as before.
 
@@ -56,13 +58,23 @@ class Slot:
     fp32: int
 
 
-def variable_key(variable: Any) -> tuple[str, Any]:
-    """(key, identity) of a variable: its name, and what tells two variables of one name apart."""
-    name = str(getattr(variable, "name", "") or "")
-    if not name:
-        raise GradqError(f"a variable without a name ({type(variable).__name__}) cannot key hvd_gradq's state")
+def variable_key(variable: Any, known: dict[Any, str]) -> tuple[str, Any]:
+    """(key, identity) of a variable: its name; a second variable of a name already taken
+    (unnamed ``tf.Variable`` s are all ``Variable:0``) gets ``<name>#<k>``, numbered in the
+    order the compressor first meets them (the same on every rank). ``known`` maps identities
+    to keys and is updated."""
     ident = getattr(variable, "_unique_id", None)
-    return name, (ident if ident is not None else id(variable))
+    ident = ident if ident is not None else id(variable)
+    key = known.get(ident)
+    if key is None:
+        name = str(getattr(variable, "name", "") or "") or "unnamed"
+        taken = set(known.values())
+        key, k = name, 0
+        while key in taken:
+            k += 1
+            key = f"{name}#{k}"
+        known[ident] = key
+    return key, ident
 
 
 def make_variables(key: str, n: int, ef: bool, rank: int) -> tuple[Any, Any, Any]:
@@ -77,12 +89,8 @@ def make_variables(key: str, n: int, ef: bool, rank: int) -> tuple[Any, Any, Any
     return step, residual, owner
 
 
-def check_slot(slot: Slot, key: str, ident: Any, shape: tuple[int, ...], dtype: str, size: int) -> None:
+def check_slot(slot: Slot, key: str, shape: tuple[int, ...], dtype: str, size: int) -> None:
     """Raise if a gradient does not fit the slot found for it."""
-    if slot.ident != ident:
-        raise GradqError(
-            f"two different variables are both named {key!r} in one hvd_gradq compressor: its state is keyed "
-            "by variable name. Give the variables distinct names, or use one compressor per model")
     if slot.shape != shape or slot.dtype != dtype:
         raise GradqError(
             f"gradient {key} has shape {list(shape)} ({dtype}); the compressor's slot was made for "
