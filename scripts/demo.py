@@ -4,8 +4,9 @@ the two summaries side by side.
     bash scripts/demo.sh                 # set-up if needed, then this
     .venv/bin/python scripts/demo.py --epochs 5      # shorter
 
-Each run is ``horovodrun -np 2 -H localhost:2 --gloo`` of ``examples/torch_mnist1d.py`` (rank 0's
-progress bar and summary appear as it goes); the summaries come back through ``--json``.
+Each run is ``horovodrun -np 2 -H localhost:2 --gloo`` of ``bench/train_mnist1d.py``, the measured
+version of ``examples/torch_mnist1d.py`` (rank 0's progress bar and summary appear as it goes);
+the summaries come back through ``--json``.
 """
 from __future__ import annotations
 
@@ -27,14 +28,14 @@ RUNS = [("ORQ-5", "orq:levels=5"), ("no compression", "none")]
 def launch(spec: str, a: argparse.Namespace, out: Path) -> dict[str, Any]:
     hr = Path(sys.executable).parent / "horovodrun"
     cmd = [str(hr) if hr.exists() else "horovodrun", "-np", str(a.np), "-H", f"localhost:{a.np}", "--gloo",
-           sys.executable, str(ROOT / "examples" / "torch_mnist1d.py"), "--compression", spec,
+           sys.executable, str(ROOT / "bench" / "train_mnist1d.py"), "--compression", spec,
            "--epochs", str(a.epochs), "--batch-size", str(a.batch_size), "--lr", str(a.lr), "--seed", str(a.seed),
            "--json", str(out)]
     env = dict(os.environ)
     env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1",
                 "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
                 "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")])})
-    print(f"\n$ {' '.join(cmd[:6])} ... torch_mnist1d.py --compression {spec} --epochs {a.epochs}", flush=True)
+    print(f"\n$ {' '.join(cmd[:6])} ... train_mnist1d.py --compression {spec} --epochs {a.epochs}", flush=True)
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, start_new_session=True)
     try:
         rc = proc.wait(timeout=a.timeout)

@@ -9,7 +9,7 @@ bash scripts/setup.sh
 PY="$ROOT/.venv/bin/python"
 export OMPI_ALLOW_RUN_AS_ROOT=1 OMPI_ALLOW_RUN_AS_ROOT_CONFIRM=1 TF_CPP_MIN_LOG_LEVEL=2
 echo "== ruff"
-"$PY" -m ruff check hvd_gradq tests examples scripts
+"$PY" -m ruff check hvd_gradq tests examples scripts bench
 echo "== mypy (strict on hvd_gradq)"
 "$PY" -m mypy hvd_gradq
 echo "== import without torch and TensorFlow"
