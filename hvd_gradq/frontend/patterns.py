@@ -12,8 +12,9 @@
   rank j decodes and sums them, re-compresses the sum (with its own error feedback when ``ef``)
   and an allgather spreads the N reduced chunks. About 2(N-1)/N payloads a rank, whatever N, at
   the price of a second quantization of the sum.
-The choice reads the scheme's declaration (``combine``) and the bytes a rank would move
-(NOTES §4), never a scheme's name.
+The choice reads the scheme's declaration (``combine``) and the bytes a rank would move, never
+a scheme's name: a ring allreduce of B bytes sends about 2(N-1)/N x B a rank, an allgather of
+payloads of C bytes receives (N-1) x C, so gather beats an fp32 allreduce while C < 2B/N.
 """
 
 from __future__ import annotations

@@ -3,8 +3,7 @@
 ``encode`` / ``decode`` return exactly what ``scheme.encode(NUMPY, ...)`` / ``scheme.decode``
 return (the same meta floats, the same packed bytes, as uint8 instead of int64 byte values, the
 same decoded floats), or ``None`` where no fast path exists for the scheme or its parameters,
-in which case the caller runs the reference. ``decode_sum`` decodes several workers' payloads
-and sums them, in list order, into a float32 buffer. ``tests/unit/test_kernels.py`` checks the
+in which case the caller runs the reference. ``tests/unit/test_kernels.py`` checks the
 bit-identity; ``scripts/bench_kernels.py`` measures the speed (results/kernels.md).
 
 Covered: uniform, qsgd, terngrad, sign, bingrad (b, pb) and orq with any number of levels (for
@@ -13,20 +12,19 @@ runs, compiled), with any bucket, clip and scales. Not covered (None): the non-l
 (none, fp16, topk).
 
 The package imports with NumPy alone; numba is imported on first use. ``available()`` says
-whether it is there (the environment variable ``HVD_GRADQ_KERNELS=0`` turns the fast paths
-off). The first call of each kernel compiles it (cached on disk afterwards, next to the
-module). Input must be finite and within ``scheme.limit``, as ``hvd_gradq.quantize`` ensures
-before encoding (it runs the reference otherwise, which marks such buckets NaN); see
-``_numba``'s docstring for the corner case that is not bitwise (the sign of a zero meta: a
-min/max, or a level taken from a sorted bucket). Codes beyond the alphabet (a malformed
-payload) raise PayloadError before any kernel runs (``packing.check_codes``), as in the
-reference path. Metas that are NaN (buckets that held NaN/Inf) decode as NaN, as in the
-reference.
+whether it is there; the environment variable ``HVD_GRADQ_KERNELS=0`` turns the fast paths off
+for the process, ``with kernels.disabled():`` for a block of code (both make every caller run
+the NumPy reference: an oracle that shares no code with the kernels). The first call of each
+kernel compiles it (cached on disk afterwards, next to the module). Input must be finite and
+within ``scheme.limit``, as ``hvd_gradq.quantize`` ensures before encoding (it runs the
+reference otherwise, which marks such buckets NaN); see ``_numba``'s docstring for the corner
+case that is not bitwise (the sign of a zero meta: a min/max, or a level taken from a sorted
+bucket). Codes beyond the alphabet (a malformed payload) raise PayloadError before any kernel
+runs (``packing.check_codes``), as in the reference path. Metas that are NaN (buckets that held
+NaN/Inf) decode as NaN, as in the reference.
 """
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
 from dataclasses import dataclass, replace
 from functools import lru_cache
 from typing import Any
@@ -34,7 +32,6 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..wire.packing import check_codes, layout
 from ..schemes.base import Scales, Scheme
 from ..schemes.bingrad import BinGrad, Variant
 from ..schemes.orq import ORQ
@@ -42,33 +39,16 @@ from ..schemes.qsgd import QSGD, Norm
 from ..schemes.sign import Sign
 from ..schemes.terngrad import TernGrad
 from ..schemes.uniform import Uniform
+from ..wire.packing import check_codes, layout
 from ..xp import seed_words
 from ._layout import layout_id
+from ._switch import available, disabled
 
-__all__ = ["available", "decode", "decode_sum", "encode"]
+__all__ = ["available", "decode", "disabled", "encode"]
 
 Parts = dict[str, NDArray[Any]]
 
 EVEN, SIGN, BINGRAD, ORQ_KIND, ORQ_EXACT = 0, 1, 2, 3, 4
-# decode_sum works through the tensor in chunks of about this many elements, so that the
-# partial sums stay in cache while every worker's payload is added in
-_CHUNK_ELEMS = 1 << 16
-
-
-@lru_cache(maxsize=1)
-def _numba_importable() -> bool:
-    try:
-        import numba  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
-def available() -> bool:
-    """Whether the compiled fast paths can run (numba is importable and not turned off)."""
-    if os.environ.get("HVD_GRADQ_KERNELS", "1").strip().lower() in ("0", "false", "no", "off"):
-        return False
-    return _numba_importable()
 
 
 @dataclass(frozen=True)
@@ -253,24 +233,3 @@ def decode(scheme: Scheme, parts: Parts, n: int, *, out: NDArray[Any] | None = N
         _decode_into(plan, wp[0], wp[1], n, 0, plan.nbuckets(n), out, False)
     return out
 
-
-def decode_sum(scheme: Scheme, parts_list: Sequence[Parts], n: int, out: NDArray[Any]) -> bool:
-    """Decode several workers' payloads and sum them into ``out`` (float32, ``n`` elements):
-    ``out = ((p0 + p1) + p2) + ...`` elementwise, in list order. False: no fast path (``out``
-    untouched), the caller decodes with the reference and sums in the same order."""
-    if not available() or not parts_list:
-        return False
-    plan = _plan(scheme)
-    if plan is None or not _out_ok(out, n):
-        return False
-    wire = [_wire_parts(plan, p, n) for p in parts_list]
-    if any(w is None for w in wire):
-        return False
-    nb = plan.nbuckets(n)
-    step = max(1, _CHUNK_ELEMS // plan.d)
-    for b0 in range(0, nb, step):
-        b1 = min(nb, b0 + step)
-        for i, w in enumerate(wire):
-            assert w is not None
-            _decode_into(plan, w[0], w[1], n, b0, b1, out, i > 0)
-    return True

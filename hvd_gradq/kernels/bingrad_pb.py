@@ -141,9 +141,9 @@ def pb_levels_sorted(ys: Any, out: Any, y: Any, p: Any, q: Any, ap: Any) -> None
 @lru_cache(maxsize=1)
 def _compiled() -> Any:
     """The numba-compiled :func:`pb_levels_sorted`, or None without numba."""
-    from . import _numba_importable
+    from ._switch import numba_importable
 
-    if not _numba_importable():
+    if not numba_importable():
         return None
     from ._numba import bingrad_pb
 

@@ -167,9 +167,9 @@ def exact_level_indices(ys: Any, s: int, idx: Any, y: Any, p1: Any, p2: Any, hh:
 @lru_cache(maxsize=1)
 def _compiled() -> Any:
     """The numba-compiled :func:`exact_level_indices`, or None without numba."""
-    from . import _numba_importable
+    from ._switch import numba_importable
 
-    if not _numba_importable():
+    if not numba_importable():
         return None
     from ._numba import orq_exact
 

@@ -1,4 +1,4 @@
-"""The built-in schemes; importing this package registers them.
+"""The built-in schemes; importing this package registers them (in :mod:`hvd_gradq.registry`).
 
 One file a scheme or small family. Where ORQ's levels are chosen: ``orq.py``; BinGrad's:
 ``bingrad.py``; the shared bucketed pipeline and rounding: ``base.py``.

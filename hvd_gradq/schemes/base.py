@@ -108,7 +108,7 @@ class Scheme:
     @functools.cached_property
     def spec(self) -> str:
         """The canonical spec string (computed once: it is in every payload header)."""
-        from ..spec import to_spec
+        from ..registry import to_spec
 
         return to_spec(self)
 
@@ -116,7 +116,7 @@ class Scheme:
         return self.spec
 
     def replace(self, **changes: Any) -> Scheme:
-        from ..spec import build
+        from ..registry import build
 
         params = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
         params.update(changes)

@@ -37,7 +37,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..spec import register
+from ..registry import register
 from ..xp import Array, Ops, first_argmax, scan_sum
 from .base import LevelScheme, param
 

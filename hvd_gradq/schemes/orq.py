@@ -22,7 +22,7 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..errors import SpecError
-from ..spec import register
+from ..registry import register
 from ..xp import Array, Ops, count_true, scan_sum
 from .base import LevelScheme, param
 

@@ -7,7 +7,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import GradqError, SpecError
-from ..spec import register
+from ..registry import register
 from ..xp import Array, Ops
 from .base import Scheme, Section, param
 

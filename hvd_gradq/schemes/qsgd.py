@@ -2,7 +2,10 @@
 ``levels`` evenly spaced magnitudes of the bucket's norm, with its sign: 2*levels+1 symbols.
 
 ``norm=max`` (default) scales by max|x| of the bucket, the variant practitioners use;
-``norm=l2`` is the paper's ||v||_2, whose grid is much coarser (see NOTES: 14x the variance)."""
+``norm=l2`` is the paper's ||v||_2, whose grid is much coarser: the exact rounding variance
+sum (l_j+1 - x)(x - l_j), over ||x||^2, measured on 2000 standard Gaussian buckets of 512, is
+17.1 against 1.59 with ``max`` at levels=1 (11x), 8.0 against 0.44 at levels=2 (18x), 3.5
+against 0.11 at levels=4 (32x)."""
 from __future__ import annotations
 
 import enum
@@ -12,7 +15,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import SpecError
-from ..spec import register
+from ..registry import register
 from ..xp import Array, Ops, tree_sum
 from .base import SQUARE_LIMIT, EvenLevelScheme, param, sqrt_pow2_at_least
 

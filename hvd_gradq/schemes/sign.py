@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..spec import register
+from ..registry import register
 from ..xp import Array, Ops, tree_sum
 from .base import RANGE_LIMIT, LevelScheme, pow2_at_least
 

@@ -11,7 +11,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..spec import register
+from ..registry import register
 from ..xp import Array, Ops
 from .base import EvenLevelScheme, param
 

@@ -17,7 +17,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import PayloadError, SpecError
-from ..spec import register
+from ..registry import register
 from ..wire.packing import pack_bits, unpack_bits
 from ..xp import NUMPY, Array, Ops
 from .base import Scheme, Section, param
@@ -37,7 +37,7 @@ class TopK(Scheme):
         super().__post_init__()
         if not 0.0 < self.ratio <= 1.0:
             raise SpecError(f"topk: ratio={self.ratio} is not valid; valid: 0 < ratio <= 1")
-        from ..spec import names
+        from ..registry import names
 
         if self.values == "topk" or self.values not in names():
             valid = [n for n in names() if n != "topk"]
@@ -45,7 +45,7 @@ class TopK(Scheme):
 
     @property
     def value_scheme(self) -> Scheme:
-        from ..spec import build
+        from ..registry import build
 
         return build(self.values, bucket=self.bucket)
 

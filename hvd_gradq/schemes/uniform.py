@@ -8,7 +8,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import SpecError
-from ..spec import register
+from ..registry import register
 from ..xp import Array, Ops
 from .base import EvenLevelScheme, param
 

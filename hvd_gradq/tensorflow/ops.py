@@ -74,9 +74,6 @@ class TFOps:
     def f64(self, x: Array) -> Array:
         return tf.cast(_t(x), tf.float64)
 
-    def asarray_f32(self, x: Sequence[float] | NDArray[Any]) -> Array:
-        return _opaque(tf.constant(np.asarray(x, dtype=np.float32)))
-
     def arange(self, n: int) -> Array:
         return _opaque(tf.range(n, dtype=tf.int64))
 
@@ -98,9 +95,6 @@ class TFOps:
     def concat(self, xs: Sequence[Array], axis: int) -> Array:
         return tf.concat(list(xs), axis=axis)
 
-    def stack(self, xs: Sequence[Array], axis: int) -> Array:
-        return tf.stack(list(xs), axis=axis)
-
     def amax(self, x: Array, axis: int) -> Array:
         return tf.reduce_max(x, axis=axis, keepdims=True)
 
@@ -110,9 +104,6 @@ class TFOps:
     def sum(self, x: Array, axis: int) -> Array:
         # Exact for the integers the schemes add; float sums go through xp.tree_sum.
         return tf.reduce_sum(x, axis=axis, keepdims=True)
-
-    def cumsum(self, x: Array, axis: int) -> Array:
-        return tf.cumsum(x, axis=axis)
 
     def sort(self, x: Array, axis: int) -> Array:
         return tf.sort(x, axis=axis)
@@ -162,10 +153,6 @@ class TFOps:
         x = _t(x)
         return tf.bitwise.right_shift(x, tf.constant(k, x.dtype))
 
-    def shl(self, x: Array, k: int) -> Array:
-        x = _t(x)
-        return tf.bitwise.left_shift(x, tf.constant(k, x.dtype))
-
     def xor(self, a: Array, b: Array) -> Array:
         a = _t(a)
         return tf.bitwise.bitwise_xor(a, tf.cast(_t(b), a.dtype))
@@ -174,14 +161,6 @@ class TFOps:
         a = _t(a)
         return tf.bitwise.bitwise_and(a, tf.cast(_t(b), a.dtype))
 
-    def bor(self, a: Array, b: Array) -> Array:
-        a = _t(a)
-        return tf.bitwise.bitwise_or(a, tf.cast(_t(b), a.dtype))
-
-    def floordiv(self, a: Array, b: int) -> Array:
-        a = _t(a)
-        return tf.math.floordiv(a, tf.cast(_t(b), a.dtype))
-
     def floordiv_by(self, a: Array, b: Array) -> Array:
         a = _t(a)
         return tf.math.floordiv(a, tf.cast(_t(b), a.dtype))
@@ -189,9 +168,6 @@ class TFOps:
     def mod(self, a: Array, b: int) -> Array:
         a = _t(a)
         return tf.math.floormod(a, tf.cast(_t(b), a.dtype))
-
-    def flip(self, x: Array) -> Array:
-        return tf.reverse(x, axis=[-1])
 
     def scatter(self, n: int, idx: Array, vals: Array) -> Array:
         return tf.tensor_scatter_nd_update(

@@ -1,12 +1,14 @@
 """A Horovod ``Compressor`` for ``horovod.torch.DistributedOptimizer`` that is real on the wire.
 
-Horovod sums whatever ``compress()`` returns, with torch's allreduce refusing 8-bit types, and
-no tensor name reaches the compressor (NOTES §2). So ``compress()`` starts hvd_gradq's own named
-collective on the packed payload and hands Horovod a one-element tensor of 1.0. Horovod reduces
-that with the call's op and scale factors, so it comes back as ``v = post * pre`` (op=Average)
-or ``post * pre * N`` (op=Sum): the decoded sum of every rank's contribution times ``v / N`` is
-what stock Horovod would have returned, whatever the op, ``prescale_factor``,
-``postscale_factor`` or ``gradient_predivide_factor``.
+Horovod sums whatever ``compress()`` returns, with torch's allreduce refusing 8-bit types (in
+Horovod 0.28.1 it takes int32, int64, float16, float32 and float64 only: uint8 and int8 raise
+"Tensor type ... is not supported", measured with Gloo and MPI), and no tensor name reaches the
+compressor (``_allreduce_grad_async`` calls ``compress(p.grad)`` with the tensor alone). So
+``compress()`` starts hvd_gradq's own named collective on the packed payload and hands Horovod a
+one-element tensor of 1.0. Horovod reduces that with the call's op and scale factors, so it
+comes back as ``v = post * pre`` (op=Average) or ``post * pre * N`` (op=Sum): the decoded sum of
+every rank's contribution times ``v / N`` is what stock Horovod would have returned, whatever
+the op, ``prescale_factor``, ``postscale_factor`` or ``gradient_predivide_factor``.
 
 **Never blocking on call order.** Horovod compresses the parameters that got no gradient inside
 ``synchronize()``, iterating a set whose order differs between ranks (unused parameters, GANs,

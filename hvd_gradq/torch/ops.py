@@ -29,9 +29,6 @@ class TorchOps:
     def f64(self, x: Array) -> Array:
         return torch.as_tensor(x, device=self.device).to(torch.float64)
 
-    def asarray_f32(self, x: Sequence[float] | NDArray[Any]) -> Array:
-        return torch.as_tensor(np.asarray(x, dtype=np.float32), device=self.device)
-
     def arange(self, n: int) -> Array:
         return torch.arange(n, dtype=torch.int64, device=self.device)
 
@@ -50,9 +47,6 @@ class TorchOps:
     def concat(self, xs: Sequence[Array], axis: int) -> Array:
         return torch.cat(list(xs), dim=axis)
 
-    def stack(self, xs: Sequence[Array], axis: int) -> Array:
-        return torch.stack(list(xs), dim=axis)
-
     def amax(self, x: Array, axis: int) -> Array:
         return torch.amax(x, dim=axis, keepdim=True)
 
@@ -61,9 +55,6 @@ class TorchOps:
 
     def sum(self, x: Array, axis: int) -> Array:
         return torch.sum(x, dim=axis, keepdim=True)
-
-    def cumsum(self, x: Array, axis: int) -> Array:
-        return torch.cumsum(x, dim=axis)
 
     def sort(self, x: Array, axis: int) -> Array:
         return torch.sort(x, dim=axis).values
@@ -108,29 +99,17 @@ class TorchOps:
     def shr(self, x: Array, k: int) -> Array:
         return torch.bitwise_right_shift(x, k)
 
-    def shl(self, x: Array, k: int) -> Array:
-        return torch.bitwise_left_shift(x, k)
-
     def xor(self, a: Array, b: Array) -> Array:
         return torch.bitwise_xor(a, torch.as_tensor(b, device=self.device) if isinstance(b, int) else b)
 
     def band(self, a: Array, b: int) -> Array:
         return torch.bitwise_and(a, b)
 
-    def bor(self, a: Array, b: Array) -> Array:
-        return torch.bitwise_or(a, b)
-
-    def floordiv(self, a: Array, b: int) -> Array:
-        return torch.div(a, b, rounding_mode="floor")
-
     def floordiv_by(self, a: Array, b: Array) -> Array:
         return torch.div(a, b, rounding_mode="floor")
 
     def mod(self, a: Array, b: int) -> Array:
         return torch.remainder(a, b)
-
-    def flip(self, x: Array) -> Array:
-        return torch.flip(x, dims=(-1,))
 
     def scatter(self, n: int, idx: Array, vals: Array) -> Array:
         out = torch.zeros(n, dtype=torch.float32, device=self.device)

@@ -12,10 +12,19 @@ import numpy as np
 import pytest
 
 from hvd_gradq import dequantize, kernels, quantize
+from hvd_gradq.kernels._switch import numba_importable
 from hvd_gradq.spec import parse
 from hvd_gradq.xp import NUMPY
 
-pytestmark = pytest.mark.skipif(not kernels.available(), reason="numba is not installed")
+# Skipped only when numba itself is missing (it is a dependency: scripts/setup.sh installs it).
+# HVD_GRADQ_KERNELS=0 in the environment does not skip: the fixture below turns the kernels on,
+# so a comparison can never silently run the reference against itself.
+pytestmark = pytest.mark.skipif(not numba_importable(), reason="numba is not importable (install it: scripts/setup.sh)")
+
+
+@pytest.fixture(autouse=True)
+def _kernels_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HVD_GRADQ_KERNELS", "1")
 
 SCHEMES = (
     [f"uniform:bits={b}" for b in range(1, 9)]
@@ -149,23 +158,6 @@ def test_many_buckets_and_seeds() -> None:
             _assert_same(ref["codes"], got["codes"], spec)
 
 
-def test_decode_sum_adds_in_list_order() -> None:
-    rng = np.random.default_rng(11)
-    n = 3 * 512 + 77
-    for spec in ("qsgd", "orq:levels=3", "sign", "uniform:bits=4"):
-        scheme = parse(spec)
-        parts = [kernels.encode(scheme, (rng.standard_normal(n) * 10.0**k).astype(np.float32), k) for k in range(4)]
-        assert all(p is not None for p in parts)
-        want = None
-        for p in parts:
-            v = np.asarray(scheme.decode(NUMPY, {k: np.asarray(a) for k, a in p.items()}, n), np.float32)
-            want = v.copy() if want is None else want + v
-        out = np.full(n, np.nan, np.float32)
-        assert kernels.decode_sum(scheme, parts, n, out)
-        _assert_same(want, out, spec)
-        assert not kernels.decode_sum(scheme, parts, n, np.zeros(n, np.float64))  # wrong dtype: no fast path
-
-
 def test_out_buffers_and_wire_dtypes() -> None:
     x = np.random.default_rng(5).standard_normal(1500).astype(np.float32)
     scheme = parse("qsgd:scales=fp16")
@@ -222,3 +214,16 @@ def test_imports_without_numba() -> None:
             "p = hvd_gradq.quantize(np.arange(9, dtype=np.float32), 'qsgd'); print(hvd_gradq.dequantize(p)[0])")
     env = dict(os.environ)
     subprocess.run([sys.executable, "-c", code], check=True, env=env, capture_output=True)
+
+
+def test_disabled_block_runs_the_reference() -> None:
+    x = np.random.default_rng(3).standard_normal(700).astype(np.float32)
+    scheme = parse("orq:levels=3")
+    assert kernels.available()
+    with kernels.disabled():
+        assert not kernels.available()
+        assert kernels.encode(scheme, x, 0) is None
+        with kernels.disabled():  # nests
+            pass
+        assert not kernels.available()
+    assert kernels.available() and kernels.encode(scheme, x, 0) is not None

@@ -155,8 +155,7 @@ def test_terngrad_default_is_biased_on_outliers():
 @pytest.mark.parametrize("spec", LEVEL + ["qsgd:levels=100", "orq:levels=200", "uniform:bits=4,scales=fp16"])
 def test_nan_buckets_decode_bit_identically(spec):
     """Buckets marked NaN (nonfinite=propagate) decode to the same bits in the NumPy reference
-    and the compiled kernels, alone and summed over workers (qsgd's -m flips a NaN's sign: both
-    paths write one canonical NaN)."""
+    and the compiled kernels (qsgd's -m flips a NaN's sign: both paths write one canonical NaN)."""
     from hvd_gradq import kernels
 
     if not kernels.available():
@@ -171,7 +170,3 @@ def test_nan_buckets_decode_bit_identically(spec):
     for p, r in zip(ps, ref):
         fast = kernels.decode(scheme, p.parts, 1300)
         assert fast is not None and fast.tobytes() == r.tobytes(), spec
-    total = np.empty(1300, np.float32)
-    assert kernels.decode_sum(scheme, [p.parts for p in ps], 1300, total)
-    assert total.tobytes() == ((ref[0] + ref[1]) + ref[2]).tobytes(), spec
-    assert np.isnan(total[:1300]).all()

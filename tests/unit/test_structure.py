@@ -1,0 +1,158 @@
+"""Structure of the ``hvd_gradq`` package: no import cycles, no oversized modules.
+
+The import graph is built from the source with ``ast`` (no module is imported), so the test
+needs neither framework. Every import counts, including those inside functions: a lazy import
+only hides a cycle from the interpreter, not from the reader. Imports under
+``if TYPE_CHECKING:`` are left out: they never run and exist only for annotations.
+"""
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import pytest
+
+PKG = Path(__file__).resolve().parents[2] / "hvd_gradq"
+MAX_LINES = 450
+
+# Modules over MAX_LINES that are being split by other work right now. Each entry is a debt:
+# remove it once the file is under the limit (the test fails on an entry that no longer needs
+# to be here, so the list can only shrink).
+OVERSIZED_ALLOWED = {
+    "hvd_gradq/kernels/_numba.py",  # being split (wire/ package work)
+    "hvd_gradq/tensorflow/compressor.py",  # TF frontend, being edited
+    "hvd_gradq/torch/compressor.py",  # to split like tensorflow/ (callsite/state/wire)
+}
+
+# Import edges that still close a cycle, left to the work that owns those files. The kernel
+# modules' pure-Python searches are compiled by ``kernels/_numba.py`` (which imports them), and
+# each dispatches back to the compiled version with a lazy import of ``_numba``. ``_numba.py``
+# is being split right now; once the dispatch lives in its own module these go. The test fails
+# on an entry whose edge is gone, so the list can only shrink.
+KNOWN_CYCLE_EDGES = {
+    ("hvd_gradq.kernels.bingrad_pb", "hvd_gradq.kernels._numba"),
+    ("hvd_gradq.kernels.orq_levels", "hvd_gradq.kernels._numba"),
+}
+
+
+def _module_name(path: Path) -> str:
+    rel = path.relative_to(PKG.parent).with_suffix("")
+    parts = list(rel.parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def _is_type_checking(test: ast.expr) -> bool:
+    return (isinstance(test, ast.Name) and test.id == "TYPE_CHECKING") or (
+        isinstance(test, ast.Attribute) and test.attr == "TYPE_CHECKING"
+    )
+
+
+def _imports(tree: ast.AST) -> list[tuple[int, str | None, list[str]]]:
+    """(level, module, names) of each import statement outside ``if TYPE_CHECKING:``."""
+    found: list[tuple[int, str | None, list[str]]] = []
+
+    def visit(node: ast.AST) -> None:
+        if isinstance(node, ast.If) and _is_type_checking(node.test):
+            for child in node.orelse:
+                visit(child)
+            return
+        if isinstance(node, ast.Import):
+            for alias in node.names:
+                found.append((0, alias.name, []))
+        elif isinstance(node, ast.ImportFrom):
+            found.append((node.level, node.module, [a.name for a in node.names]))
+        for child in ast.iter_child_nodes(node):
+            visit(child)
+
+    visit(tree)
+    return found
+
+
+def import_graph() -> dict[str, set[str]]:
+    """Module -> the hvd_gradq modules it imports (relative imports resolved)."""
+    files = {_module_name(p): p for p in PKG.rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for mod, path in files.items():
+        package = mod if path.name == "__init__.py" else mod.rpartition(".")[0]
+        edges: set[str] = set()
+        for level, target, names in _imports(ast.parse(path.read_text(), str(path))):
+            if level:
+                base = package.split(".")
+                base = base[: len(base) - (level - 1)]
+                target = ".".join(base + ([target] if target else []))
+            if not target or not (target == "hvd_gradq" or target.startswith("hvd_gradq.")):
+                continue
+            # ``from pkg import sub`` imports the submodule pkg.sub when there is one.
+            subs = [f"{target}.{n}" for n in names if f"{target}.{n}" in files]
+            edges.update(subs or ([target] if target in files else []))
+            if subs and len(subs) < len(names) and target in files:
+                edges.add(target)
+        edges.discard(mod)
+        graph[mod] = edges
+    return graph
+
+
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One cycle of ``graph`` as a list of modules (first repeated last), or None."""
+    state: dict[str, int] = {}  # 1: on the stack, 2: done
+    stack: list[str] = []
+
+    def dfs(node: str) -> list[str] | None:
+        state[node] = 1
+        stack.append(node)
+        for nxt in sorted(graph.get(node, ())):
+            if state.get(nxt) == 1:
+                return stack[stack.index(nxt):] + [nxt]
+            if nxt not in state:
+                found = dfs(nxt)
+                if found:
+                    return found
+        stack.pop()
+        state[node] = 2
+        return None
+
+    for node in sorted(graph):
+        if node not in state:
+            found = dfs(node)
+            if found:
+                return found
+    return None
+
+
+def test_cycle_finder_finds_a_planted_cycle() -> None:
+    # The checker itself: a graph with a three-module loop must be reported, a DAG must not.
+    assert find_cycle({"a": {"b"}, "b": {"c"}, "c": {"a"}}) == ["a", "b", "c", "a"]
+    assert find_cycle({"a": {"b", "c"}, "b": {"c"}, "c": set()}) is None
+
+
+def test_graph_sees_relative_and_lazy_imports() -> None:
+    graph = import_graph()
+    # ``from .api import ...`` at package level and ``from . import schemes`` style imports.
+    assert "hvd_gradq.api" in graph["hvd_gradq"]
+    assert "hvd_gradq.errors" in graph["hvd_gradq.spec"]
+
+
+def test_no_import_cycle() -> None:
+    graph = import_graph()
+    for src, dst in sorted(KNOWN_CYCLE_EDGES):
+        assert dst in graph[src], f"{src} no longer imports {dst}: remove it from KNOWN_CYCLE_EDGES"
+        graph[src].discard(dst)
+    cycle = find_cycle(graph)
+    assert cycle is None, "import cycle in hvd_gradq: " + " -> ".join(cycle or [])
+
+
+def test_size_allow_list_names_existing_files() -> None:
+    missing = sorted(p for p in OVERSIZED_ALLOWED if not (PKG.parent / p).is_file())
+    assert not missing, f"remove {missing} from OVERSIZED_ALLOWED: no such file"
+
+
+@pytest.mark.parametrize("path", sorted(PKG.rglob("*.py")), ids=lambda p: str(p.relative_to(PKG.parent)))
+def test_module_size(path: Path) -> None:
+    rel = str(path.relative_to(PKG.parent))
+    lines = len(path.read_text().splitlines())
+    if rel in OVERSIZED_ALLOWED:
+        assert lines > MAX_LINES, f"{rel} is {lines} lines now: remove it from OVERSIZED_ALLOWED"
+        return
+    assert lines <= MAX_LINES, f"{rel} has {lines} lines (> {MAX_LINES}): split it by responsibility"
