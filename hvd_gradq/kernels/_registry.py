@@ -1,0 +1,96 @@
+"""Which compiled kernel serves which scheme class: a registry the kernel modules fill, as the
+schemes register by name (``@register("orq")``).
+
+A kernel module decorates a factory with ``@kernel_for(ORQ)``; the factory turns one scheme
+instance into a :class:`Kernel` (its parameters resolved once, cached per scheme), or None
+where its parameters have no fast path. Lookup is by the scheme's exact class: a subclass may
+encode differently, so it gets the reference until a kernel registers for it. NumPy only: the
+numba modules are imported by the kernels when they first run.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Any, TypeVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..errors import GradqError
+from ..schemes.base import LevelScheme, Scales, Scheme
+from ..wire.packing import layout
+from ._layout import layout_id
+
+SchemeT = TypeVar("SchemeT", bound=Scheme)
+Factory = Callable[[Any], "Kernel | None"]
+_FACTORIES: dict[type[Scheme], Factory] = {}
+
+
+@dataclass(frozen=True)
+class Kernel:
+    """A compiled fast path for one level scheme: what every kernel reads of it, and the
+    encode / decode entry points its module implements."""
+
+    d: int  # bucket
+    s: int  # symbols
+    g: int  # symbols a word
+    bits: int  # bits a word
+    lid: int  # layout id (_layout.layout_id)
+    magic: int  # floor(2**32 / s) + 1: word // s == (word * magic) >> 32 for words < 2**16
+    mw: int  # meta floats a bucket
+    clip: np.float32
+    fp16: bool
+    stoch: bool
+
+    def nbuckets(self, n: int) -> int:
+        return -(-n // self.d)
+
+    def encode(self, x: NDArray[Any], n: int, sa: int, sb: int, meta: NDArray[Any], codes: NDArray[Any]) -> None:
+        """Fill ``meta`` and the packed ``codes`` of the flat float32 ``x`` (n > 0 elements)."""
+        raise NotImplementedError
+
+    def decode(self, meta: NDArray[Any], codes: NDArray[Any], n: int, b0: int, b1: int, out: NDArray[Any],
+               acc: bool) -> None:
+        """Decode buckets b0..b1 into ``out`` (added to it when ``acc``)."""
+        raise NotImplementedError
+
+
+def level_fields(scheme: LevelScheme) -> dict[str, Any] | None:
+    """The :class:`Kernel` fields of a level scheme, or None (over 256 symbols: codes are kept
+    as bytes)."""
+    s = scheme.symbols
+    if s > 256:
+        return None
+    lay = layout(s)
+    return {
+        "d": scheme.bucket, "s": s, "g": lay.group, "bits": lay.bits, "lid": layout_id(s, lay.group, lay.bits),
+        "magic": (1 << 32) // s + 1, "mw": scheme.meta_width, "clip": np.float32(scheme.clip),
+        "fp16": scheme.scales is Scales.FP16, "stoch": scheme.draws,
+    }
+
+
+def kernel_for(*classes: type[SchemeT]) -> Callable[[Callable[[SchemeT], Kernel | None]],
+                                                     Callable[[SchemeT], Kernel | None]]:
+    """Register the decorated factory as the kernel of each scheme class given."""
+
+    def deco(factory: Callable[[SchemeT], Kernel | None]) -> Callable[[SchemeT], Kernel | None]:
+        for cls in classes:
+            if cls in _FACTORIES:
+                raise GradqError(f"a kernel is already registered for {cls.__name__}; register one a class")
+            _FACTORIES[cls] = factory
+        return factory
+
+    return deco
+
+
+@lru_cache(maxsize=256)
+def kernel(scheme: Scheme) -> Kernel | None:
+    """The kernel registered for ``type(scheme)``, built for this scheme, or None."""
+    factory = _FACTORIES.get(type(scheme))
+    return None if factory is None else factory(scheme)
+
+
+def registered() -> dict[type[Scheme], Factory]:
+    """A copy of the registry (scheme class -> kernel factory)."""
+    return dict(_FACTORIES)

@@ -1,0 +1,90 @@
+"""Kernels for levels chosen from each bucket (bingrad b/pb, orq): registered for their scheme
+classes; the compiled loops are in :mod:`._nb_table` (over :mod:`._nb_levels`)."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..schemes.bingrad import BinGrad, Variant
+from ..schemes.orq import ORQ
+from ._registry import Kernel, kernel_for, level_fields
+
+# bingrad and orq sort every bucket: NumPy's SIMD sort, a chunk of buckets at a time (the
+# chunk stays in cache for the kernel that follows)
+_SORT_CHUNK_ELEMS = 1 << 17
+BINGRAD, ORQ_EXACT = 2, 4  # the ``kind`` _nb_table.sorted_encode takes
+
+
+def _nb() -> Any:
+    from . import _nb_table  # numba: imported when a kernel first runs
+
+    return _nb_table
+
+
+@dataclass(frozen=True)
+class TableKernel(Kernel):
+    """Levels stored as the bucket's meta row, decoded against that table."""
+
+    def decode(self, meta: NDArray[Any], codes: NDArray[Any], n: int, b0: int, b1: int, out: NDArray[Any],
+               acc: bool) -> None:
+        _nb().table_decode(meta, self.mw, False, codes, n, self.d, self.s, self.g, self.bits, self.lid, self.magic,
+                           b0, b1, out, acc)
+
+
+@dataclass(frozen=True)
+class SortedKernel(TableKernel):
+    """bingrad (kind 2; param 1: pb) or orq with 4 levels or more (kind 4: the exact search)."""
+
+    kind: int = BINGRAD
+    param: int = 0
+
+    def encode(self, x: NDArray[Any], n: int, sa: int, sb: int, meta: NDArray[Any], codes: NDArray[Any]) -> None:
+        k = _nb()
+        d = self.d
+        state = np.zeros(2, np.int64)
+        cb = np.empty(d + 2 * (self.g * 8 if self.bits < 8 else self.g), np.uint8)
+        full = n // d
+        step = max(1, _SORT_CHUNK_ELEMS // d)
+        srt = np.empty((min(step, max(full, 1)), d), np.float32)
+        for b0 in range(0, full, step):
+            b1 = min(full, b0 + step)
+            rows = srt[: b1 - b0]
+            np.copyto(rows, x[b0 * d : b1 * d].reshape(b1 - b0, d))
+            rows.sort(axis=1)
+            self._run(k, x, rows, n, b0, b1, sa, sb, meta, codes, state, cb)
+        if n % d:
+            self._run(k, x, np.sort(x[full * d :]).reshape(1, -1), n, full, full + 1, sa, sb, meta, codes, state, cb)
+        from . import _nb_pack
+
+        _nb_pack.final_flush(self.lid, self.s, self.g, self.bits, cb, state, codes)
+
+    def _run(self, k: Any, x: NDArray[Any], rows: NDArray[Any], n: int, b0: int, b1: int, sa: int, sb: int,
+             meta: NDArray[Any], codes: NDArray[Any], state: NDArray[Any], cb: NDArray[Any]) -> None:
+        k.sorted_encode(self.kind, self.param, x, rows, n, self.d, b0, b1, self.s, self.g, self.bits, self.lid,
+                        self.clip, self.fp16, self.stoch, sa, sb, meta, codes, state, cb)
+
+
+@dataclass(frozen=True)
+class OrqSmallKernel(TableKernel):
+    """orq with 2 or 3 levels: min, max and one best level, without sorting."""
+
+    def encode(self, x: NDArray[Any], n: int, sa: int, sb: int, meta: NDArray[Any], codes: NDArray[Any]) -> None:
+        _nb().orq_small_encode(x, n, self.d, self.s, self.g, self.bits, self.lid, self.clip, self.fp16, sa, sb,
+                               meta, codes)
+
+
+@kernel_for(BinGrad)
+def _bingrad(scheme: BinGrad) -> Kernel | None:
+    f = level_fields(scheme)
+    return None if f is None else SortedKernel(**f, kind=BINGRAD, param=int(scheme.variant is Variant.PB))
+
+
+@kernel_for(ORQ)
+def _orq(scheme: ORQ) -> Kernel | None:
+    f = level_fields(scheme)
+    if f is None:
+        return None
+    return SortedKernel(**f, kind=ORQ_EXACT) if f["s"] >= 4 else OrqSmallKernel(**f)
