@@ -254,7 +254,7 @@ if want("mismatch"):
 # -- 7. a NaN in one rank's gradient (nonfinite=raise) stops every rank with an error ------------
 if want("nonfinite"):
     res = {}
-    for spec in ("orq:levels=5", "qsgd:levels=4"):  # gather and summable patterns
+    for spec in ("orq:levels=5,nonfinite=raise", "qsgd:levels=4,nonfinite=raise"):  # gather, summable
         model = build()
         step = make_step(model, tf.keras.optimizers.SGD(0.1), gq.from_spec(spec, name="nf"))
         step(*batch(0))
