@@ -110,7 +110,7 @@ def test_nonfinite_values_come_through_by_default(cases: dict) -> None:
     for rep in cases.values():
         for spec, res in rep["nonfinite"].items():
             assert res["any_nonfinite"], f"{spec}: an inf on rank 1 did not reach the reduced gradient"
-            if spec in ("orq:levels=5", "qsgd:levels=4", "sign"):
+            if not spec.startswith(("topk", "fp16")):  # bucketed: only the bucket holding the inf
                 assert res["first_bucket_finite"], f"{spec}: a bucket without NaN/Inf was poisoned"
 
 

@@ -261,12 +261,15 @@ def elastic() -> str:
 
 def nonfinite() -> dict:
     res = {}
-    for spec in ("orq:levels=5", "qsgd:levels=4", "sign", "topk:ratio=0.1", "fp16"):
+    for spec, pattern in (("orq:levels=5", "gather"), ("qsgd:levels=4", "gather"), ("sign", "gather"),
+                          ("topk:ratio=0.1", "gather"), ("fp16", "gather"), ("qsgd:levels=4", "summable"),
+                          ("uniform:bits=4", "summable"), ("orq:levels=5", "scatter")):
         t = torch.randn(3000, generator=torch.Generator().manual_seed(rank))
         if rank == 1:
             t[1000] = float("inf")
-        r = hvd.allreduce(t, name=f"nf.{spec}", compression=gq.from_spec(spec, check_ranks=False, pattern="gather"))
-        res[spec] = {"any_nonfinite": bool((~torch.isfinite(r)).any()),
+        r = hvd.allreduce(t, name=f"nf.{spec}.{pattern}",
+                          compression=gq.from_spec(spec, check_ranks=False, pattern=pattern))
+        res[f"{spec}/{pattern}"] = {"any_nonfinite": bool((~torch.isfinite(r)).any()),
                      "first_bucket_finite": bool(torch.isfinite(r[:512]).all())}
     return res
 
