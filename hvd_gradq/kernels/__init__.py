@@ -12,8 +12,9 @@ runs, compiled), with any bucket, clip and scales. Not covered (None): the non-l
 (none, fp16, topk).
 
 The package imports with NumPy alone; numba is imported on first use. ``available()`` says
-whether it is there (the environment variable ``HVD_GRADQ_KERNELS=0`` turns the fast paths
-off). The first call of each
+whether it is there; the environment variable ``HVD_GRADQ_KERNELS=0`` turns the fast paths off
+for the process, ``with kernels.disabled():`` for a block of code (both make every caller run
+the NumPy reference: an oracle that shares no code with the kernels). The first call of each
 kernel compiles it (cached on disk afterwards, next to the module). Input must be finite and
 within ``scheme.limit``, as ``hvd_gradq.quantize`` ensures before encoding (it runs the
 reference otherwise, which marks such buckets NaN); see ``_numba``'s docstring for the corner
@@ -31,9 +32,6 @@ bit-identical to :mod:`hvd_gradq.wire.packing`), ``_nb_even``, ``_nb_levels`` an
 """
 from __future__ import annotations
 
-import os
-from collections.abc import Sequence
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
@@ -44,29 +42,11 @@ from ..wire.packing import check_codes, layout
 from ..xp import seed_words
 from . import even, levels  # noqa: F401  (each registers its kernels with @kernel_for)
 from ._registry import Kernel, kernel, kernel_for, registered
+from ._switch import available, disabled
 
-__all__ = ["Kernel", "available", "decode", "decode_sum", "encode", "kernel", "kernel_for", "registered"]
+__all__ = ["Kernel", "available", "decode", "disabled", "encode", "kernel", "kernel_for", "registered"]
 
 Parts = dict[str, NDArray[Any]]
-# decode_sum works through the tensor in chunks of about this many elements, so that the
-# partial sums stay in cache while every worker's payload is added in
-_CHUNK_ELEMS = 1 << 16
-
-
-@lru_cache(maxsize=1)
-def _numba_importable() -> bool:
-    try:
-        import numba  # noqa: F401
-    except Exception:
-        return False
-    return True
-
-
-def available() -> bool:
-    """Whether the compiled fast paths can run (numba is importable and not turned off)."""
-    if os.environ.get("HVD_GRADQ_KERNELS", "1").strip().lower() in ("0", "false", "no", "off"):
-        return False
-    return _numba_importable()
 
 
 def encode(scheme: Scheme, x: NDArray[Any], seed: int, *, out: Parts | None = None) -> Parts | None:
@@ -133,25 +113,3 @@ def decode(scheme: Scheme, parts: Parts, n: int, *, out: NDArray[Any] | None = N
     if n:
         k.decode(wp[0], wp[1], n, 0, k.nbuckets(n), out, False)
     return out
-
-
-def decode_sum(scheme: Scheme, parts_list: Sequence[Parts], n: int, out: NDArray[Any]) -> bool:
-    """Decode several workers' payloads and sum them into ``out`` (float32, ``n`` elements):
-    ``out = ((p0 + p1) + p2) + ...`` elementwise, in list order. False: no fast path (``out``
-    untouched), the caller decodes with the reference and sums in the same order."""
-    if not available() or not parts_list:
-        return False
-    k = kernel(scheme)
-    if k is None or not _out_ok(out, n):
-        return False
-    wire = [_wire_parts(k, p, n) for p in parts_list]
-    if any(w is None for w in wire):
-        return False
-    nb = k.nbuckets(n)
-    step = max(1, _CHUNK_ELEMS // k.d)
-    for b0 in range(0, nb, step):
-        b1 = min(nb, b0 + step)
-        for i, w in enumerate(wire):
-            assert w is not None
-            k.decode(w[0], w[1], n, b0, b1, out, i > 0)
-    return True
