@@ -60,6 +60,9 @@ def launch(
                 "TF_CPP_MIN_LOG_LEVEL": "2",
                 "OMP_NUM_THREADS": "1",
                 "PYTHONUNBUFFERED": "1",
+                # Gloo's 30 s default for one transfer is too short on a 2-core machine running a
+                # suite while numba compiles on one rank; a real hang still ends at ``timeout``.
+                "HOROVOD_GLOO_TIMEOUT_SECONDS": "180",
             }
         )
         if env:
