@@ -31,7 +31,9 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
 
+import numpy as np
 import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
 
 from ..errors import GradqError
 from ..frontend.patterns import Pattern
@@ -77,15 +79,26 @@ def variable_key(variable: Any, known: dict[Any, str]) -> tuple[str, Any]:
     return key, ident
 
 
+def _variable(initial: Any, name: str) -> Any:
+    """A variable created eagerly from a NumPy value (a tensor made in the trace cannot be lifted),
+    once per slot, even while a later trace of a ``tf.function`` runs: Horovod caches its
+    reduction function on the compressor, so a compressor reused for a new model (or new
+    trainable variables) meets them in a retrace, where ``tf.Variable(...)``
+    refuses ("only supports singleton tf.Variables created on the first call"). The guard is a
+    variable-creator scope that only ``tf.Variable`` itself consults; a ``ResourceVariable`` built
+    directly under ``init_scope`` is the same kind of variable, made once and captured by reference."""
+    with tf.init_scope():
+        return resource_variable_ops.ResourceVariable(initial, trainable=False, name=name)
+
+
 def make_variables(key: str, n: int, ef: bool, rank: int) -> tuple[Any, Any, Any]:
     """(step, residual, owner) for a new slot, created outside any graph being traced."""
     safe = "".join(c if c.isalnum() or c in "_.-" else "_" for c in key)
-    with tf.init_scope():
-        step = tf.Variable(tf.constant(0, tf.int64), trainable=False, name=f"hvd_gradq_step_{safe}")
-        if not ef:
-            return step, None, None
-        residual = tf.Variable(tf.zeros((n,), tf.float32), trainable=False, name=f"hvd_gradq_residual_{safe}")
-        owner = tf.Variable(tf.constant(rank, tf.int64), trainable=False, name=f"hvd_gradq_owner_{safe}")
+    step = _variable(np.int64(0), f"hvd_gradq_step_{safe}")
+    if not ef:
+        return step, None, None
+    residual = _variable(np.zeros((n,), np.float32), f"hvd_gradq_residual_{safe}")
+    owner = _variable(np.int64(rank), f"hvd_gradq_owner_{safe}")
     return step, residual, owner
 
 

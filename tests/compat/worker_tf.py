@@ -27,6 +27,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).parent / "horovod_tests"))
 
+import horovod.keras as hvd_keras
 import horovod.tensorflow as hvd
 import horovod.tensorflow.keras as hvdk
 import tensorflow as tf
@@ -100,7 +101,7 @@ def _cases() -> list[tuple[Any, str]]:
 
 
 _stock = {"tf_tape": hvd.DistributedGradientTape, "tf_opt": hvd.DistributedOptimizer,
-          "keras_opt": hvdk.DistributedOptimizer}
+          "keras_opt": hvdk.DistributedOptimizer, "partial_opt": hvd_keras.PartialDistributedOptimizer}
 _made: list[Any] = []
 
 
@@ -141,6 +142,8 @@ def _install(spec: str) -> None:
     hvd.DistributedGradientTape = _wrap(_stock["tf_tape"], spec, 3)
     hvd.DistributedOptimizer = _wrap(_stock["tf_opt"], spec, 5)
     hvdk.DistributedOptimizer = _wrap(_stock["keras_opt"], spec, 4)
+    # horovod.keras.PartialDistributedOptimizer builds its optimizer itself, not through the above
+    hvd_keras.PartialDistributedOptimizer = _wrap(_stock["partial_opt"], spec, 4)
 
 
 def run_one(cls: Any, test: str) -> str:
@@ -185,4 +188,5 @@ for spec in SCHEMES:
 for name, f in (("DistributedGradientTape", _stock["tf_tape"]), ("DistributedOptimizer", _stock["tf_opt"])):
     setattr(hvd, name, f)
 hvdk.DistributedOptimizer = _stock["keras_opt"]
+hvd_keras.PartialDistributedOptimizer = _stock["partial_opt"]
 report(hvd.rank(), out)
