@@ -38,7 +38,7 @@ import itertools
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import horovod.torch as hvd
 import numpy as np
@@ -92,6 +92,7 @@ class _Ctx:
 
 @dataclass
 class _Gather(_Ctx):
+    pattern: ClassVar[Pattern] = Pattern.GATHER
     handle: Any = None
     own: Any = None  # this rank's decoded payload (NumPy), so it is not decoded twice
     sent: int = 0
@@ -99,6 +100,7 @@ class _Gather(_Ctx):
 
 @dataclass
 class _Summable(_Ctx):
+    pattern: ClassVar[Pattern] = Pattern.SUMMABLE
     x: Any = None  # the compressed input (gradient + residual), CPU float32
     seed: int = 0
     stats_handle: Any = None  # phase 1: Max-allreduce of per-bucket statistics
@@ -111,6 +113,7 @@ class _Summable(_Ctx):
 
 @dataclass
 class _Scatter(_Ctx):
+    pattern: ClassVar[Pattern] = Pattern.SCATTER
     bounds: list[tuple[int, int]] | None = None
     handle: Any = None  # phase 1: alltoall of per-chunk payloads
     own: Any = None  # this rank's own chunk, decoded
