@@ -303,9 +303,9 @@ class GradqCompressor:
             pattern = Pattern.GATHER  # skip changes a rank's payload on its own
         step = self._steps.get(name, 0)
         self._steps[name] = step + 1
-        x = self.memory.compensate(name, tensor.detach().reshape(-1).to(torch.float32)) if self.scheme.ef else (
-            tensor.detach().reshape(-1).to(torch.float32)
-        )
+        x = tensor.detach().reshape(-1).to(torch.float32)
+        if self.scheme.ef:
+            x = self.memory.compensate(name, x)
         fp32 = fp32_cost(n, group.size).sent
         base = (name, step, tensor.shape, tensor.dtype, tensor.device, group, fp32)
         ctx: _Ctx
