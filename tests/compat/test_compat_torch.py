@@ -1,6 +1,6 @@
 """Horovod 0.28.1's own optimizer-level PyTorch tests pass with every hvd_gradq scheme (2 ranks).
 
-One launch runs every (scheme, test) pair (``worker_torch.py``, about 2 minutes on 2 quiet cores);
+One launch runs every (scheme, test) pair (``worker_torch.py``, about 2 minutes on 2 cores);
 the summary lines printed here are the pass counts per scheme that the README quotes.
 """
 import pytest
