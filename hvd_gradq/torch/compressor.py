@@ -195,7 +195,7 @@ class GradqCompressor:
         self._steps: dict[str, int] = {}
         self.memory = Memory(loss_scale)
         self._stats = Stats()
-        self._checks: dict[str, Any] = {}  # group key -> pending config allgather (None once checked)
+        self._checked: set[str] = set()  # process sets whose ranks' configurations were compared
         self._pending: list[_Summable | _Scatter] = []  # second phases not yet launched
         self._decompressing = True  # the next compress() starts a new step
 
@@ -254,22 +254,20 @@ class GradqCompressor:
         """What every rank must agree on."""
         return f"{self.scheme.spec}|pattern={self.pattern.value}|seed={self.seed}|v=1"
 
-    def _start_check(self, group: _Group) -> None:
-        if group.key in self._checks:
+    def _check(self, group: _Group) -> None:
+        """Once per process set, before anything depends on the configuration: ranks that
+        disagree would otherwise hand Horovod tensors of different shapes (one compresses a
+        tensor the other passes through) and Horovod would shut down before our check could
+        speak. It blocks, but it is the same single collective on every rank, reached at each
+        rank's first compress(), so no call order can make it wait for another tensor."""
+        if group.key in self._checked:
             return
+        self._checked.add(group.key)
         if not self.check_ranks or group.size == 1:
-            self._checks[group.key] = None
             return
         block = torch.from_numpy(codec.config_block(self.config()))
-        self._checks[group.key] = hvd.allgather_async(
-            block, name=f"hvd_gradq.{group.key}config", process_set=group.process_set
-        )
-
-    def _finish_checks(self) -> None:
-        for key, handle in list(self._checks.items()):
-            if handle is not None:
-                self._checks[key] = None
-                codec.check_config_blocks(hvd.synchronize(handle).numpy())
+        gathered = hvd.allgather(block, name=f"hvd_gradq.{group.key}config", process_set=group.process_set)
+        codec.check_config_blocks(gathered.numpy())
 
     # -- Horovod's interface -------------------------------------------------------------------
     def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
@@ -279,6 +277,7 @@ class GradqCompressor:
             self._decompressing = False
             self.memory.begin_step()
         group = self._group(site)
+        self._check(group)
         name = self._name_of(tensor, site)
         if name is None:
             if self.scheme.ef:
@@ -298,7 +297,6 @@ class GradqCompressor:
             c = fp32_cost(n, group.size)
             self._stats.record(name, "fp32", c.sent, c.received, c.sent)
             return tensor.to(torch.float32) if tensor.dtype == torch.bfloat16 else tensor, _Pass(name, tensor.dtype)
-        self._start_check(group)
         if pattern is Pattern.SUMMABLE and self.scheme.nonfinite is NonFinite.SKIP:
             pattern = Pattern.GATHER  # skip changes a rank's payload on its own
         step = self._steps.get(name, 0)
@@ -354,7 +352,6 @@ class GradqCompressor:
 
     def _flush(self) -> None:
         """Launch the second phase of every pending tensor (see the module docstring)."""
-        self._finish_checks()
         pending, self._pending = self._pending, []
         error: GradqError | None = None
         for ctx in pending:
