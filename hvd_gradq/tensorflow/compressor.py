@@ -63,11 +63,13 @@ from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import horovod.tensorflow as hvd
+import horovod.tensorflow.mpi_ops as mpi_ops
 import numpy as np
 import tensorflow as tf
 
 from ..errors import GradqError
 from ..frontend import codec as codec_host
+from ..frontend.membership import membership
 from ..frontend.patterns import Pattern, choose, cost, fp32_cost, parse_pattern
 from ..payload import DTYPE_CODES, MAX_NDIM
 from ..schemes.base import Combine, EvenLevelScheme, LevelScheme, NonFinite, Scheme
@@ -203,7 +205,7 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
 
     def _check_ranks(self, ps: Any) -> None:
         self._host.checked.add(ps.process_set_id)
-        if not self.check_ranks or ps.size() == 1:
+        if not self.check_ranks or membership(mpi_ops._basics, ps).size == 1:
             return
         sfx = _set_suffix(ps)
         with tf.init_scope():  # runs now, eagerly, even while a graph is being traced
@@ -292,9 +294,10 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
             return tensor, None
         check_op(site)
         ps = resolve_process_set(self._host.process_set, site)
-        if not ps.included():  # Horovod traces the reduction on every rank; this branch never runs here
+        member = membership(mpi_ops._basics, ps)
+        if not member.included:  # Horovod traces the reduction on every rank; this branch never runs here
             return tensor, None
-        size, prank = ps.size(), ps.rank()
+        size, prank = member.size, member.rank
         tensor = tf.convert_to_tensor(tensor)
         if not tensor.dtype.is_floating:
             raise GradqError(f"hvd_gradq compresses floating-point gradients, not {tensor.dtype.name}")

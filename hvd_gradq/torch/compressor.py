@@ -41,12 +41,14 @@ from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import horovod.torch as hvd
+import horovod.torch.mpi_ops as mpi_ops
 import numpy as np
 import torch
 
 from ..api import dequantize, split
 from ..errors import GradqError, NonFiniteError, RankMismatchError
 from ..frontend import codec
+from ..frontend.membership import membership
 from ..frontend.patterns import Lanes, Pattern, choose, chunk_bounds, cost, fp32_cost, lanes_for, parse_pattern
 from ..frontend.stats import Stats
 from ..schemes.base import EvenLevelScheme, NonFinite, Scheme, decode_codes, encode_shared, local_stats
@@ -226,9 +228,10 @@ class GradqCompressor:
             ps = self.process_set
         if ps is None or ps == hvd.global_process_set:
             return _Group(hvd.global_process_set, hvd.rank(), hvd.size(), "")
-        if not ps.included():
+        member = membership(mpi_ops._basics, ps)
+        if not member.included:
             raise GradqError(f"this rank ({hvd.rank()}) is not in {ps}, the process set of this reduction")
-        return _Group(ps, int(ps.rank()), int(ps.size()), f"ps{ps.process_set_id}.")
+        return _Group(ps, member.rank, member.size, f"ps{ps.process_set_id}.")
 
     @staticmethod
     def _refuse(site: CallSite | None, tensor: torch.Tensor) -> None:

@@ -4,6 +4,10 @@ the TF compressor in one process (Horovod at size 1: the collectives are identit
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import numpy as np
 import pytest
 
@@ -248,6 +252,35 @@ def test_compressor_payload_is_the_reference_payload(hvd, spec):
         if parse(spec).ef:
             residuals = [comp.residuals[s["key"]].numpy() for s in comp.slots()]
     assert [s["steps"] for s in comp.slots()] == [2, 2]
+
+
+def test_compressor_compresses_when_horovod_torch_is_imported_too():
+    """A process that imports horovod.torch as well as horovod.tensorflow: Horovod's shared
+    process-set helper then asks torch's library, and ``global_process_set.included()`` says
+    False on the only rank. Stock Horovod still reduces; the compressor once took that answer,
+    passed every gradient through uncompressed and returned no context. It asks TensorFlow's
+    own library (a fresh interpreter, so the imports come before ``hvd.init()``)."""
+    pytest.importorskip("horovod.torch")
+    code = """
+import numpy as np, tensorflow as tf
+import horovod.tensorflow as hvd, horovod.torch  # noqa: F401 (the second import is the point)
+import hvd_gradq.tensorflow as gq
+hvd.init()
+assert not hvd.global_process_set.included()  # Horovod's own answer in this process
+comp = gq.from_spec("orq:levels=3", pattern="gather", seed=1)
+g = np.linspace(-1, 1, 600, dtype=np.float32)
+def red(t):
+    c, ctx = comp.compress(t)
+    assert ctx is not None and ctx.pattern is not None
+    return comp.decompress(hvd.allreduce(c, op=hvd.Average), ctx), ctx.result
+out, payload = tf.function(red)(tf.constant(g))
+assert payload.shape[0] > 0 and payload.shape[0] < 600, payload.shape
+assert np.abs(out.numpy() - g).max() <= 1.0 + 1e-6
+print("ok")
+"""
+    env = dict(os.environ, TF_CPP_MIN_LOG_LEVEL="2")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300, env=env)
+    assert done.returncode == 0 and done.stdout.strip().endswith("ok"), done.stderr[-3000:]
 
 
 def test_compressor_traced_twice_keeps_one_set_of_state(hvd):
