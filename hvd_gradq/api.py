@@ -170,10 +170,16 @@ def _wire(a: NDArray[Any]) -> NDArray[Any]:
 def dequantize(payload: Payload) -> NDArray[Any]:
     """Decode a payload to an array of its original shape and dtype. A payload whose sections
     hold an index or a code that no encoder writes raises PayloadError (``Scheme.check_parts``)."""
+    dt = payload.dtype if payload.dtype != "bfloat16" else "float32"
+    return decode_flat(payload).reshape(payload.shape).astype(dt)
+
+
+def decode_flat(payload: Payload) -> NDArray[np.float32]:
+    """The decoded values as a flat float32 array, before the cast to the payload's dtype (what
+    a frontend sums across ranks: the sum is rounded to the gradient's dtype once, at the end)."""
     payload.scheme.check_parts(payload.parts, payload.n)
     flat = kernels.decode(payload.scheme, payload.parts, payload.n)  # fast path, or None
     if flat is None:
         parts = {k: (v.astype(np.int64) if v.dtype == np.uint8 else v) for k, v in payload.parts.items()}
         flat = np.asarray(payload.scheme.decode(NUMPY, parts, payload.n), dtype=np.float32)
-    dt = payload.dtype if payload.dtype != "bfloat16" else "float32"
-    return flat.reshape(payload.shape).astype(dt)
+    return flat.reshape(-1)

@@ -49,8 +49,9 @@ __all__ = ["Kernel", "available", "decode", "disabled", "encode", "kernel", "ker
 Parts = dict[str, NDArray[Any]]
 
 
-def encode(scheme: Scheme, x: NDArray[Any], seed: int, *, out: Parts | None = None) -> Parts | None:
+def encode(scheme: Scheme, x: NDArray[Any], seed: int | tuple[int, int], *, out: Parts | None = None) -> Parts | None:
     """``scheme.encode(NUMPY, x, seed)`` for a flat float32 array, or None (no fast path).
+    ``seed`` may be its two 32-bit words already split, as :func:`hvd_gradq.xp.uniforms` takes it.
 
     ``out`` may hold preallocated "meta" (float32) and "codes" (uint8) arrays of the exact
     sizes (``scheme.sections(n)``); they are filled and returned (saves the page faults of
@@ -65,7 +66,7 @@ def encode(scheme: Scheme, x: NDArray[Any], seed: int, *, out: Parts | None = No
     meta = _buffer(out, "meta", k.nbuckets(n) * k.mw, np.float32)
     codes = _buffer(out, "codes", layout(k.s).nbytes(n), np.uint8)
     if n:
-        sa, sb = seed_words(seed)
+        sa, sb = (int(seed[0]), int(seed[1])) if isinstance(seed, tuple) else seed_words(seed)
         k.encode(x, n, sa, sb, meta, codes)
     return {"meta": meta, "codes": codes}
 

@@ -17,47 +17,39 @@ Horovod allgathers their values and indices itself, uncompressed. Pass
 """
 from __future__ import annotations
 
-import os
+from collections.abc import Callable
 from typing import Any
 
-from ..spec import build, parse
+from ..frontend.factory import ENV, env_spec, scheme_factories
+from ..spec import parse
 from .compressor import GradqCompressor
 from .ops import TF, TFOps
 
-ENV = "HVD_GRADQ"
-_COMPRESSOR_KEYS = ("seed", "pattern", "check_ranks", "name", "verify", "process_set", "loss_scale")
+# keywords of a factory that go to the compressor, not to the scheme
+_COMPRESSOR_KEYS = ("seed", "pattern", "check_ranks", "name", "process_set", "loss_scale")
 
 
 def from_spec(spec: str, **kwargs: Any) -> GradqCompressor:
     """A compressor for ``spec`` (e.g. ``"orq:levels=5,ef=true"``); keyword arguments go to
-    :class:`GradqCompressor` (seed, pattern, check_ranks, name, verify, process_set, loss_scale)."""
+    :class:`GradqCompressor` (seed, pattern, check_ranks, name, process_set, loss_scale)."""
     return GradqCompressor(parse(spec), **kwargs)
 
 
 def from_env(default: str = "none", **kwargs: Any) -> GradqCompressor:
     """A compressor for the spec in the ``HVD_GRADQ`` environment variable (else ``default``)."""
-    return from_spec(os.environ.get(ENV, default) or default, **kwargs)
+    return from_spec(env_spec(default), **kwargs)
 
 
-def _factory(name: str, doc: str) -> Any:
-    def make(**kwargs: Any) -> GradqCompressor:
-        comp = {k: kwargs.pop(k) for k in _COMPRESSOR_KEYS if k in kwargs}
-        return GradqCompressor(build(name, **kwargs), **comp)
-
-    make.__name__ = make.__qualname__ = name
-    make.__doc__ = doc
-    return make
-
-
-NoCompression = _factory("none", "fp32 payloads through hvd_gradq's own collectives (a baseline).")
-FP16 = _factory("fp16", "Half precision, 2x.")
-Uniform = _factory("uniform", "Deterministic uniform quantization: ``Uniform(bits=8, ...)``.")
-QSGD = _factory("qsgd", "QSGD: ``QSGD(levels=4, norm='max', ...)``.")
-TernGrad = _factory("terngrad", "TernGrad: ``TernGrad(clip=2.5, ...)``.")
-Sign = _factory("sign", "Scaled sign (EF-signSGD with ``ef=True``).")
-TopK = _factory("topk", "Top-K: ``TopK(ratio=0.01, values='fp16', ef=True, ...)``.")
-BinGrad = _factory("bingrad", "BinGrad (Xu et al. 2020): ``BinGrad(variant='b'|'pb', ...)``.")
-ORQ = _factory("orq", "ORQ (Xu et al. 2020): ``ORQ(levels=5, ...)``.")
+_F: dict[str, Callable[..., GradqCompressor]] = scheme_factories(GradqCompressor, _COMPRESSOR_KEYS)
+NoCompression = _F["NoCompression"]
+FP16 = _F["FP16"]
+Uniform = _F["Uniform"]
+QSGD = _F["QSGD"]
+TernGrad = _F["TernGrad"]
+Sign = _F["Sign"]
+TopK = _F["TopK"]
+BinGrad = _F["BinGrad"]
+ORQ = _F["ORQ"]
 
 __all__ = [
     "ENV", "FP16", "ORQ", "QSGD", "TF", "BinGrad", "GradqCompressor", "NoCompression", "Sign", "TFOps", "TernGrad",

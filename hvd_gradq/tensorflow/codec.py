@@ -1,5 +1,5 @@
-"""The schemes' mathematics as cached ``tf.function`` s, one per (scheme, size): traced once,
-and run exactly as written.
+"""The summable pattern's mathematics as cached ``tf.function`` s, one per (scheme, size): traced
+once, and run exactly as written (the gather pattern runs on the host: :mod:`.host`).
 
 *Traced once.* A scheme's encoder is hundreds to thousands of TF ops (ORQ's dynamic programs
 most), and ``tf.function`` traces a training step at least twice (a second time once variables
@@ -24,19 +24,14 @@ from collections.abc import Iterator
 from functools import cache
 from typing import Any
 
-import numpy as np
 import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 from tensorflow.python.eager import context as _context
 
 from ..frontend.patterns import lanes_for
 from ..packing import pack_lanes, unpack_lanes
-from ..schemes.base import EvenLevelScheme, LevelScheme, NonFinite, Scheme, decode_codes, encode_shared, local_stats
+from ..schemes.base import EvenLevelScheme, decode_codes, encode_shared, local_stats
 from .ops import TF
-
-WIRE = {"uint8": tf.uint8, "float16": tf.float16, "float32": tf.float32, "float64": tf.float64}
-_I64 = tf.TensorSpec((), tf.int64)
-
 
 _EXACT_OFF = ("arithmetic_optimization", "constant_folding", "remapping")
 
@@ -78,80 +73,6 @@ class _Exact:
 
 def _fn(f: Any, *signature: Any) -> _Exact:
     return _Exact(f, signature)
-
-
-def encode_parts(scheme: Scheme, x: Any, words: Any) -> dict[str, Any]:
-    """The scheme's sections for flat float32 ``x``; ``nonfinite=propagate`` in level schemes as
-    :func:`hvd_gradq.api.quantize` does it (such buckets encoded as zeros, their meta NaN). Other
-    schemes encode ``x`` as it is (``none``, ``fp16`` carry NaN/Inf themselves; the compressor
-    cleans ``x`` for the rest and marks the result NaN through Horovod's own allreduce)."""
-    if scheme.nonfinite is not NonFinite.PROPAGATE or not isinstance(scheme, LevelScheme):
-        return scheme.encode(TF, x, words)
-    n = TF.shape(x)[0]
-    d = scheme.bucket
-    nb = -(-n // d)
-    fin = tf.math.is_finite(x)
-    pad = tf.concat([fin, tf.ones((nb * d - n,), tf.bool)], 0)
-    bad = tf.logical_not(tf.reduce_all(tf.reshape(pad, (nb, d)), axis=1))  # (nb,)
-    clean = tf.where(tf.repeat(bad, d)[:n], tf.zeros_like(x), x)
-    parts = dict(scheme.encode(TF, clean, words))
-    meta = tf.reshape(parts["meta"], (nb, scheme.meta_width))
-    meta = tf.where(tf.reshape(bad, (nb, 1)), tf.constant(np.nan, meta.dtype), meta)
-    parts["meta"] = tf.reshape(meta, (-1,))
-    return parts
-
-
-def _as_bytes(a: Any) -> Any:
-    if a.dtype == tf.uint8:
-        return tf.reshape(a, (-1,))
-    return tf.reshape(tf.bitcast(a, tf.uint8), (-1,))
-
-
-@cache
-def body_encoder(scheme: Scheme, n: int) -> Any:
-    """(x f32[n], a, b) -> the payload's sections as bytes, uint8[scheme.nbytes(n)]."""
-
-    def enc(x: Any, a: Any, b: Any) -> Any:
-        words: Any = (a, b)
-        parts = encode_parts(scheme, x, words)
-        pieces = []
-        for s in scheme.sections(n):
-            pieces.append(_as_bytes(tf.reshape(tf.cast(parts[s.name], WIRE[s.dtype]), (s.count,))))
-        return tf.concat(pieces, 0)
-
-    return _fn(enc, tf.TensorSpec((n,), tf.float32), _I64, _I64)
-
-
-def decode_body(scheme: Scheme, body: Any, n: int) -> Any:
-    """One payload's section bytes (uint8[nbytes]) -> its decoded float32[n]."""
-    parts = {}
-    pos = 0
-    for sec in scheme.sections(n):
-        raw = body[pos : pos + sec.nbytes]
-        if sec.dtype == "uint8":
-            parts[sec.name] = tf.cast(raw, tf.int64)
-        else:
-            item = np.dtype(sec.dtype).itemsize
-            parts[sec.name] = tf.reshape(tf.bitcast(tf.reshape(raw, (sec.count, item)), WIRE[sec.dtype]), (sec.count,))
-        pos += sec.nbytes
-    return tf.reshape(scheme.decode(TF, parts, n), (n,))
-
-
-@cache
-def body_decoder(scheme: Scheme, n: int, size: int, rank: int) -> Any:
-    """bodies uint8[size, nbytes] -> (sum of every rank's decoded payload in rank order, this
-    rank's own decoded payload), both float32[n]. Every rank runs the same ops on the same bytes."""
-
-    def dec(bodies: Any) -> Any:
-        out, own = None, None
-        for r in range(size):
-            v = decode_body(scheme, bodies[r], n)
-            if r == rank:
-                own = v
-            out = v if out is None else out + v
-        return out, own
-
-    return _fn(dec, tf.TensorSpec((size, scheme.nbytes(n)), tf.uint8))
 
 
 @cache

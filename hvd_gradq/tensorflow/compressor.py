@@ -75,7 +75,7 @@ from ..payload import DTYPE_CODES, MAX_NDIM
 from ..schemes.base import Combine, EvenLevelScheme, LevelScheme, NonFinite, Scheme
 from ..schemes.plain import FP16Scheme, NoneScheme
 from ..xp import stream_seed
-from . import codec, wire
+from . import codec, host, masks
 from .callsite import check_op, horovod_call_site, resolve_process_set
 from .ops import TF, step_words
 from .state import Slot, byte_stats, check_slot, describe, make_variables, variable_key
@@ -134,8 +134,6 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
             RankMismatchError on every rank if they disagree.
         name: the collectives' name prefix (letters, digits, ``_.-``); default ``c<k>`` for the
             k-th compressor built in this process (same on every rank when they build the same).
-        verify: check every received payload's header and checksum inside the graph (a failed
-            check stops the step with ``InvalidArgumentError``).
         process_set: the Horovod process set; by default the one Horovod's call names (they
             must agree when both are given). Needed only when ``compress()`` is called by hand.
         loss_scale: the current loss scale (a callable returning it, or a ``tf.Variable``) when
@@ -150,7 +148,6 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         pattern: str | Pattern = "auto",
         check_ranks: bool = True,
         name: str | None = None,
-        verify: bool = True,
         process_set: Any = None,
         loss_scale: Any = None,
     ) -> None:
@@ -187,7 +184,6 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
                 "valid in hvd_gradq.tensorflow: auto, gather, summable"
             )
         self.check_ranks = check_ranks
-        self.verify = verify
         self.cid = cid
         self.steps: dict[str, Any] = {}  # tracked: checkpoint keys steps/<variable name>
         self.residuals: dict[str, Any] = {}  # residuals/<variable name> (ef only), unscaled
@@ -384,16 +380,14 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         slot.owner.assign(tf.constant(hvd.rank(), tf.int64))
 
     def _gather_start(self, x: Any, words: Any, key: str, ctx: _Ctx, ps: Any) -> None:
-        body = codec.body_encoder(self._math, ctx.n)(x, words[0], words[1])
-        payload = wire.payload(body, *self._header(ctx))
+        # on the host, by the compiled kernels PyTorch uses (host.py says why the graph stays right)
+        payload = host.payload_encoder(self.scheme, self._math, ctx.shape, ctx.dtype.name, ctx.n)(
+            x, words[0], words[1])
         if ctx.finite is not None:
             # all zeros, no magic: the same size as a payload (allgather shapes are traced)
             payload = tf.where(ctx.finite, payload, tf.zeros_like(payload))
         ctx.result = hvd.allgather(payload, name=f"hvd_gradq.{self.cid}.g{key}{_set_suffix(ps)}",
                                    ignore_name_scope=True, process_set=ps)
-
-    def _header(self, ctx: _Ctx) -> tuple[bytes, int]:
-        return wire.header(self.scheme, ctx.dtype.name, ctx.shape, ctx.n)
 
     def _summable_start(self, x: Any, words: Any, key: str, ctx: _Ctx, ps: Any) -> Any:
         scheme = self._math
@@ -401,8 +395,8 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         sfx = _set_suffix(ps)
         propagate = scheme.nonfinite is NonFinite.PROPAGATE
         if propagate:  # a bucket with NaN/Inf sends +inf statistics: every rank decodes it NaN
-            bad_b = wire.bad_buckets(x, scheme.bucket, ctx.n)
-            x = tf.where(wire.per_element(bad_b, scheme.bucket, ctx.n), tf.zeros_like(x), x)
+            bad_b = masks.bad_buckets(x, scheme.bucket, ctx.n)
+            x = tf.where(masks.per_element(bad_b, scheme.bucket, ctx.n), tf.zeros_like(x), x)
         stats = codec.shared_stats(scheme, ctx.n)(x)
         if ctx.finite is not None:  # a rank with NaN/Inf sends +inf statistics: every rank sees it
             stats = tf.where(ctx.finite, stats, tf.fill(tf.shape(stats), float("inf")))
@@ -415,7 +409,7 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         if propagate:
             all_bad = tf.reduce_any(tf.logical_not(tf.math.is_finite(stats)), axis=1)
             stats = tf.where(all_bad[:, None], tf.zeros_like(stats), stats)
-            ctx.bad = wire.per_element(all_bad, scheme.bucket, ctx.n)
+            ctx.bad = masks.per_element(all_bad, scheme.bucket, ctx.n)
             x = tf.where(ctx.bad, tf.zeros_like(x), x)
         lanes, meta, own = codec.lane_encoder(scheme, ctx.n, ctx.size)(x, stats, words[0], words[1])
         ctx.meta = meta
@@ -453,30 +447,11 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         return tf.cast(tf.reshape(out, ctx.shape), ctx.dtype)
 
     def _gather_finish(self, ctx: _Ctx) -> Any:
-        head, total = self._header(ctx)
-        rows = tf.reshape(ctx.result, (ctx.size, total))
-        if ctx.finite is None:
-            return self._gather_decode(ctx, rows)
-        magic = tf.constant(np.frombuffer(head[:4], np.uint8))
-        poisoned = tf.reduce_any(tf.not_equal(rows[:, :4], magic[None, :]))
-
-        def fail() -> Any:  # a rank sent the all-zero poison payload: it had NaN/Inf
-            with tf.control_dependencies([tf.debugging.Assert(False, [self._nonfinite_message(ctx)])]):
-                return tf.zeros((ctx.n,), tf.float32), tf.zeros((ctx.n,), tf.float32)
-
-        # a cond: only the taken branch runs, so the checksum check cannot fail first
-        return tf.cond(poisoned, fail, lambda: self._gather_decode(ctx, rows))
-
-    def _gather_decode(self, ctx: _Ctx, rows: Any) -> Any:
-        """(sum, own): every rank's payload rows (size, total) decoded and summed in rank order,
-        and this rank's own decoded payload (for error feedback)."""
-        head, total = self._header(ctx)
-        deps = [wire.verify(rows, head, total, ctx.what)] if self.verify else []
-        with tf.control_dependencies(deps):
-            bodies = rows[:, len(head) :]
-        # Every payload, this rank's own included, is decoded from the gathered bytes by the
-        # same ops in rank order: every rank runs one computation on the same bytes.
-        return codec.body_decoder(self._math, ctx.n, ctx.size, ctx.rank)(bodies)
+        """(sum, own): every rank's payload decoded and summed in rank order (the same bytes and
+        the same computation on every rank), and this rank's own (for error feedback)."""
+        rows = tf.reshape(ctx.result, (ctx.size, -1))
+        poison = self._nonfinite_message(ctx) if ctx.finite is not None else None
+        return host.gathered_decoder(ctx.n, ctx.size, ctx.rank, poison)(rows)
 
     @staticmethod
     def _nonfinite_message(ctx: _Ctx) -> str:

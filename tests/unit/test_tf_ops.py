@@ -88,34 +88,36 @@ def test_eager_encode_decode_bit_identical(spec):
 
 @pytest.mark.parametrize("spec", GRAPH_SPECS)
 def test_graph_encode_decode_bit_identical(spec):
-    """Inside a tf.function with TF's default Grappler, through the codec functions the
-    compressor uses (input and seed words as arguments): not a bit may change."""
-    from hvd_gradq.payload import header_size
-    from hvd_gradq.tensorflow import codec
+    """Inside a tf.function with TF's default Grappler, through the host functions the
+    compressor's gather pattern uses (input and seed words as graph tensors, the compiled
+    kernels where the scheme has one): the payload and the decoded sums are the NumPy
+    reference's, bit for bit."""
+    from hvd_gradq.tensorflow import host
 
     scheme = parse(spec)
     n = 1300  # two full buckets of 512 and a tail (or more, for smaller buckets)
-    enc = codec.body_encoder(scheme, n)
-    dec = codec.body_decoder(scheme, n, 2, 1)  # two payloads, as from two ranks; this is rank 1
+    enc = host.payload_encoder(scheme, scheme, (n,), "float32", n)
+    dec = host.gathered_decoder(n, 2, 1, None)  # two payloads, as from two ranks; this is rank 1
 
     @tf.function
     def run(x, a, b, other):
-        body = enc(x, a, b)
-        total, own = dec(tf.stack([other, body]))
-        return body, total, own
+        payload = enc(x, a, b)
+        total, own = dec(tf.stack([other, payload]))
+        return payload, total, own
 
     def reference(x, words):
         wire = _wire(scheme.encode(NUMPY, x, words))
         p = Payload(scheme, (n,), "float32", wire)
-        return p.to_array()[header_size(scheme.spec, 1):], np.asarray(scheme.decode(NUMPY, _as_decode_input(wire), n))
+        return p.to_array(), np.asarray(scheme.decode(NUMPY, _as_decode_input(wire), n))
 
-    other_body, other_dec = reference(_data(n, 50), step_words(NUMPY, 98, np.int64(0)))
+    other_payload, other_dec = reference(_data(n, 50), step_words(NUMPY, 98, np.int64(0)))
     for step in (0, 7):
         x = _data(n, step + 3)
-        ref_body, ref_dec = reference(x, step_words(NUMPY, 99, np.int64(step)))
+        ref_payload, ref_dec = reference(x, step_words(NUMPY, 99, np.int64(step)))
         a, b = step_words(TF, 99, tf.constant(step, tf.int64))
-        body, total, own = run(tf.constant(x), a, b, tf.constant(other_body))
-        assert ref_body.tobytes() == body.numpy().tobytes(), (spec, step, "graph encode")
+        payload, total, own = run(tf.constant(x), a, b, tf.constant(other_payload))
+        assert payload.shape == ref_payload.shape  # static: Horovod's allgather is traced with it
+        assert ref_payload.tobytes() == payload.numpy().tobytes(), (spec, step, "graph encode")
         assert ref_dec.tobytes() == own.numpy().tobytes(), (spec, step, "graph decode")
         assert (other_dec + ref_dec).tobytes() == total.numpy().tobytes(), (spec, step, "graph sum")
 
@@ -260,7 +262,7 @@ def test_compressor_compresses_when_horovod_torch_is_imported_too():
     False on the only rank. Stock Horovod still reduces; the compressor once took that answer,
     passed every gradient through uncompressed and returned no context. It asks TensorFlow's
     own library (a fresh interpreter, so the imports come before ``hvd.init()``)."""
-    pytest.importorskip("horovod.torch")
+    # (not importorskip: importing horovod.torch here would put this very process in that state)
     code = """
 import numpy as np, tensorflow as tf
 import horovod.tensorflow as hvd, horovod.torch  # noqa: F401 (the second import is the point)

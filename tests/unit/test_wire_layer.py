@@ -19,16 +19,10 @@ _MARKERS = re.compile(r"struct\.|\.view\(np\.uint8\)|\.view\(np\.dtype|bitcast|f
 _NAMES = re.compile(r"^_?(un)?pack")
 
 # Places outside wire/ and kernels/ that still lay bytes, each with what it should call instead.
-# The TensorFlow frontend was being edited by another engineer when wire/ was made; the config
-# handshake block is not a payload. The list may shrink; nothing may be added to it.
+# The config handshake block is not a payload. The list may shrink; nothing may be added to it.
 KNOWN = {
     ("frontend/codec.py", "config_block"),  # the rank handshake's fixed block, not a payload
-    ("tensorflow/codec.py", "_as_bytes"),  # section bytes by tf.bitcast
-    ("tensorflow/codec.py", "decode_body"),  # section bytes back by tf.bitcast
     ("tensorflow/compressor.py", "_check_ranks"),  # config handshake bytes
-    ("tensorflow/compressor.py", "_gather_finish"),  # the header's magic, compared in the graph
-    ("tensorflow/wire.py", "payload"),  # checksum in the graph: should take wire.checksum_weights
-    ("tensorflow/wire.py", "verify"),  # likewise, and CHECK_MODULUS instead of its own _MOD
 }
 
 
@@ -85,8 +79,7 @@ def _code(path: pathlib.Path) -> str:
 
 def test_checksum_modulus_is_declared_once():
     hits = [f.relative_to(ROOT).as_posix() for f in _modules(ROOT) if "65521" in _code(f)]
-    # tensorflow/wire.py: its own _MOD, pending (it should import wire.CHECK_MODULUS)
-    assert [h for h in hits if h != "tensorflow/wire.py"] == ["wire/payload.py"], hits
+    assert hits == ["wire/payload.py"], hits
 
 
 def test_header_spec_is_read_as_text():
