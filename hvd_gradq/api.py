@@ -171,7 +171,7 @@ def dequantize(payload: Payload) -> NDArray[Any]:
     """Decode a payload to an array of its original shape and dtype. A payload whose sections
     hold an index or a code that no encoder writes raises PayloadError (``Scheme.check_parts``)."""
     dt = payload.dtype if payload.dtype != "bfloat16" else "float32"
-    return decode_flat(payload).reshape(payload.shape).astype(dt)
+    return decode_flat(payload).reshape(payload.shape).astype(dt, copy=False)  # float32: no second copy
 
 
 def decode_flat(payload: Payload) -> NDArray[np.float32]:
