@@ -12,7 +12,7 @@ from ..schemes.bingrad import BinGrad, Variant
 from ..schemes.orq import ORQ
 from ._registry import Kernel, kernel_for, level_fields
 
-# bingrad and orq sort every bucket: NumPy's SIMD sort, a chunk of buckets at a time (the
+# bingrad and orq sort every bucket (a radix sort: _nb_sort), a chunk of buckets at a time (the
 # chunk stays in cache for the kernel that follows)
 _SORT_CHUNK_ELEMS = 1 << 17
 BINGRAD, ORQ_EXACT = 2, 4  # the ``kind`` _nb_table.sorted_encode takes
@@ -52,11 +52,13 @@ class SortedKernel(TableKernel):
         for b0 in range(0, full, step):
             b1 = min(full, b0 + step)
             rows = srt[: b1 - b0]
-            np.copyto(rows, x[b0 * d : b1 * d].reshape(b1 - b0, d))
-            rows.sort(axis=1)
+            k.sort_rows(x[b0 * d : b1 * d].reshape(b1 - b0, d), rows)
             self._run(k, x, rows, n, b0, b1, sa, sb, meta, codes, state, cb)
         if n % d:
-            self._run(k, x, np.sort(x[full * d :]).reshape(1, -1), n, full, full + 1, sa, sb, meta, codes, state, cb)
+            tail = x[full * d :].reshape(1, -1)
+            rows = np.empty_like(tail)
+            k.sort_rows(tail, rows)
+            self._run(k, x, rows, n, full, full + 1, sa, sb, meta, codes, state, cb)
         from . import _nb_pack
 
         _nb_pack.final_flush(self.lid, self.s, self.g, self.bits, cb, state, codes)

@@ -249,3 +249,24 @@ def test_nan_buckets_decode_bit_identically(spec):
     for p, r in zip(ps, ref):
         fast = kernels.decode(scheme, p.parts, 1300)
         assert fast is not None and fast.tobytes() == r.tobytes(), spec
+
+
+@pytest.mark.parametrize("w", [1, 2, 7, 512, 1000])
+def test_bucket_radix_sort_is_a_sort(w):
+    """The sorted-level schemes' bucket sort (an LSD radix sort on the floats' bits) against
+    NumPy's sort: the same values in the same order, with -0.0 before +0.0 (IEEE total order)."""
+    from hvd_gradq.kernels import _nb_sort
+
+    rng = np.random.default_rng(w)
+    rows = [rng.standard_normal(w), rng.standard_t(2, w) * 1e30, rng.integers(-3, 4, w).astype(np.float64),
+            np.full(w, 2.5), rng.choice([0.0, -0.0, 1e-45, -1e-45, 3.4e38, -3.4e38], w)]
+    x = np.stack(rows).astype(np.float32)
+    out = np.empty_like(x)
+    _nb_sort.sort_rows(x, out)
+    for src, got in zip(x, out):
+        want = np.sort(src)
+        assert np.array_equal(got, want), (w, src)  # as floats: -0.0 == +0.0
+        bits = got.view(np.int32).astype(np.int64)
+        keys = np.where(bits < 0, -(bits & 0x7FFFFFFF) - 1, bits)  # total order: -0.0 is -1, +0.0 is 0
+        assert np.all(np.diff(keys) >= 0)
+        assert sorted(src.view(np.uint32).tolist()) == sorted(got.view(np.uint32).tolist())  # a permutation
