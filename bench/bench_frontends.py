@@ -137,7 +137,7 @@ def main() -> None:
         lines.append(row)
         print(row, flush=True)
     lines.append(f"\nload average after: {os.getloadavg()[0]:.2f}; command: `.venv/bin/python bench/bench_frontends.py "
-                 f"--steps {a.steps}`")
+                 f"--schemes \"{a.schemes}\" --steps {a.steps}`")
     if a.out:
         Path(a.out).write_text("\n".join(lines) + "\n")
 

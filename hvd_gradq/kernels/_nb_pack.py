@@ -13,7 +13,7 @@ from ._nb_common import _OPTS, LUT3, M9, _store_u64
 
 
 # ---------------------------------------------------------------------------------------------
-# packing (hvd_gradq.packing), streamed: codes are appended to a small buffer ``cb`` and whole
+# packing (hvd_gradq.wire.packing), streamed: codes are appended to a small buffer ``cb`` and whole
 # units (8 words for sub-byte words, else one word) are packed as soon as they are complete.
 # The common layouts have loops of their own (constant trip counts and multipliers, so LLVM
 # vectorizes them); every other layout takes the generic loop.

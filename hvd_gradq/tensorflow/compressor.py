@@ -71,9 +71,9 @@ from ..errors import GradqError
 from ..frontend import codec as codec_host
 from ..frontend.membership import membership
 from ..frontend.patterns import Pattern, choose, cost, fp32_cost, parse_pattern
-from ..payload import DTYPE_CODES, MAX_NDIM
 from ..schemes.base import Combine, EvenLevelScheme, LevelScheme, NonFinite, Scheme
 from ..schemes.plain import FP16Scheme, NoneScheme
+from ..wire.payload import DTYPE_CODES, MAX_NDIM
 from ..xp import stream_seed
 from . import codec, host, masks
 from .callsite import check_op, horovod_call_site, resolve_process_set

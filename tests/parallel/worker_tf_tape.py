@@ -17,8 +17,8 @@ from harness import report
 
 import hvd_gradq
 import hvd_gradq.tensorflow as gq
+from hvd_gradq.api import split
 from hvd_gradq.errors import GradqError
-from hvd_gradq.payload import split
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--only", default="")

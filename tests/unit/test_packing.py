@@ -1,4 +1,4 @@
-"""Base-s packing of symbols into bytes (hvd_gradq/packing.py)."""
+"""Base-s packing of symbols into bytes (hvd_gradq/wire/packing.py)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from hvd_gradq.errors import SpecError
-from hvd_gradq.packing import layout, pack, unpack
+from hvd_gradq.wire.packing import layout, pack, unpack
 from hvd_gradq.xp import NUMPY
 
 ALPHABETS = [2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 15, 16, 17, 31, 33, 100, 255, 256, 257, 1000, 65535, 65536, 65537,

@@ -1,4 +1,4 @@
-"""The wire format (hvd_gradq/payload.py): bit-exact round trips and refusal of bad bytes."""
+"""The wire format (hvd_gradq/wire/payload.py): bit-exact round trips and refusal of bad bytes."""
 
 from __future__ import annotations
 
@@ -10,9 +10,10 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import hvd_gradq
-from hvd_gradq import payload as pl
+from hvd_gradq import wire as pl
+from hvd_gradq.api import split
 from hvd_gradq.errors import PayloadError
-from hvd_gradq.packing import layout
+from hvd_gradq.wire.packing import layout
 
 SCHEMES = [
     "none",
@@ -215,19 +216,19 @@ def test_split_a_concatenation():
     specs = ["orq:levels=9", "none", "bingrad", "topk:values=orq"]
     ps = [hvd_gradq.quantize(x, s, seed=i) for i, (x, s) in enumerate(zip(xs, specs))]
     blob = np.frombuffer(b"".join(p.to_bytes() for p in ps), np.uint8)
-    back = pl.split(blob)
+    back = split(blob)
     assert len(back) == len(ps)
     for p, q in zip(ps, back):
         assert q.to_bytes() == p.to_bytes()
         assert _same_array(hvd_gradq.dequantize(q), hvd_gradq.dequantize(p))
-    assert pl.split(np.zeros(0, np.uint8)) == []
+    assert split(np.zeros(0, np.uint8)) == []
     # a corrupt payload in the middle, or a cut at the end, is refused
     bad = blob.copy()
     bad[len(ps[0].to_bytes()) + 30] ^= 4
     with pytest.raises(PayloadError):
-        pl.split(bad)
+        split(bad)
     with pytest.raises(PayloadError, match="truncated"):
-        pl.split(blob[:-1])
+        split(blob[:-1])
 
 
 # -- fuzzing ---------------------------------------------------------------------------------

@@ -9,9 +9,9 @@ import numpy as np
 import pytest
 
 import hvd_gradq
-from hvd_gradq.packing import layout
-from hvd_gradq.payload import header_size
 from hvd_gradq.schemes.base import LevelScheme, Scales
+from hvd_gradq.wire.packing import layout
+from hvd_gradq.wire.payload import header_size
 
 SCHEMES = [
     "none", "fp16", "uniform:bits=8", "uniform:bits=4", "uniform:bits=2", "uniform:bits=1",
