@@ -83,15 +83,6 @@ def check_config_blocks(gathered: NDArray[np.uint8]) -> None:
     _check([bytes(r[2 : 2 + (int(r[0]) << 8 | int(r[1]))]).decode(errors="replace") for r in rows])
 
 
-def check_configs(lengths: list[int], gathered: NDArray[np.uint8]) -> None:
-    """Raise RankMismatchError naming the ranks if the allgathered configuration strings differ."""
-    configs, pos = [], 0
-    for n in lengths:
-        configs.append(bytes(gathered[pos : pos + n]).decode(errors="replace"))
-        pos += n
-    _check(configs)
-
-
 def _check(configs: list[str]) -> None:
     if len(set(configs)) > 1:
         groups: dict[str, list[int]] = {}

@@ -34,6 +34,7 @@ from types import FrameType
 from typing import Any
 
 import horovod.tensorflow as hvd
+import tensorflow as tf
 
 from ..errors import GradqError
 
@@ -134,3 +135,22 @@ def resolve_process_set(explicit: Any, site: CallSite) -> Any:
             f"gradient over process set {theirs.process_set_id}: pass the same process set to both (or to "
             "Horovod only)")
     return theirs if theirs is not None else (explicit if explicit is not None else hvd.global_process_set)
+
+
+def set_suffix(ps: Any) -> str:
+    """Collective-name suffix of a process set (none for the global one)."""
+    return "" if ps.process_set_id == 0 else f".p{ps.process_set_id}"
+
+
+def function_graph() -> Any:
+    """The graph of the function being traced: the default graph, or, inside ``tf.cond`` /
+    ``tf.while_loop`` branches, the function graph they belong to."""
+    g = tf.compat.v1.get_default_graph()
+    while _is_control_flow_graph(g):
+        g = g.outer_graph
+    return g
+
+
+def _is_control_flow_graph(g: Any) -> bool:
+    """A ``tf.cond`` branch or ``tf.while_loop`` body/condition graph (TF's ControlFlowFuncGraph)."""
+    return any(c.__name__ == "ControlFlowFuncGraph" for c in type(g).__mro__) and hasattr(g, "outer_graph")

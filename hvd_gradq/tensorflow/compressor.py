@@ -68,7 +68,6 @@ import numpy as np
 import tensorflow as tf
 
 from ..errors import GradqError
-from ..frontend import codec as codec_host
 from ..frontend.membership import membership
 from ..frontend.patterns import Pattern, choose, cost, fp32_cost, parse_pattern
 from ..schemes.base import Combine, EvenLevelScheme, LevelScheme, NonFinite, Scheme
@@ -76,7 +75,8 @@ from ..schemes.plain import FP16Scheme, NoneScheme
 from ..wire.payload import DTYPE_CODES, MAX_NDIM
 from ..xp import stream_seed
 from . import codec, host, masks
-from .callsite import check_op, horovod_call_site, resolve_process_set
+from .callsite import check_op, function_graph, horovod_call_site, resolve_process_set, set_suffix
+from .handshake import check_configs
 from .ops import TF, step_words
 from .state import Slot, byte_stats, check_slot, describe, make_variables, variable_key
 
@@ -201,30 +201,10 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
 
     def _check_ranks(self, ps: Any) -> None:
         self._host.checked.add(ps.process_set_id)
-        if not self.check_ranks or membership(mpi_ops._basics, ps).size == 1:
-            return
-        sfx = _set_suffix(ps)
-        with tf.init_scope():  # runs now, eagerly, even while a graph is being traced
-            if not tf.executing_eagerly():  # a TF1-style graph: no eager collective can run now
-                return
-            mine = self.config().encode()
-            lens = hvd.allgather(tf.constant([len(mine)], tf.int64), name=f"hvd_gradq.tfconfig.len{sfx}",
-                                 ignore_name_scope=True, process_set=ps)
-            allb = hvd.allgather(tf.constant(np.frombuffer(mine, np.uint8)), name=f"hvd_gradq.tfconfig{sfx}",
-                                 ignore_name_scope=True, process_set=ps)
-            lens_np, allb_np = lens.numpy(), allb.numpy()
-        codec_host.check_configs(lens_np.tolist(), allb_np)
+        if self.check_ranks and membership(mpi_ops._basics, ps).size > 1:
+            check_configs(self.config(), ps, set_suffix(ps))
 
     # -- identity ------------------------------------------------------------------------------
-    @staticmethod
-    def _function_graph() -> Any:
-        """The graph of the function being traced: the default graph, or, inside ``tf.cond`` /
-        ``tf.while_loop`` branches, the function graph they belong to."""
-        g = tf.compat.v1.get_default_graph()
-        while _is_control_flow_graph(g):
-            g = g.outer_graph
-        return g
-
     def _pattern_for(self, n: int, ndim: int, size: int) -> Pattern | None:
         """The pattern of a tensor of ``n`` elements; None: pass it to Horovod's own allreduce.
 
@@ -255,7 +235,7 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         if variable is not None:
             key, ident = variable_key(variable, h.keys)
         else:
-            g = self._function_graph()
+            g = function_graph()
             i = h.positions.get(g, 0)
             h.positions[g] = i + 1
             key, ident = f"#{i}", None
@@ -386,13 +366,13 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         if ctx.finite is not None:
             # all zeros, no magic: the same size as a payload (allgather shapes are traced)
             payload = tf.where(ctx.finite, payload, tf.zeros_like(payload))
-        ctx.result = hvd.allgather(payload, name=f"hvd_gradq.{self.cid}.g{key}{_set_suffix(ps)}",
+        ctx.result = hvd.allgather(payload, name=f"hvd_gradq.{self.cid}.g{key}{set_suffix(ps)}",
                                    ignore_name_scope=True, process_set=ps)
 
     def _summable_start(self, x: Any, words: Any, key: str, ctx: _Ctx, ps: Any) -> Any:
         scheme = self._math
         assert isinstance(scheme, EvenLevelScheme)
-        sfx = _set_suffix(ps)
+        sfx = set_suffix(ps)
         propagate = scheme.nonfinite is NonFinite.PROPAGATE
         if propagate:  # a bucket with NaN/Inf sends +inf statistics: every rank decodes it NaN
             bad_b = masks.bad_buckets(x, scheme.bucket, ctx.n)
@@ -468,13 +448,3 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         allreduce (the same layout as the PyTorch frontend's). Sizes are static per slot, and
         the step counters say how often each ran, so nothing is counted inside the graph."""
         return byte_stats(self._host.slots.values())
-
-
-def _set_suffix(ps: Any) -> str:
-    """Collective-name suffix of a process set (none for the global one)."""
-    return "" if ps.process_set_id == 0 else f".p{ps.process_set_id}"
-
-
-def _is_control_flow_graph(g: Any) -> bool:
-    """A ``tf.cond`` branch or ``tf.while_loop`` body/condition graph (TF's ControlFlowFuncGraph)."""
-    return any(c.__name__ == "ControlFlowFuncGraph" for c in type(g).__mro__) and hasattr(g, "outer_graph")
