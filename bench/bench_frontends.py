@@ -8,8 +8,8 @@ thread a rank, ``pattern=gather``: the full encode, payload checksum, allgather,
 decode path; at one rank a compressor passes gradients through), reducing the
 gradients of a 4-layer MLP (1.06M parameters: the model of issue 13's 13 s TensorFlow step)
 through ``hvd.allreduce(g, compression=...)``: PyTorch eagerly (one tensor after another), TensorFlow inside one
-``tf.function`` as ``DistributedGradientTape`` does. Reported: the median ms of a reduction
-step with the compressor and with ``hvd.Compression.none`` measured in the same process, their
+``tf.function`` as ``DistributedGradientTape`` does. Reported: the fastest of ``--steps`` reduction
+steps with the compressor and with ``hvd.Compression.none``, measured in the same process, their
 difference (the compression's cost), and TensorFlow's cost over PyTorch's (issue 13's target:
 within 1.2x). Take it on a quiet machine; the load average is printed with the table.
 """
@@ -27,9 +27,10 @@ SHAPES = [(512, 1024), (1024,), (1024, 512), (512,), (512, 256), (256,), (256, 1
 DEFAULT = "uniform:bits=4;qsgd:levels=4;terngrad;sign;bingrad;bingrad:variant=pb;orq:levels=3;orq:levels=5;orq:levels=9"
 
 
-def _median(xs: list[float]) -> float:
-    s = sorted(xs)
-    return s[len(s) // 2]
+def _best(xs: list[float]) -> float:
+    """The fastest step: what the computation costs, least disturbed by scheduling noise (two
+    ranks share two cores with Horovod's background threads; a median swung 4x between runs)."""
+    return min(xs)
 
 
 def run_torch(spec: str, steps: int) -> dict[str, float]:
@@ -59,7 +60,7 @@ def run_torch(spec: str, steps: int) -> dict[str, float]:
             t0 = time.perf_counter()
             step(c)
             ts.append((time.perf_counter() - t0) * 1e3)
-        return _median(ts)
+        return _best(ts)
 
     return {"none_ms": timed(hvd.Compression.none), "comp_ms": timed(comp)}
 
@@ -92,7 +93,7 @@ def run_tf(spec: str, steps: int) -> dict[str, float]:
             t0 = time.perf_counter()
             [t.numpy() for t in f(*grads)]
             ts.append((time.perf_counter() - t0) * 1e3)
-        return _median(ts)
+        return _best(ts)
 
     return {"none_ms": timed(hvd.Compression.none), "comp_ms": timed(comp)}
 
@@ -114,7 +115,7 @@ def child(framework: str, spec: str, steps: int) -> dict[str, float]:
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--schemes", default=DEFAULT)
-    ap.add_argument("--steps", type=int, default=15)
+    ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--child", choices=["torch", "tf"])
     ap.add_argument("--out", default=None, help="also write the table (markdown) here")
     a = ap.parse_args()
@@ -124,7 +125,7 @@ def main() -> None:
             print("RESULT " + json.dumps(res), flush=True)
         return
     n = sum(int(__import__("math").prod(s)) for s in SHAPES)
-    lines = [f"{n:,} parameters in {len(SHAPES)} tensors, 2 ranks (Gloo), pattern=gather, rank 0, median of {a.steps} "
+    lines = [f"{n:,} parameters in {len(SHAPES)} tensors, 2 ranks (Gloo), pattern=gather, rank 0, fastest of {a.steps} "
              f"steps; load average before: {os.getloadavg()[0]:.2f}", "",
              "| scheme | torch none ms | torch ms | torch cost ms | TF none ms | TF ms | TF cost ms | TF / torch |",
              "|---|---:|---:|---:|---:|---:|---:|---:|"]
