@@ -22,7 +22,6 @@ _NAMES = re.compile(r"^_?(un)?pack")
 # The config handshake block is not a payload. The list may shrink; nothing may be added to it.
 KNOWN = {
     ("frontend/codec.py", "config_block"),  # the rank handshake's fixed block, not a payload
-    ("tensorflow/compressor.py", "_check_ranks"),  # config handshake bytes
 }
 
 
