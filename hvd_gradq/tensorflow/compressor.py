@@ -3,8 +3,8 @@
 Horovod (0.28.1) calls ``compress()`` / ``decompress()`` while it traces the gradient reduction
 (``DistributedGradientTape``, ``horovod.tensorflow.keras.DistributedOptimizer``; even eager tapes
 are reduced inside a ``tf.function`` Horovod makes), each inside ``tf.cond(size() > 1, reduce,
-identity)``. Everything here is therefore TF ops, and the schemes' shared mathematics runs on
-:class:`~hvd_gradq.tensorflow.ops.TFOps` inside the graph, bit-identical to the NumPy reference.
+identity)``. Everything here is therefore graph ops (summable: :class:`.ops.TFOps`; gather: the
+host's code, :mod:`.host`), bit-identical to the NumPy reference.
 
 **The call.** No name, op or process set reaches a compressor; :mod:`.callsite` reads them from
 Horovod's calling frames: ``op`` (``Adasum``, ``Min``, ``Max``, ``Product`` are refused: only a
@@ -17,11 +17,10 @@ are ``hvd_gradq.<name>.<kind><i>[.p<set>]``, ``i`` the slot's creation order, id
 every rank; ``<name>`` is ``name=`` or ``c<k>`` for the k-th compressor this process built,
 which the one-time configuration check (an eager allgather on the process set) compares.
 
-**Patterns.** ``gather``: encode, lay the payload bytes (header static per shape and spec, the
-checksum a weighted int64 byte sum) and ``hvd.allgather`` the uint8 payload; ``decompress``
-checks every payload's header and checksum and decodes all of them, its own included, in rank
-order from the gathered bytes (every rank runs one computation on the same bytes), sums and
-scales; with ``ef`` the residual is set from its own decoded payload there. ``summable``
+**Patterns.** ``gather``: the payload is encoded on the host (the compiled kernels, the
+``hvd_gradq.wire`` layout, a static size) and ``hvd.allgather`` ed; ``decompress`` parses, checks
+and decodes every payload, its own included, in rank order from the gathered bytes (one
+computation on the same bytes on every rank), sums and scales; ``ef`` sets the residual there. ``summable``
 (evenly spaced levels): a Max-allreduce of per-bucket statistics fixes a shared table, codes are
 packed into int32 lanes and Sum-allreduced. Horovod's own allreduce carries a float32 ``[1.0]``
 that comes back as ``v = post * pre * N`` (Sum) or ``post * pre`` (Average), so the result is
@@ -33,7 +32,7 @@ gradient whose shape is not static and whose variable's shape is unknown too (wi
 sum's order (and so its bits, beyond 2 ranks) depend on what it fused: set
 ``HOROVOD_FUSION_THRESHOLD=0`` or ``pattern=gather`` where runs must reproduce bit for bit
 (ranks agree either way). The PyTorch frontend's scatter-reduce pattern is not implemented here.
-The mathematics runs in :mod:`hvd_gradq.tensorflow.codec` functions, traced once per
+The summable mathematics runs in :mod:`hvd_gradq.tensorflow.codec` functions, traced once per
 (scheme, size) and shielded from Grappler's float rewrites.
 
 **Not compressed.** ``tf.IndexedSlices`` (embeddings) never reach ``compress()``: Horovod
