@@ -15,8 +15,8 @@ from quality_tables import write_error_report
 def exact_orq_variance(x: np.ndarray, s: int, bucket: int) -> np.ndarray:
     """Per bucket, the minimum over level sets (s levels, l_0 = min, l_{s-1} = max) of the stochastic-
     rounding variance sum (l_{j+1}-x)(x-l_j): the library's exact level search
-    (``hvd_gradq.kernels.orq_levels``, checked against an O(s w^2) program in tests/unit/test_orq.py)."""
-    from hvd_gradq.kernels.orq_levels import levels
+    (``hvd_gradq.kernels.search``, checked against an O(s w^2) program in tests/unit/test_orq.py)."""
+    from hvd_gradq.kernels.search import levels
 
     x = np.asarray(x, np.float32)
     full = len(x) // bucket * bucket

@@ -24,16 +24,15 @@ So O(w) after the sort. :func:`pb_levels_sorted` is plain Python over NumPy arra
 as it is by numba (``hvd_gradq.kernels._numba.bingrad_pb``), like :mod:`.orq_levels`: one body,
 no allocation, ties keep the first candidate in a fixed order, same bits compiled or not.
 ``tests/unit/test_bingrad.py`` checks it against a brute force over every box.
+Dispatch (compiled or not) is :func:`hvd_gradq.kernels.search.pb_levels`; this module holds only
+the source, so that the compiled modules can import it and nothing here imports them back.
 """
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-
-from ..errors import GradqError
 
 WIDEN = 2  # l1 intervals added on either side of the staircase (rounding of the pointer's test)
 
@@ -136,36 +135,3 @@ def pb_levels_sorted(ys: Any, out: Any, y: Any, p: Any, q: Any, ap: Any) -> None
                         b2 = l2
         out[r, 0] = b1 + y0
         out[r, 1] = b2 + y0
-
-
-@lru_cache(maxsize=1)
-def _compiled() -> Any:
-    """The numba-compiled :func:`pb_levels_sorted`, or None without numba."""
-    from ._switch import numba_importable
-
-    if not numba_importable():
-        return None
-    from ._numba import bingrad_pb
-
-    return bingrad_pb
-
-
-def pb_levels_f64(ys: NDArray[Any], *, compiled: bool = True) -> NDArray[Any]:
-    """(l1, l2) rows (rows, 2), float64, for sorted float64 rows ``ys`` (rows, w).
-    ``compiled=False`` runs the Python source (the tests compare the two)."""
-    ys = np.ascontiguousarray(ys, dtype=np.float64)
-    if ys.ndim != 2 or ys.shape[1] == 0:
-        raise GradqError(f"bingrad pb levels: need sorted rows (rows, width >= 1), got shape {ys.shape}")
-    out = np.zeros((ys.shape[0], 2), np.float64)
-    fn = _compiled() if compiled else None
-    (fn or pb_levels_sorted)(ys, out, *scratch(ys.shape[1]))
-    return out
-
-
-def pb_levels(x: NDArray[Any]) -> NDArray[Any]:
-    """BinGrad-pb's levels (rows, 2), float32, for buckets ``x`` (rows, w): the function the
-    frontends run through ``Ops.host``."""
-    x = np.asarray(x, dtype=np.float32)
-    if x.ndim != 2:
-        raise GradqError(f"bingrad pb levels: buckets must be 2-D (rows, width), got shape {x.shape}")
-    return pb_levels_f64(np.sort(x, axis=1).astype(np.float64)).astype(np.float32)

@@ -25,21 +25,20 @@ the same source (``hvd_gradq.kernels._numba.orq_exact``): one function body, no 
 no allocation (the caller passes the scratch, see :func:`scratch`), deterministic (ties keep
 the smaller index, a fixed visiting order, no threads), IEEE float64 operations in a fixed order
 and no fast-math, so the compiled function and this one return the same indices
-(``tests/unit/test_orq.py::test_compiled_search_is_the_python_search``). :func:`levels` runs
-the compiled one when numba is importable (it is a dependency; ``HVD_GRADQ_KERNELS`` turns off
-the fused encode kernels, not this search), else this source as it is. Every frontend reaches
-it through ``Ops.host`` (:meth:`hvd_gradq.schemes.orq.ORQ.choose`); the fused numba encoder
-calls ``orq_exact`` itself.
+(``tests/unit/test_orq.py::test_compiled_search_is_the_python_search``).
+:func:`hvd_gradq.kernels.search.levels` runs the compiled one when numba is importable (it is a
+dependency; ``HVD_GRADQ_KERNELS`` turns off the fused encode kernels, not this search), else this
+source as it is. Every frontend reaches it through ``Ops.host``
+(:meth:`hvd_gradq.schemes.orq.ORQ.choose`); the fused numba encoder calls ``orq_exact`` itself.
+This module holds only the source, so that the compiled modules can import it and nothing here
+imports them back.
 """
 from __future__ import annotations
 
-from functools import lru_cache
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
-
-from ..errors import GradqError
 
 STACK = 64  # divide-and-conquer frames: the depth is at most log2(w) + 1
 
@@ -162,44 +161,3 @@ def exact_level_indices(ys: Any, s: int, idx: Any, y: Any, p1: Any, p2: Any, hh:
         out[s - 2] = bi
         for t in range(s - 2, 1, -1):
             out[t - 1] = arg[t - 2, out[t]]
-
-
-@lru_cache(maxsize=1)
-def _compiled() -> Any:
-    """The numba-compiled :func:`exact_level_indices`, or None without numba."""
-    from ._switch import numba_importable
-
-    if not numba_importable():
-        return None
-    from ._numba import orq_exact
-
-    return orq_exact
-
-
-def level_indices(ys: NDArray[Any], s: int, *, compiled: bool = True) -> NDArray[Any]:
-    """Indices (rows, s) of the optimal levels of sorted float64 rows ``ys`` (rows, w).
-    ``compiled=False`` runs the Python source (the tests compare the two)."""
-    ys = np.ascontiguousarray(ys, dtype=np.float64)
-    rows, w = ys.shape
-    if s < 2:
-        raise GradqError(f"orq: {s} levels; the level search needs at least 2 (levels=2 .. 256)")
-    idx = np.zeros((rows, s), np.int64)
-    if rows == 0 or w == 0:
-        return idx
-    fn = _compiled() if compiled else None
-    (fn or exact_level_indices)(ys, s, idx, *scratch(w, s))
-    return idx
-
-
-def levels(x: NDArray[Any], s: int) -> NDArray[Any]:
-    """ORQ's ``s`` levels (rows, s), float32, at the exact optimum for buckets ``x`` (rows, w):
-    the function the frontends run through ``Ops.host``. The levels are data points of each
-    bucket, so float32 holds them exactly."""
-    x = np.asarray(x, dtype=np.float32)
-    if x.ndim != 2:
-        raise GradqError(
-            f"orq levels: buckets must be a 2-D (rows, width) array, got shape {x.shape}; reshape to (buckets, bucket)"
-        )
-    ys = np.sort(x, axis=1).astype(np.float64)
-    idx = level_indices(ys, s)
-    return np.take_along_axis(ys, idx, axis=1).astype(np.float32)

@@ -75,7 +75,7 @@ class BinGrad(LevelScheme):
 
     def choose(self, ops: Ops, x: Array) -> Array:
         if self.variant is Variant.PB:  # the exact minimiser, on the host (see the module docstring)
-            from ..kernels.bingrad_pb import pb_levels  # the kernels package imports this module
+            from ..kernels.search import pb_levels  # the kernels package imports this module
 
             rows, w = ops.shape(x)
             return ops.host(pb_levels, ops.f32(x), (rows, 2))

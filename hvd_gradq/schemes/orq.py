@@ -54,7 +54,7 @@ def choose_levels(ops: Ops, x: Array, s: int) -> Array:
     """ORQ's ``s`` levels (rows, s), float32, at the exact optimum, for buckets ``x`` (rows, w)
     float32 (see the module docstring for how each s is solved)."""
     if s >= 4:
-        from ..kernels.orq_levels import levels  # the kernels package imports this module
+        from ..kernels.search import levels  # the kernels package imports this module
 
         rows, w = ops.shape(x)
         return ops.host(lambda v: levels(v, s), ops.f32(x), (rows, s))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 import hvd_gradq
-from hvd_gradq.kernels import bingrad_pb
+from hvd_gradq.kernels import search
 from hvd_gradq.xp import NUMPY
 
 B = hvd_gradq.parse("bingrad:variant=b")
@@ -138,7 +138,7 @@ def test_pb_levels_are_the_exact_minimum():
             x = (np.round(x * 2) / 2).astype(np.float32)  # ties
         x64 = x.astype(np.float64)
         scale = float(np.sum((x64 - x64.mean()) ** 2)) + 1e-30
-        lv = bingrad_pb.pb_levels_f64(np.sort(x64)[None, :])[0]
+        lv = search.pb_levels_f64(np.sort(x64)[None, :])[0]
         assert x.min() <= lv[0] <= lv[1] <= x.max()
         got, best = pb_error(x, lv[0], lv[1]), brute_pb(x)
         # float64 rounding of the objective from prefix sums: a few ulp of sum (x - min)^2
@@ -158,17 +158,16 @@ def test_pb_scheme_sends_the_exact_levels(engine):
     meta = np.asarray(hvd_gradq.quantize(x, pb).parts["meta"], np.float32).reshape(-1, 2)
     for r, s in enumerate(range(0, x.size, 64)):
         ys = np.sort(x[s : s + 64].astype(np.float64))[None, :]
-        np.testing.assert_array_equal(meta[r], bingrad_pb.pb_levels_f64(ys)[0].astype(np.float32))
+        np.testing.assert_array_equal(meta[r], search.pb_levels_f64(ys)[0].astype(np.float32))
 
 
 def test_pb_compiled_search_is_the_python_search():
-    if bingrad_pb._compiled() is None:
-        pytest.skip("numba is not installed")
+    assert search.compiled_available(), "numba is a dependency: the compiled search must be there to compare"
     rng = np.random.default_rng(12)
     for dist, w in zip(list(DISTS) * 3, (1, 2, 3, 5, 16, 33, 64, 100, 200, 300, 512, 512, 7, 9, 11)):
         rows = np.stack([DISTS[dist](rng, w) for _ in range(3)]).astype(np.float32)
         ys = np.sort(rows, axis=1).astype(np.float64)
-        np.testing.assert_array_equal(bingrad_pb.pb_levels_f64(ys), bingrad_pb.pb_levels_f64(ys, compiled=False))
+        np.testing.assert_array_equal(search.pb_levels_f64(ys), search.pb_levels_f64(ys, compiled=False))
 
 
 @pytest.mark.parametrize("dist", DISTS)

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 import hvd_gradq
-from hvd_gradq.kernels import orq_levels
+from hvd_gradq.kernels import search
 from hvd_gradq.schemes.orq import choose_levels
 from hvd_gradq.xp import NUMPY
 
@@ -167,14 +167,13 @@ def test_tiny_buckets(w: int) -> None:
 def test_compiled_search_is_the_python_search() -> None:
     """The numba-compiled search and its Python source pick the same indices (bit-identical
     levels), duplicates and tiny buckets included."""
-    if orq_levels._compiled() is None:
-        pytest.skip("numba is not installed")
+    assert search.compiled_available(), "numba is a dependency: the compiled search must be there to compare"
     rng = np.random.default_rng(5)
     for dist, w in itertools.product(DISTS, (1, 3, 70, 512)):
         ys = np.sort(DISTS[dist](rng, (2, w)).astype(np.float32), axis=1).astype(np.float64)
         for s in (2, 3, 4, 9, 17):
             np.testing.assert_array_equal(
-                orq_levels.level_indices(ys, s), orq_levels.level_indices(ys, s, compiled=False), f"{dist} w={w} s={s}"
+                search.level_indices(ys, s), search.level_indices(ys, s, compiled=False), f"{dist} w={w} s={s}"
             )
 
 
