@@ -149,6 +149,9 @@ class TFOps:
             raise GradqError("TFOps.isfinite_all needs eager tensors; inside a graph use tf.debugging")
         return bool(tf.reduce_all(tf.math.is_finite(x)))
 
+    def isfinite(self, x: Array) -> Array:
+        return tf.math.is_finite(x)
+
     def shr(self, x: Array, k: int) -> Array:
         x = _t(x)
         return tf.bitwise.right_shift(x, tf.constant(k, x.dtype))

@@ -20,6 +20,9 @@ every ``compress()`` of that step has run on this rank (Horovod's ``synchronize(
 everything before it waits on anything); Horovod negotiates asynchronous ops by name, so the
 ranks may launch them in any order. The rank-configuration check is an asynchronous allgather too.
 
+The patterns themselves (typed contexts, phases) are :mod:`.reduce`; checkpoints are
+:mod:`.checkpoint`; this module is Horovod's interface: identity, the call, the policy.
+
 **What Horovod's call says** (:mod:`.callsite`): the parameter and its name (so ``sparse_as_dense``
 and parameters without a gradient are named), the op (Adasum, Min, Max and reducescatter are
 refused with an error that says what to use), and the process set, whose ranks, rank and size
@@ -37,94 +40,26 @@ import hashlib
 import itertools
 import os
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import horovod.torch as hvd
 import horovod.torch.mpi_ops as mpi_ops
-import numpy as np
 import torch
 
-from ..api import dequantize, split
-from ..errors import GradqError, NonFiniteError, RankMismatchError
+from ..errors import GradqError
+from ..feedback import Memory
 from ..frontend import codec
 from ..frontend.membership import membership
-from ..frontend.patterns import Lanes, Pattern, choose, chunk_bounds, cost, fp32_cost, lanes_for, parse_pattern
+from ..frontend.patterns import Pattern, choose, cost, fp32_cost, parse_pattern
 from ..frontend.stats import Stats
-from ..schemes.base import EvenLevelScheme, NonFinite, Scheme, decode_codes, encode_shared, local_stats
-from ..wire.packing import pack_lanes, unpack_lanes
+from ..schemes.base import NonFinite, Scheme
+from . import checkpoint
 from .callsite import CallSite, inspect_call
-from .feedback import LossScale, Memory
+from .feedback import LossScale, TensorStore, check_loss_scale, read_loss_scale
 from .ops import TorchOps
+from .reduce import Ctx, GatherCtx, Group, Pass, Reducer, ScatterCtx, SummableCtx
 
 TAG = "_hvd_gradq_name"
-_CPU = TorchOps("cpu")
-
-
-@dataclass(frozen=True)
-class _Group:
-    """The ranks a reduction runs on: Horovod's process set, this rank's place and their count."""
-
-    process_set: Any
-    rank: int
-    size: int
-    key: str  # part of collective names: ranks of two process sets never share a name
-
-
-@dataclass
-class _Pass:
-    """A tensor handed to Horovod's own allreduce, exactly (tiny tensors, one-rank sets)."""
-
-    name: str
-    dtype: torch.dtype
-
-
-@dataclass
-class _Ctx:
-    """What every compressed tensor carries from ``compress()`` to ``decompress()``."""
-
-    name: str
-    step: int
-    shape: torch.Size
-    dtype: torch.dtype
-    device: torch.device
-    group: _Group
-    fp32: int  # bytes an fp32 ring allreduce would move (for stats)
-
-
-@dataclass
-class _Gather(_Ctx):
-    pattern: ClassVar[Pattern] = Pattern.GATHER
-    handle: Any = None
-    own: Any = None  # this rank's decoded payload (NumPy), so it is not decoded twice
-    sent: int = 0
-
-
-@dataclass
-class _Summable(_Ctx):
-    pattern: ClassVar[Pattern] = Pattern.SUMMABLE
-    x: Any = None  # the compressed input (gradient + residual), CPU float32
-    seed: int = 0
-    stats_handle: Any = None  # phase 1: Max-allreduce of per-bucket statistics
-    local_bad: bool = False  # nonfinite=raise and this rank held NaN/Inf
-    lanes: Lanes | None = None
-    meta: Any = None
-    bad_rows: Any = None  # buckets some rank held NaN/Inf in (propagate): decoded as NaN
-    handle: Any = None  # phase 2: Sum-allreduce of int32 lanes
-
-
-@dataclass
-class _Scatter(_Ctx):
-    pattern: ClassVar[Pattern] = Pattern.SCATTER
-    bounds: list[tuple[int, int]] | None = None
-    handle: Any = None  # phase 1: alltoall of per-chunk payloads
-    own: Any = None  # this rank's own chunk, decoded
-    own_bytes: int = 0
-    sent: int = 0
-    received: int = 0
-    reduced_own: Any = None  # phase 2: this rank's reduced chunk, decoded
-    reduced_bytes: int = 0
-    gather_handle: Any = None  # phase 2: allgather of the reduced chunks
 
 
 _UNNAMED = itertools.count()
@@ -195,15 +130,17 @@ class GradqCompressor:
             if p.requires_grad:
                 p.register_post_accumulate_grad_hook(_tagger(name))  # type: ignore[no-untyped-call]
         self._steps: dict[str, int] = {}
-        self.memory = Memory(loss_scale)
+        self._loss_scale = check_loss_scale(loss_scale)
+        self._store = TensorStore()
+        self.memory = Memory(TorchOps("cpu"), self._store)
         self._stats = Stats()
+        self._reducer = Reducer(scheme, seed, self.memory, self._stats)
         self._checked: set[str] = set()  # process sets whose ranks' configurations were compared
-        self._pending: list[_Summable | _Scatter] = []  # second phases not yet launched
         self._decompressing = True  # the next compress() starts a new step
 
     @property
     def _residuals(self) -> dict[str, torch.Tensor]:
-        return self.memory.residuals
+        return self._store.residuals
 
     # -- identity and the call ----------------------------------------------------------------
     def _name_of(self, tensor: torch.Tensor, site: CallSite | None) -> str | None:
@@ -217,7 +154,7 @@ class GradqCompressor:
                 return n
         return None
 
-    def _group(self, site: CallSite | None) -> _Group:
+    def _group(self, site: CallSite | None) -> Group:
         ps = site.process_set if site is not None else None
         if self.process_set is not None:
             if ps is not None and ps is not self.process_set and ps != hvd.global_process_set:
@@ -227,11 +164,11 @@ class GradqCompressor:
                 )
             ps = self.process_set
         if ps is None or ps == hvd.global_process_set:
-            return _Group(hvd.global_process_set, hvd.rank(), hvd.size(), "")
+            return Group(hvd.global_process_set, hvd.rank(), hvd.size(), "")
         member = membership(mpi_ops._basics, ps)
         if not member.included:
             raise GradqError(f"this rank ({hvd.rank()}) is not in {ps}, the process set of this reduction")
-        return _Group(ps, member.rank, member.size, f"ps{ps.process_set_id}.")
+        return Group(ps, member.rank, member.size, f"ps{ps.process_set_id}.")
 
     @staticmethod
     def _refuse(site: CallSite | None, tensor: torch.Tensor) -> None:
@@ -257,7 +194,7 @@ class GradqCompressor:
         """What every rank must agree on."""
         return f"{self.scheme.spec}|pattern={self.pattern.value}|seed={self.seed}|v=1"
 
-    def _check(self, group: _Group) -> None:
+    def _check(self, group: Group) -> None:
         """Once per process set, before anything depends on the configuration: ranks that
         disagree would otherwise hand Horovod tensors of different shapes (one compresses a
         tensor the other passes through) and Horovod would shut down before our check could
@@ -278,7 +215,7 @@ class GradqCompressor:
         self._refuse(site, tensor)
         if self._decompressing:  # the first compress() after a decompress(): a new step
             self._decompressing = False
-            self.memory.begin_step()
+            self.memory.begin_step(read_loss_scale(self._loss_scale))
         group = self._group(site)
         self._check(group)
         name = self._name_of(tensor, site)
@@ -299,7 +236,7 @@ class GradqCompressor:
             # fp32 allreduce takes them, exactly (torch's allreduce has no bf16: sent as fp32).
             c = fp32_cost(n, group.size)
             self._stats.record(name, "fp32", c.sent, c.received, c.sent)
-            return tensor.to(torch.float32) if tensor.dtype == torch.bfloat16 else tensor, _Pass(name, tensor.dtype)
+            return tensor.to(torch.float32) if tensor.dtype == torch.bfloat16 else tensor, Pass(name, tensor.dtype)
         if pattern is Pattern.SUMMABLE and self.scheme.nonfinite is NonFinite.SKIP:
             pattern = Pattern.GATHER  # skip changes a rank's payload on its own
         step = self._steps.get(name, 0)
@@ -309,33 +246,21 @@ class GradqCompressor:
             x = self.memory.compensate(name, x)
         fp32 = fp32_cost(n, group.size).sent
         base = (name, step, tensor.shape, tensor.dtype, tensor.device, group, fp32)
-        ctx: _Ctx
-        if pattern is Pattern.GATHER:
-            ctx = self._gather_start(_Gather(*base), x)
-        elif pattern is Pattern.SUMMABLE:
-            ctx = self._summable_start(_Summable(*base), x)
-        else:
-            ctx = self._scatter_start(_Scatter(*base), x)
+        ctx = {Pattern.GATHER: GatherCtx, Pattern.SUMMABLE: SummableCtx, Pattern.SCATTER: ScatterCtx}[pattern](*base)
+        self._reducer.start(ctx, x)
         return torch.ones(1, dtype=torch.float32), ctx
 
     def decompress(self, tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
         if ctx is None:  # sparse gradients bypass compression
             return tensor
         self._decompressing = True
-        if isinstance(ctx, _Pass):
+        if isinstance(ctx, Pass):
             out = tensor.to(ctx.dtype)
             self._check_output(out)
             return out
-        if not isinstance(ctx, _Ctx):
+        if not isinstance(ctx, Ctx):
             raise GradqError("decompress() got a context hvd_gradq did not make")
-        self._flush()
-        if isinstance(ctx, _Gather):
-            total = self._gather_finish(ctx)
-        elif isinstance(ctx, _Summable):
-            total = self._summable_finish(ctx)
-        else:
-            assert isinstance(ctx, _Scatter)
-            total = self._scatter_finish(ctx)
+        total = self._reducer.finish(ctx)
         # Horovod reduced our [1.0] with this call's op and scale factors: v = post*pre (Average)
         # or post*pre*N (Sum). The plain cases keep their exact arithmetic.
         v, size = float(tensor.reshape(-1)[0]), ctx.group.size
@@ -353,237 +278,15 @@ class GradqCompressor:
         if self.scheme.ef and out.is_floating_point() and not bool(torch.isfinite(out).all()):
             self.memory.rollback()
 
-    def _flush(self) -> None:
-        """Launch the second phase of every pending tensor (see the module docstring)."""
-        pending, self._pending = self._pending, []
-        error: GradqError | None = None
-        for ctx in pending:
-            try:
-                if isinstance(ctx, _Summable):
-                    self._summable_phase2(ctx)
-                else:
-                    self._scatter_phase2(ctx)
-            except GradqError as e:  # launch the others first: no rank waits for this one
-                error = error or e
-        if error is not None:
-            raise error
-
-    # -- gather: allgather of payloads -------------------------------------------------------------
-    def _gather_start(self, ctx: _Gather, x: torch.Tensor) -> _Gather:
-        g = ctx.group
-        seed = codec.draw_seed(self.seed, hvd.rank(), ctx.step, ctx.name)
-        collective = f"hvd_gradq.{g.key}g.{ctx.name}"
-        try:
-            buf, own = codec.encode(self.scheme, x.cpu().numpy(), seed, f"{ctx.name} (step {ctx.step})")
-        except NonFiniteError:
-            # Tell the other ranks before stopping, so that they raise too instead of
-            # waiting forever for this rank's payload.
-            hvd.synchronize(hvd.allgather_async(torch.from_numpy(codec.poison()), name=collective,
-                                                process_set=g.process_set))
-            raise
-        ctx.own = own
-        ctx.handle = hvd.allgather_async(torch.from_numpy(buf), name=collective, process_set=g.process_set)
-        ctx.sent = buf.shape[0] * (g.size - 1)
-        if self.scheme.ef:
-            self.memory.update(ctx.name, x, torch.from_numpy(own))
-        return ctx
-
-    def _gather_finish(self, ctx: _Gather) -> torch.Tensor:
-        size = ctx.group.size
-        gathered = hvd.synchronize(ctx.handle)
-        total, count = codec.decode_sum(gathered.numpy(), ctx.group.rank, ctx.own, ctx.name)
-        if count != size:
-            raise RankMismatchError(f"{ctx.name}: gathered {count} payloads from {size} ranks")
-        own_len = ctx.sent // max(size - 1, 1)
-        self._stats.record(ctx.name, "gather", ctx.sent, int(gathered.numel()) - own_len, ctx.fp32)
-        return torch.from_numpy(total)
-
-    # -- summable: shared scale (Max-allreduce), then integer lanes (Sum-allreduce) ------------------
-    def _summable_start(self, ctx: _Summable, x: torch.Tensor) -> _Summable:
-        scheme = self.scheme
-        assert isinstance(scheme, EvenLevelScheme)
-        xc = x.cpu()
-        rows = -(-xc.numel() // scheme.bucket)
-        fin = torch.isfinite(xc)
-        if bool(fin.all()):
-            stats = local_stats(scheme, _CPU, xc)
-        elif scheme.nonfinite is NonFinite.RAISE:
-            ctx.local_bad = True  # +inf statistics: every rank sees it in the max and stops
-            stats = torch.full((rows, scheme.meta_width), float("inf"))
-        else:  # propagate: +inf statistics for the buckets holding NaN/Inf, zeros sent in them
-            pad = torch.ones(rows * scheme.bucket, dtype=torch.bool)
-            pad[: xc.numel()] = fin
-            bad = ~pad.reshape(rows, scheme.bucket).all(dim=1)
-            xc = torch.where(fin, xc, torch.zeros_like(xc))
-            stats = local_stats(scheme, _CPU, xc)
-            stats[bad] = float("inf")
-        ctx.x = xc
-        ctx.seed = codec.draw_seed(self.seed, hvd.rank(), ctx.step, ctx.name)
-        g = ctx.group
-        ctx.stats_handle = hvd.allreduce_async(
-            stats.contiguous(), op=hvd.Max, name=f"hvd_gradq.{g.key}s.{ctx.name}", process_set=g.process_set
-        )
-        self._pending.append(ctx)
-        return ctx
-
-    def _summable_phase2(self, ctx: _Summable) -> None:
-        scheme = self.scheme
-        assert isinstance(scheme, EvenLevelScheme)
-        g = ctx.group
-        stats = hvd.synchronize(ctx.stats_handle)
-        finite_rows = torch.isfinite(stats).all(dim=1)
-        if not bool(finite_rows.all()):
-            if scheme.nonfinite is NonFinite.RAISE:
-                who = "this rank" if ctx.local_bad else "another rank"
-                # still launch the lanes (zeros): a rank that raised later must not leave others waiting
-                self._launch_lanes(ctx, torch.zeros_like(ctx.x), torch.zeros_like(stats))
-                raise NonFiniteError(
-                    f"{ctx.name} (step {ctx.step}): {who} had non-finite values (NaN/Inf) in this gradient "
-                    "(nonfinite=raise); the default nonfinite=propagate carries them through as Horovod does"
-                )
-            ctx.bad_rows = ~finite_rows
-            stats = torch.where(finite_rows[:, None], stats, torch.zeros_like(stats))
-        own = self._launch_lanes(ctx, ctx.x, stats)
-        if scheme.ef:
-            self.memory.update(ctx.name, ctx.x, own)
-        c = cost(scheme, ctx.x.numel(), 1, g.size, Pattern.SUMMABLE)
-        self._stats.record(ctx.name, "summable", c.sent, c.received, ctx.fp32)
-
-    def _launch_lanes(self, ctx: _Summable, x: torch.Tensor, stats: torch.Tensor) -> torch.Tensor:
-        scheme = self.scheme
-        assert isinstance(scheme, EvenLevelScheme)
-        g = ctx.group
-        codes, meta = encode_shared(scheme, _CPU, x, stats, ctx.seed)
-        lay = lanes_for(scheme.symbols, g.size)
-        lanes = pack_lanes(_CPU, codes, lay.field_bits, lay.fields).to(torch.int32)
-        ctx.meta, ctx.lanes = meta, lay
-        ctx.handle = hvd.allreduce_async(lanes, op=hvd.Sum, name=f"hvd_gradq.{g.key}l.{ctx.name}",
-                                         process_set=g.process_set)
-        own: torch.Tensor = decode_codes(scheme, _CPU, codes, meta, x.numel())
-        return own
-
-    def _summable_finish(self, ctx: _Summable) -> torch.Tensor:
-        scheme = self.scheme
-        assert isinstance(scheme, EvenLevelScheme) and ctx.lanes is not None
-        summed = hvd.synchronize(ctx.handle)
-        n = ctx.x.numel()
-        codes = unpack_lanes(_CPU, summed.to(torch.int64), ctx.lanes.field_bits, ctx.lanes.fields, n)
-        out: torch.Tensor = decode_codes(scheme, _CPU, codes, ctx.meta, n, count=ctx.group.size)
-        if ctx.bad_rows is not None:
-            bad = ctx.bad_rows.repeat_interleave(scheme.bucket)[:n]
-            out = torch.where(bad, torch.full_like(out, float("nan")), out)
-        return out
-
-    # -- scatter: alltoall of chunks, reduce, re-compress, allgather ----------------------------------
-    def _scatter_start(self, ctx: _Scatter, x: torch.Tensor) -> _Scatter:
-        g = ctx.group
-        xs = x.cpu().numpy()
-        ctx.bounds = chunk_bounds(xs.shape[0], self.scheme.bucket, g.size)
-        bufs, owns = [], []
-        for j, (lo, hi) in enumerate(ctx.bounds):
-            seed = codec.draw_seed(self.seed, hvd.rank(), ctx.step, f"{ctx.name}#{j}")
-            try:
-                b, own = codec.encode(self.scheme, xs[lo:hi], seed, f"{ctx.name} (step {ctx.step})")
-            except NonFiniteError:
-                b, own = codec.poison(), None
-            bufs.append(b)
-            owns.append(own)
-        lens = torch.tensor([b.shape[0] for b in bufs], dtype=torch.int32)
-        ctx.handle = hvd.alltoall_async(torch.from_numpy(np.concatenate(bufs)), splits=lens,
-                                        name=f"hvd_gradq.{g.key}a.{ctx.name}", process_set=g.process_set)
-        if any(o is None for o in owns):
-            hvd.synchronize(ctx.handle)  # the others learn of it from the poison payload
-            raise NonFiniteError(f"{ctx.name} (step {ctx.step}): non-finite values (NaN/Inf) in the gradient")
-        ctx.own = owns[g.rank]
-        ctx.own_bytes = int(bufs[g.rank].shape[0])
-        ctx.sent = sum(b.shape[0] for j, b in enumerate(bufs) if j != g.rank)
-        if self.scheme.ef:
-            self.memory.update(ctx.name, x, torch.from_numpy(np.concatenate([o for o in owns if o is not None])))
-        self._pending.append(ctx)
-        return ctx
-
-    def _scatter_phase2(self, ctx: _Scatter) -> None:
-        g = ctx.group
-        recv, _ = hvd.synchronize(ctx.handle)
-        part, _count = codec.decode_sum(recv.numpy(), g.rank, ctx.own, ctx.name)
-        ctx.received = int(recv.numel()) - ctx.own_bytes
-        key = f"{ctx.name}#reduce"
-        sent = torch.from_numpy(part)
-        if self.scheme.ef:
-            sent = self.memory.compensate(key, sent)
-        seed = codec.draw_seed(self.seed, hvd.rank(), ctx.step, key)
-        buf, own = codec.encode(self.scheme, sent.numpy(), seed, f"{ctx.name} (step {ctx.step}, reduced)")
-        if self.scheme.ef:
-            self.memory.update(key, sent, torch.from_numpy(own))
-        ctx.reduced_own, ctx.reduced_bytes = own, int(buf.shape[0])
-        ctx.gather_handle = hvd.allgather_async(torch.from_numpy(buf), name=f"hvd_gradq.{g.key}r.{ctx.name}",
-                                                process_set=g.process_set)
-
-    def _scatter_finish(self, ctx: _Scatter) -> torch.Tensor:
-        g = ctx.group
-        gathered = hvd.synchronize(ctx.gather_handle).numpy()
-        pieces = [ctx.reduced_own if r == g.rank else dequantize(p).reshape(-1) for r, p in enumerate(split(gathered))]
-        sent = ctx.sent + ctx.reduced_bytes * (g.size - 1)
-        received = ctx.received + int(gathered.shape[0]) - ctx.reduced_bytes
-        self._stats.record(ctx.name, "scatter", sent, received, ctx.fp32)
-        return torch.from_numpy(np.concatenate(pieces).astype(np.float32, copy=False))
-
     # -- state ----------------------------------------------------------------------------------
     def state_dict(self, all_ranks: bool = False) -> dict[str, Any]:
-        """Error-feedback residuals and per-tensor step counters (the random streams' positions).
-
-        With ``all_ranks=True`` (a collective: call it on every rank) the state holds every rank's
-        residuals, so the usual Horovod recipe (save on rank 0, load on every rank) resumes exactly.
-        Without it, it holds this rank's; a rank that loads another rank's state keeps the step
-        counters and starts its residuals from zero (see :meth:`load_state_dict`).
-        """
-        residuals = {k: v.detach().clone().cpu() for k, v in self.memory.residuals.items()}
-        state: dict[str, Any] = {
-            "config": self.config(),
-            "rank": hvd.rank(),
-            "size": hvd.size(),
-            "steps": dict(self._steps),
-            "residuals": residuals,
-        }
-        if all_ranks:
-            every = hvd.allgather_object(residuals, name="hvd_gradq.state")
-            state["ranks"] = dict(enumerate(every))
-        return state
+        """Error-feedback residuals and per-tensor step counters; see :func:`.checkpoint.state_dict`
+        (``all_ranks=True`` is a collective)."""
+        return checkpoint.state_dict(self.config(), self._steps, self._store, all_ranks)
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`. Residuals belong to one rank: they are taken from the
-        state's ``ranks`` entry (``all_ranks=True``) or from a state this rank saved; a state saved
-        by another rank restores the step counters and zeroes this rank's residuals (a one-step
-        bias, then error feedback resumes) rather than adopting another rank's."""
-        if not isinstance(state, dict) or not {"config", "steps", "residuals"} <= set(state):
-            raise GradqError("load_state_dict expects a dict from GradqCompressor.state_dict()")
-        if state["config"] != self.config():
-            raise GradqError(f"the checkpoint was made with {state['config']!r}, this compressor is {self.config()!r}")
-        rank, size = hvd.rank(), hvd.size()
-        there = state.get("size", size)
-        residuals: dict[str, torch.Tensor] = {}
-        if "ranks" in state:
-            residuals = dict(state["ranks"].get(rank, {})) if there == size else {}
-        elif state.get("rank", rank) == rank:
-            residuals = dict(state["residuals"])
-        if there != size and (state["residuals"] or state.get("ranks")):
-            raise GradqError(
-                f"the checkpoint holds error-feedback residuals of {there} ranks; this job has {size}. "
-                "Residuals are per rank: resume on the same number of ranks, or drop them with "
-                "state['residuals'] = {} and state.pop('ranks', None) (a one-step bias, then EF resumes)"
-            )
-        if self._params:
-            unknown = sorted({k.split("#")[0] for k in residuals} - set(self._params))
-            if unknown:
-                raise GradqError(f"the checkpoint has residuals for unknown parameters: {unknown[:5]}")
-            for k, v in residuals.items():
-                if "#" in k:  # a scatter chunk's residual: its size follows the chunking
-                    continue
-                n = self._params[k].numel()
-                if v.numel() != n:
-                    raise GradqError(f"residual of {k!r} has {v.numel()} elements; the parameter has {n}")
-        self._steps = {str(k): int(v) for k, v in state["steps"].items()}
-        self.memory.residuals = {k: v.detach().clone().to(torch.float32) for k, v in residuals.items()}
+        """Restore :meth:`state_dict`; see :func:`.checkpoint.load_state_dict`."""
+        self._steps = checkpoint.load_state_dict(state, self.config(), self._params, self._store)
 
     def stats(self) -> dict[str, Any]:
         """Bytes this rank sent and received, last step and in total, per pattern, against fp32."""

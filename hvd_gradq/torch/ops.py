@@ -96,6 +96,9 @@ class TorchOps:
     def isfinite_all(self, x: Array) -> bool:
         return bool(torch.isfinite(x).all())
 
+    def isfinite(self, x: Array) -> Array:
+        return torch.isfinite(x)
+
     def shr(self, x: Array, k: int) -> Array:
         return torch.bitwise_right_shift(x, k)
 

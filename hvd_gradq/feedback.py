@@ -1,0 +1,115 @@
+"""Error feedback: the one component both frontends and every pattern use (GRACE's ``Memory``).
+
+**The rule.** A residual ``e`` is what compression left out of a tensor: the next step sends
+``x = g + e`` and keeps ``e' = x - decoded(x)`` (Seide et al. 2014; Karimireddy et al. 2019).
+:class:`Memory` writes that rule once, against :class:`hvd_gradq.xp.Ops`, so PyTorch's eager
+tensors and TensorFlow's graph tensors run the same arithmetic.
+
+**Keys.** A rank's own gradient is keyed by its name (``dense/kernel:0``, ``fc.weight``). The
+scatter pattern re-compresses the partial sum a rank reduced for its chunk and sends that on: its
+rounding error is a second, server-side residual, keyed :func:`reduced_key` (``<name>#reduce``).
+Checkpoints keep both.
+
+**Where residuals live** is the frontend's :class:`Store`: a dict of tensors in PyTorch
+(:class:`hvd_gradq.torch.feedback.TensorStore`), one ``tf.Variable`` per gradient in TensorFlow
+(:class:`hvd_gradq.tensorflow.state.SlotStore`, which also remembers which rank's residual a
+restored variable holds and reads another rank's as zero).
+
+**Mixed precision.** With a loss scale S (``GradScaler``, ``LossScaleOptimizer``) the gradients
+arrive multiplied by S, which changes during training. A residual kept in scaled units would be off
+by the ratio after every change, so residuals are stored unscaled: ``compensate`` adds ``e * S``
+and ``update`` stores ``(x - decoded) / S``. Loss scales are powers of two, so both are exact.
+:meth:`Memory.begin_step` takes the step's S (a float, or a graph tensor in TensorFlow).
+
+**Steps that did not happen.** Where ``x - decoded`` is not finite the old residual stays (a NaN
+must not poison every later step). When a whole step is skipped (its reduced gradients hold
+NaN/Inf on every rank, so ``GradScaler`` skips it everywhere), the residuals that step wrote
+described an update that never happened: :meth:`Memory.rollback` restores them. That needs an undo
+log across a step, which eager frontends have; a TensorFlow graph instead passes ``keep`` (the
+elements whose reduced result is not finite) to :meth:`Memory.update`, in the same graph.
+"""
+from __future__ import annotations
+
+from typing import Any, Protocol
+
+from .xp import Array, Ops
+
+REDUCED = "#reduce"
+
+
+def reduced_key(name: str) -> str:
+    """The key of the scatter pattern's server-side residual of ``name``'s reduced chunk."""
+    return name + REDUCED
+
+
+def parameter_of(key: str) -> str:
+    """The parameter a residual key belongs to (itself, or the name before ``#reduce``)."""
+    return key[: -len(REDUCED)] if key.endswith(REDUCED) else key
+
+
+class Store(Protocol):
+    """Where a frontend keeps residuals (unscaled float32, flat)."""
+
+    def read(self, key: str, like: Array) -> Array | None:
+        """The residual of ``key`` where ``like`` lives (device, graph), or None if there is none."""
+        ...
+
+    def write(self, key: str, value: Array) -> None: ...
+
+    def forget(self, key: str) -> None: ...
+
+
+class Memory:
+    """Residuals by key, through a :class:`Store`, with the loss scale and the step's undo log.
+
+    ``undo=False`` for graph frontends, which cannot hold values across a step and use
+    ``update(keep=...)`` instead of :meth:`rollback`."""
+
+    def __init__(self, ops: Ops, store: Store, *, undo: bool = True) -> None:
+        self.ops = ops
+        self.store = store
+        self.scale: Any = None  # the step's loss scale: None (or 1.0) when gradients are unscaled
+        self._undo: dict[str, Array | None] | None = {} if undo else None
+        self._zero = ops.full((), 0.0)  # a 0-d zero: broadcasts, and torch lets it meet CUDA tensors
+
+    def begin_step(self, scale: Any = None) -> None:
+        """A new step: forget the undo log; ``scale`` is the step's loss scale."""
+        self.scale = scale
+        if self._undo is not None:
+            self._undo.clear()
+
+    def _scaled(self) -> bool:
+        return self.scale is not None and not (isinstance(self.scale, float) and self.scale == 1.0)
+
+    def compensate(self, key: str, x: Array) -> Array:
+        """``x`` plus the residual of ``key``, in the current loss scale's units (``x`` itself,
+        not a copy, when there is no residual: its bits, a zero's sign included, are kept)."""
+        e = self.store.read(key, x)
+        if e is None:
+            return x
+        return x + (e * self.scale if self._scaled() else e)
+
+    def update(self, key: str, sent: Array, decoded: Array, keep: Array | None = None) -> None:
+        """Store ``(sent - decoded) / S`` for ``key``; the old residual (zero if none) stays where
+        that is not finite, and where ``keep`` (a bool mask, or None) is set."""
+        old = self.store.read(key, sent)
+        if self._undo is not None and key not in self._undo:
+            self._undo[key] = old
+        e = sent - decoded
+        if self._scaled():
+            e = e / self.scale
+        bad = ~self.ops.isfinite(e)
+        if keep is not None:
+            bad = bad | keep
+        self.store.write(key, self.ops.where(bad, self._zero if old is None else old, e))
+
+    def rollback(self) -> None:
+        """Undo every residual written since :meth:`begin_step` (the step was skipped)."""
+        if self._undo is None:
+            raise RuntimeError("rollback needs Memory(undo=True); graph frontends pass keep= to update")
+        for key, old in self._undo.items():
+            if old is None:
+                self.store.forget(key)
+            else:
+                self.store.write(key, old)
+        self._undo.clear()

@@ -1,0 +1,317 @@
+"""The PyTorch frontend's three reduction patterns, each a typed context and its phases.
+
+Every compressed tensor takes one pattern (chosen by :func:`hvd_gradq.frontend.patterns.choose`)
+and carries one small context from ``compress()`` to ``decompress()``:
+
+* **gather** (:class:`GatherCtx`): one allgather of payloads; each rank decodes and sums them in
+  rank order (:func:`hvd_gradq.frontend.codec.decode_sum`). One phase.
+* **summable** (:class:`SummableCtx`): even-level schemes with a shared per-bucket scale. Phase 1
+  Max-allreduces each bucket's statistics; phase 2 encodes against the shared scale and
+  Sum-allreduces the codes packed into int32 lanes (:func:`hvd_gradq.wire.packing.pack_lanes`).
+* **scatter** (:class:`ScatterCtx`): phase 1 alltoalls per-chunk payloads, each rank decodes and
+  sums its own chunk; phase 2 re-compresses that partial sum (with its own residual,
+  ``<name>#reduce``) and allgathers it.
+
+:class:`Reducer` runs them. It only ever *starts* collectives in :meth:`Reducer.start`; second
+phases wait in :attr:`Reducer.pending` until :meth:`Reducer.flush` (see
+:mod:`hvd_gradq.torch.compressor` for why no collective may block inside ``compress()``). Error
+feedback is :class:`hvd_gradq.feedback.Memory`'s: the patterns call ``compensate`` and
+``update`` and own no residual themselves. Encoding and decoding run on the host through
+:mod:`hvd_gradq.frontend.codec` (the compiled kernels and ``wire/``), so every rank's bytes are
+the reference's.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+import horovod.torch as hvd
+import numpy as np
+import torch
+
+from ..api import dequantize, split
+from ..errors import GradqError, NonFiniteError, RankMismatchError
+from ..feedback import Memory, reduced_key
+from ..frontend import codec
+from ..frontend.patterns import Lanes, Pattern, chunk_bounds, cost, lanes_for
+from ..frontend.stats import Stats
+from ..schemes.base import EvenLevelScheme, NonFinite, Scheme, decode_codes, encode_shared, local_stats
+from ..wire.packing import pack_lanes, unpack_lanes
+from .ops import TorchOps
+
+_CPU = TorchOps("cpu")
+
+
+@dataclass(frozen=True)
+class Group:
+    """The ranks a reduction runs on: Horovod's process set, this rank's place and their count."""
+
+    process_set: Any
+    rank: int
+    size: int
+    key: str  # part of collective names: ranks of two process sets never share a name
+
+
+@dataclass
+class Pass:
+    """A tensor handed to Horovod's own allreduce, exactly (tiny tensors, one-rank sets)."""
+
+    name: str
+    dtype: torch.dtype
+
+
+@dataclass
+class Ctx:
+    """What every compressed tensor carries from ``compress()`` to ``decompress()``."""
+
+    name: str
+    step: int
+    shape: torch.Size
+    dtype: torch.dtype
+    device: torch.device
+    group: Group
+    fp32: int  # bytes an fp32 ring allreduce would move (for stats)
+
+
+@dataclass
+class GatherCtx(Ctx):
+    pattern: ClassVar[Pattern] = Pattern.GATHER
+    handle: Any = None
+    own: Any = None  # this rank's decoded payload (NumPy), so it is not decoded twice
+    sent: int = 0
+
+
+@dataclass
+class SummableCtx(Ctx):
+    pattern: ClassVar[Pattern] = Pattern.SUMMABLE
+    x: Any = None  # the compressed input (gradient + residual), CPU float32
+    seed: int = 0
+    stats_handle: Any = None  # phase 1: Max-allreduce of per-bucket statistics
+    local_bad: bool = False  # nonfinite=raise and this rank held NaN/Inf
+    lanes: Lanes | None = None
+    meta: Any = None
+    bad_rows: Any = None  # buckets some rank held NaN/Inf in (propagate): decoded as NaN
+    handle: Any = None  # phase 2: Sum-allreduce of int32 lanes
+
+
+@dataclass
+class ScatterCtx(Ctx):
+    pattern: ClassVar[Pattern] = Pattern.SCATTER
+    bounds: list[tuple[int, int]] | None = None
+    handle: Any = None  # phase 1: alltoall of per-chunk payloads
+    own: Any = None  # this rank's own chunk, decoded
+    own_bytes: int = 0
+    sent: int = 0
+    received: int = 0
+    reduced_own: Any = None  # phase 2: this rank's reduced chunk, decoded
+    reduced_bytes: int = 0
+    gather_handle: Any = None  # phase 2: allgather of the reduced chunks
+
+
+@dataclass
+class Reducer:
+    """Runs the patterns for one compressor: its scheme and seed, its error-feedback memory and
+    byte counters, and the contexts whose second phase is not launched yet."""
+
+    scheme: Scheme
+    seed: int
+    memory: Memory
+    stats: Stats
+    pending: list[SummableCtx | ScatterCtx] = field(default_factory=list)
+
+    def start(self, ctx: Ctx, x: torch.Tensor) -> Ctx:
+        """Start ``ctx``'s first phase on ``x`` (float32, flat, error feedback already added)."""
+        if isinstance(ctx, GatherCtx):
+            return self._gather_start(ctx, x)
+        if isinstance(ctx, SummableCtx):
+            return self._summable_start(ctx, x)
+        assert isinstance(ctx, ScatterCtx)
+        return self._scatter_start(ctx, x)
+
+    def finish(self, ctx: Ctx) -> torch.Tensor:
+        """Wait for ``ctx``'s collectives and return the decoded sum over the group (float32, flat)."""
+        self.flush()
+        if isinstance(ctx, GatherCtx):
+            return self._gather_finish(ctx)
+        if isinstance(ctx, SummableCtx):
+            return self._summable_finish(ctx)
+        assert isinstance(ctx, ScatterCtx)
+        return self._scatter_finish(ctx)
+
+    def flush(self) -> None:
+        """Launch the second phase of every pending tensor: called at the first ``decompress()`` of a
+        step, when every ``compress()`` of that step has run on this rank."""
+        pending, self.pending = self.pending, []
+        error: GradqError | None = None
+        for ctx in pending:
+            try:
+                if isinstance(ctx, SummableCtx):
+                    self._summable_phase2(ctx)
+                else:
+                    self._scatter_phase2(ctx)
+            except GradqError as e:  # launch the others first: no rank waits for this one
+                error = error or e
+        if error is not None:
+            raise error
+
+    # -- gather: allgather of payloads -------------------------------------------------------------
+    def _gather_start(self, ctx: GatherCtx, x: torch.Tensor) -> GatherCtx:
+        g = ctx.group
+        seed = codec.draw_seed(self.seed, hvd.rank(), ctx.step, ctx.name)
+        collective = f"hvd_gradq.{g.key}g.{ctx.name}"
+        try:
+            buf, own = codec.encode(self.scheme, x.cpu().numpy(), seed, f"{ctx.name} (step {ctx.step})")
+        except NonFiniteError:
+            # Tell the other ranks before stopping, so that they raise too instead of
+            # waiting forever for this rank's payload.
+            hvd.synchronize(hvd.allgather_async(torch.from_numpy(codec.poison()), name=collective,
+                                                process_set=g.process_set))
+            raise
+        ctx.own = own
+        ctx.handle = hvd.allgather_async(torch.from_numpy(buf), name=collective, process_set=g.process_set)
+        ctx.sent = buf.shape[0] * (g.size - 1)
+        if self.scheme.ef:
+            self.memory.update(ctx.name, x, torch.from_numpy(own).to(x.device))
+        return ctx
+
+    def _gather_finish(self, ctx: GatherCtx) -> torch.Tensor:
+        size = ctx.group.size
+        gathered = hvd.synchronize(ctx.handle)
+        total, count = codec.decode_sum(gathered.numpy(), ctx.group.rank, ctx.own, ctx.name)
+        if count != size:
+            raise RankMismatchError(f"{ctx.name}: gathered {count} payloads from {size} ranks")
+        own_len = ctx.sent // max(size - 1, 1)
+        self.stats.record(ctx.name, "gather", ctx.sent, int(gathered.numel()) - own_len, ctx.fp32)
+        return torch.from_numpy(total)
+
+    # -- summable: shared scale (Max-allreduce), then integer lanes (Sum-allreduce) ------------------
+    def _summable_start(self, ctx: SummableCtx, x: torch.Tensor) -> SummableCtx:
+        scheme = self.scheme
+        assert isinstance(scheme, EvenLevelScheme)
+        xc = x.cpu()
+        rows = -(-xc.numel() // scheme.bucket)
+        fin = torch.isfinite(xc)
+        if bool(fin.all()):
+            stats = local_stats(scheme, _CPU, xc)
+        elif scheme.nonfinite is NonFinite.RAISE:
+            ctx.local_bad = True  # +inf statistics: every rank sees it in the max and stops
+            stats = torch.full((rows, scheme.meta_width), float("inf"))
+        else:  # propagate: +inf statistics for the buckets holding NaN/Inf, zeros sent in them
+            pad = torch.ones(rows * scheme.bucket, dtype=torch.bool)
+            pad[: xc.numel()] = fin
+            bad = ~pad.reshape(rows, scheme.bucket).all(dim=1)
+            xc = torch.where(fin, xc, torch.zeros_like(xc))
+            stats = local_stats(scheme, _CPU, xc)
+            stats[bad] = float("inf")
+        ctx.x = xc
+        ctx.seed = codec.draw_seed(self.seed, hvd.rank(), ctx.step, ctx.name)
+        g = ctx.group
+        ctx.stats_handle = hvd.allreduce_async(
+            stats.contiguous(), op=hvd.Max, name=f"hvd_gradq.{g.key}s.{ctx.name}", process_set=g.process_set
+        )
+        self.pending.append(ctx)
+        return ctx
+
+    def _summable_phase2(self, ctx: SummableCtx) -> None:
+        scheme = self.scheme
+        assert isinstance(scheme, EvenLevelScheme)
+        g = ctx.group
+        stats = hvd.synchronize(ctx.stats_handle)
+        finite_rows = torch.isfinite(stats).all(dim=1)
+        if not bool(finite_rows.all()):
+            if scheme.nonfinite is NonFinite.RAISE:
+                who = "this rank" if ctx.local_bad else "another rank"
+                # still launch the lanes (zeros): a rank that raised later must not leave others waiting
+                self._launch_lanes(ctx, torch.zeros_like(ctx.x), torch.zeros_like(stats))
+                raise NonFiniteError(
+                    f"{ctx.name} (step {ctx.step}): {who} had non-finite values (NaN/Inf) in this gradient "
+                    "(nonfinite=raise); the default nonfinite=propagate carries them through as Horovod does"
+                )
+            ctx.bad_rows = ~finite_rows
+            stats = torch.where(finite_rows[:, None], stats, torch.zeros_like(stats))
+        own = self._launch_lanes(ctx, ctx.x, stats)
+        if scheme.ef:
+            self.memory.update(ctx.name, ctx.x, own)
+        c = cost(scheme, ctx.x.numel(), 1, g.size, Pattern.SUMMABLE)
+        self.stats.record(ctx.name, "summable", c.sent, c.received, ctx.fp32)
+
+    def _launch_lanes(self, ctx: SummableCtx, x: torch.Tensor, stats: torch.Tensor) -> torch.Tensor:
+        scheme = self.scheme
+        assert isinstance(scheme, EvenLevelScheme)
+        g = ctx.group
+        codes, meta = encode_shared(scheme, _CPU, x, stats, ctx.seed)
+        lay = lanes_for(scheme.symbols, g.size)
+        lanes = pack_lanes(_CPU, codes, lay.field_bits, lay.fields).to(torch.int32)
+        ctx.meta, ctx.lanes = meta, lay
+        ctx.handle = hvd.allreduce_async(lanes, op=hvd.Sum, name=f"hvd_gradq.{g.key}l.{ctx.name}",
+                                         process_set=g.process_set)
+        own: torch.Tensor = decode_codes(scheme, _CPU, codes, meta, x.numel())
+        return own
+
+    def _summable_finish(self, ctx: SummableCtx) -> torch.Tensor:
+        scheme = self.scheme
+        assert isinstance(scheme, EvenLevelScheme) and ctx.lanes is not None
+        summed = hvd.synchronize(ctx.handle)
+        n = ctx.x.numel()
+        codes = unpack_lanes(_CPU, summed.to(torch.int64), ctx.lanes.field_bits, ctx.lanes.fields, n)
+        out: torch.Tensor = decode_codes(scheme, _CPU, codes, ctx.meta, n, count=ctx.group.size)
+        if ctx.bad_rows is not None:
+            bad = ctx.bad_rows.repeat_interleave(scheme.bucket)[:n]
+            out = torch.where(bad, torch.full_like(out, float("nan")), out)
+        return out
+
+    # -- scatter: alltoall of chunks, reduce, re-compress, allgather ----------------------------------
+    def _scatter_start(self, ctx: ScatterCtx, x: torch.Tensor) -> ScatterCtx:
+        g = ctx.group
+        xs = x.cpu().numpy()
+        ctx.bounds = chunk_bounds(xs.shape[0], self.scheme.bucket, g.size)
+        bufs, owns = [], []
+        for j, (lo, hi) in enumerate(ctx.bounds):
+            seed = codec.draw_seed(self.seed, hvd.rank(), ctx.step, f"{ctx.name}#{j}")
+            try:
+                b, own = codec.encode(self.scheme, xs[lo:hi], seed, f"{ctx.name} (step {ctx.step})")
+            except NonFiniteError:
+                b, own = codec.poison(), None
+            bufs.append(b)
+            owns.append(own)
+        lens = torch.tensor([b.shape[0] for b in bufs], dtype=torch.int32)
+        ctx.handle = hvd.alltoall_async(torch.from_numpy(np.concatenate(bufs)), splits=lens,
+                                        name=f"hvd_gradq.{g.key}a.{ctx.name}", process_set=g.process_set)
+        if any(o is None for o in owns):
+            hvd.synchronize(ctx.handle)  # the others learn of it from the poison payload
+            raise NonFiniteError(f"{ctx.name} (step {ctx.step}): non-finite values (NaN/Inf) in the gradient")
+        ctx.own = owns[g.rank]
+        ctx.own_bytes = int(bufs[g.rank].shape[0])
+        ctx.sent = sum(b.shape[0] for j, b in enumerate(bufs) if j != g.rank)
+        if self.scheme.ef:
+            own = np.concatenate([o for o in owns if o is not None])
+            self.memory.update(ctx.name, x, torch.from_numpy(own).to(x.device))
+        self.pending.append(ctx)
+        return ctx
+
+    def _scatter_phase2(self, ctx: ScatterCtx) -> None:
+        g = ctx.group
+        recv, _ = hvd.synchronize(ctx.handle)
+        part, _count = codec.decode_sum(recv.numpy(), g.rank, ctx.own, ctx.name)
+        ctx.received = int(recv.numel()) - ctx.own_bytes
+        key = reduced_key(ctx.name)
+        sent = torch.from_numpy(part)
+        if self.scheme.ef:
+            sent = self.memory.compensate(key, sent)
+        seed = codec.draw_seed(self.seed, hvd.rank(), ctx.step, key)
+        buf, own = codec.encode(self.scheme, sent.numpy(), seed, f"{ctx.name} (step {ctx.step}, reduced)")
+        if self.scheme.ef:
+            self.memory.update(key, sent, torch.from_numpy(own))
+        ctx.reduced_own, ctx.reduced_bytes = own, int(buf.shape[0])
+        ctx.gather_handle = hvd.allgather_async(torch.from_numpy(buf), name=f"hvd_gradq.{g.key}r.{ctx.name}",
+                                                process_set=g.process_set)
+
+    def _scatter_finish(self, ctx: ScatterCtx) -> torch.Tensor:
+        g = ctx.group
+        gathered = hvd.synchronize(ctx.gather_handle).numpy()
+        pieces = [ctx.reduced_own if r == g.rank else dequantize(p).reshape(-1) for r, p in enumerate(split(gathered))]
+        sent = ctx.sent + ctx.reduced_bytes * (g.size - 1)
+        received = ctx.received + int(gathered.shape[0]) - ctx.reduced_bytes
+        self.stats.record(ctx.name, "scatter", sent, received, ctx.fp32)
+        return torch.from_numpy(np.concatenate(pieces).astype(np.float32, copy=False))
