@@ -32,7 +32,9 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from ..frontend.patterns import Pattern
-from ..schemes.base import EvenLevelScheme, NonFinite, Scheme
+from ..schemes.level import EvenLevelScheme
+from ..schemes.options import NonFinite
+from ..schemes.scheme import Scheme
 from . import codec, host, masks
 from .callsite import set_suffix
 from .state import Slot

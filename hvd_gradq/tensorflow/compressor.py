@@ -64,8 +64,10 @@ import tensorflow as tf
 from ..errors import GradqError
 from ..frontend.membership import membership
 from ..frontend.patterns import Pattern, choose, cost, fp32_cost, parse_pattern
-from ..schemes.base import Combine, EvenLevelScheme, LevelScheme, NonFinite, Scheme
+from ..schemes.level import EvenLevelScheme, LevelScheme
+from ..schemes.options import NonFinite
 from ..schemes.plain import FP16Scheme, NoneScheme
+from ..schemes.scheme import Combine, Scheme
 from ..wire.payload import DTYPE_CODES, MAX_NDIM
 from ..xp import stream_seed
 from . import collectives

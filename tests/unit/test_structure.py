@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 PKG = Path(__file__).resolve().parents[2] / "hvd_gradq"
-MAX_LINES = 450
+MAX_LINES = 400
 
 # Modules over MAX_LINES that are being split by other work right now. Each entry is a debt:
 # remove it once the file is under the limit (the test fails on an entry that no longer needs
@@ -30,6 +30,13 @@ OVERSIZED_ALLOWED = {
 KNOWN_CYCLE_EDGES = {
     ("hvd_gradq.kernels.bingrad_pb", "hvd_gradq.kernels._numba"),
     ("hvd_gradq.kernels.orq_levels", "hvd_gradq.kernels._numba"),
+}
+
+# Modules that only re-export, each for the one importer named, which is being rewritten right
+# now and must not be edited meanwhile. The test fails when anything else imports the shim, and
+# when the importer no longer does (then delete the shim and its entry), so the list can only shrink.
+SHIMS = {
+    "hvd_gradq.schemes.base": "hvd_gradq.torch.compressor",
 }
 
 
@@ -139,6 +146,13 @@ def test_no_import_cycle() -> None:
         graph[src].discard(dst)
     cycle = find_cycle(graph)
     assert cycle is None, "import cycle in hvd_gradq: " + " -> ".join(cycle or [])
+
+
+def test_shims_serve_only_their_importer() -> None:
+    graph = import_graph()
+    for shim, importer in sorted(SHIMS.items()):
+        users = sorted(mod for mod, deps in graph.items() if shim in deps)
+        assert users == [importer], f"{shim} is imported by {users}; it exists only for {importer}"
 
 
 def test_size_allow_list_names_existing_files() -> None:
