@@ -46,7 +46,8 @@ SCHEMES = [
 
 def theory(scheme, n: int) -> tuple[float, float]:
     """(code bits, meta bits) per element, from first principles."""
-    from hvd_gradq.schemes.base import LevelScheme, Scales
+    from hvd_gradq.schemes.level import LevelScheme
+    from hvd_gradq.schemes.options import Scales
 
     if scheme.name == "none":
         return 32.0, 0.0

@@ -17,7 +17,8 @@ from numpy.typing import NDArray
 
 from . import kernels, wire
 from .errors import GradqError, NonFiniteError, PayloadError, SpecError
-from .schemes.base import NonFinite, Scheme
+from .schemes.options import NonFinite
+from .schemes.scheme import Scheme
 from .spec import parse
 from .xp import NUMPY
 

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from .errors import SpecError
 
 if TYPE_CHECKING:
-    from .schemes.base import Scheme
+    from .schemes.scheme import Scheme
 
 _REGISTRY: dict[str, type[Scheme]] = {}
 S = TypeVar("S", bound="type[Scheme]")

@@ -15,7 +15,7 @@ from .errors import SpecError
 from .registry import build, names, register, scheme_class, to_spec
 
 if TYPE_CHECKING:
-    from .schemes.base import Scheme
+    from .schemes.scheme import Scheme
 
 __all__ = ["build", "names", "parse", "register", "scheme_class", "to_spec"]
 

@@ -11,7 +11,7 @@ from numpy.typing import NDArray
 
 from ..api import dequantize, quantize, split
 from ..errors import NonFiniteError, RankMismatchError
-from ..schemes.base import Scheme
+from ..schemes.scheme import Scheme
 from ..xp import stream_seed
 
 

@@ -24,7 +24,8 @@ import functools
 from dataclasses import dataclass
 
 from ..errors import SpecError
-from ..schemes.base import Combine, EvenLevelScheme, Scheme
+from ..schemes.level import EvenLevelScheme
+from ..schemes.scheme import Combine, Scheme
 from ..wire.payload import header_size
 
 

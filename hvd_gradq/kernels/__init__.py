@@ -37,7 +37,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..schemes.base import Scheme
+from ..schemes.scheme import Scheme
 from ..wire.packing import check_codes, layout
 from ..xp import seed_words
 from . import even, levels  # noqa: F401  (each registers its kernels with @kernel_for)

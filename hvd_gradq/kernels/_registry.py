@@ -18,7 +18,9 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import GradqError
-from ..schemes.base import LevelScheme, Scales, Scheme
+from ..schemes.level import LevelScheme
+from ..schemes.options import Scales
+from ..schemes.scheme import Scheme
 from ..wire.packing import layout
 from ._layout import layout_id
 

@@ -1,9 +1,11 @@
 """The built-in schemes; importing this package registers them (in :mod:`hvd_gradq.registry`).
 
 One file a scheme or small family. Where ORQ's levels are chosen: ``orq.py``; BinGrad's:
-``bingrad.py``; the shared bucketed pipeline and rounding: ``base.py``.
+``bingrad.py``; what every scheme is: ``scheme.py``; the shared bucketed pipeline and rounding:
+``level.py``; the summable pattern's shared scale: ``summable.py``; parameter kinds: ``options.py``.
 """
 from . import bingrad, orq, plain, qsgd, sign, terngrad, topk, uniform  # noqa: F401
-from .base import Combine, LevelScheme, Scheme
+from .level import LevelScheme
+from .scheme import Combine, Scheme
 
 __all__ = ["Combine", "LevelScheme", "Scheme"]

@@ -39,7 +39,8 @@ import numpy as np
 
 from ..registry import register
 from ..xp import Array, Ops, first_argmax, scan_sum
-from .base import LevelScheme, param
+from .level import LevelScheme
+from .options import param
 
 
 class Variant(enum.Enum):

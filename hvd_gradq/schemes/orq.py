@@ -24,7 +24,8 @@ from typing import ClassVar
 from ..errors import SpecError
 from ..registry import register
 from ..xp import Array, Ops, count_true, scan_sum
-from .base import LevelScheme, param
+from .level import LevelScheme
+from .options import param
 
 
 def best_level(ops: Ops, ys: Array, pre: Array, a: Array, b: Array) -> Array:

@@ -9,7 +9,8 @@ import numpy as np
 from ..errors import GradqError, SpecError
 from ..registry import register
 from ..xp import Array, Ops
-from .base import Scheme, Section, param
+from .options import param
+from .scheme import Scheme, Section
 
 FP16_MAX = 65504.0
 OVERFLOW = ("inf", "raise", "saturate")

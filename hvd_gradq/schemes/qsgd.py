@@ -17,7 +17,8 @@ import numpy as np
 from ..errors import SpecError
 from ..registry import register
 from ..xp import Array, Ops, tree_sum
-from .base import SQUARE_LIMIT, EvenLevelScheme, param, sqrt_pow2_at_least
+from .level import SQUARE_LIMIT, EvenLevelScheme, sqrt_pow2_at_least
+from .options import param
 
 
 class Norm(enum.Enum):

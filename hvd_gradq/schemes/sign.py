@@ -9,7 +9,7 @@ import numpy as np
 
 from ..registry import register
 from ..xp import Array, Ops, tree_sum
-from .base import RANGE_LIMIT, LevelScheme, pow2_at_least
+from .level import RANGE_LIMIT, LevelScheme, pow2_at_least
 
 
 @register("sign")

@@ -13,7 +13,8 @@ from typing import ClassVar
 
 from ..registry import register
 from ..xp import Array, Ops
-from .base import EvenLevelScheme, param
+from .level import EvenLevelScheme
+from .options import param
 
 
 @register("terngrad")

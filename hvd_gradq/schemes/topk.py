@@ -20,7 +20,8 @@ from ..errors import PayloadError, SpecError
 from ..registry import register
 from ..wire.packing import pack_bits, unpack_bits
 from ..xp import NUMPY, Array, Ops
-from .base import Scheme, Section, param
+from .options import param
+from .scheme import Scheme, Section
 
 
 def index_bits(n: int) -> int:

@@ -10,7 +10,8 @@ import numpy as np
 from ..errors import SpecError
 from ..registry import register
 from ..xp import Array, Ops
-from .base import EvenLevelScheme, param
+from .level import EvenLevelScheme
+from .options import param
 
 
 @register("uniform")

@@ -29,7 +29,8 @@ from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 from tensorflow.python.eager import context as _context
 
 from ..frontend.patterns import lanes_for
-from ..schemes.base import EvenLevelScheme, decode_codes, encode_shared, local_stats
+from ..schemes.level import EvenLevelScheme
+from ..schemes.summable import decode_codes, encode_shared, local_stats
 from ..wire.packing import pack_lanes, unpack_lanes
 from .ops import TF
 

@@ -17,12 +17,11 @@ are ``hvd_gradq.<name>.<kind><i>[.p<set>]``, ``i`` the slot's creation order, id
 every rank; ``<name>`` is ``name=`` or ``c<k>`` for the k-th compressor this process built,
 which the one-time configuration check (an eager allgather on the process set) compares.
 
-**Patterns.** ``gather``: the payload is encoded on the host (the compiled kernels, the
-``hvd_gradq.wire`` layout, a static size) and ``hvd.allgather`` ed; ``decompress`` parses, checks
-and decodes every payload, its own included, in rank order from the gathered bytes (one
-computation on the same bytes on every rank), sums and scales; ``ef`` sets the residual there. ``summable``
-(evenly spaced levels): a Max-allreduce of per-bucket statistics fixes a shared table, codes are
-packed into int32 lanes and Sum-allreduced. Horovod's own allreduce carries a float32 ``[1.0]``
+**Patterns.** ``gather`` (the payload made on the host and ``hvd.allgather`` ed; every rank
+decodes every payload in rank order; ``ef`` sets the residual in ``decompress``) and ``summable``
+(evenly spaced levels: a shared table agreed by a Max-allreduce, int32 code lanes Sum-allreduced)
+are started in ``compress`` and finished in ``decompress`` by :mod:`.collectives`; this module
+keeps the rest, error feedback included. Horovod's own allreduce carries a float32 ``[1.0]``
 that comes back as ``v = post * pre * N`` (Sum) or ``post * pre`` (Average), so the result is
 ``sum_of_decoded * v / N`` (computed as ``/ N`` when ``v == 1`` and as is when ``v == N``).
 Under ``pattern=auto``, a tensor whose compressed traffic would not be below a plain fp32 ring
@@ -32,8 +31,6 @@ gradient whose shape is not static and whose variable's shape is unknown too (wi
 sum's order (and so its bits, beyond 2 ranks) depend on what it fused: set
 ``HOROVOD_FUSION_THRESHOLD=0`` or ``pattern=gather`` where runs must reproduce bit for bit
 (ranks agree either way). The PyTorch frontend's scatter-reduce pattern is not implemented here.
-The summable mathematics runs in :mod:`hvd_gradq.tensorflow.codec` functions, traced once per
-(scheme, size) and shielded from Grappler's float rewrites.
 
 **Not compressed.** ``tf.IndexedSlices`` (embeddings) never reach ``compress()``: Horovod
 allgathers their values and indices itself, unless ``sparse_as_dense=True``.
@@ -56,9 +53,7 @@ import hashlib
 import itertools
 import os
 import re
-import weakref
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar, cast
 
 import horovod.tensorflow as hvd
@@ -69,15 +64,18 @@ import tensorflow as tf
 from ..errors import GradqError
 from ..frontend.membership import membership
 from ..frontend.patterns import Pattern, choose, cost, fp32_cost, parse_pattern
-from ..schemes.base import Combine, EvenLevelScheme, LevelScheme, NonFinite, Scheme
+from ..schemes.level import EvenLevelScheme, LevelScheme
+from ..schemes.options import NonFinite
 from ..schemes.plain import FP16Scheme, NoneScheme
+from ..schemes.scheme import Combine, Scheme
 from ..wire.payload import DTYPE_CODES, MAX_NDIM
 from ..xp import stream_seed
-from . import codec, host, masks
+from . import collectives
 from .callsite import check_op, function_graph, horovod_call_site, resolve_process_set, set_suffix
+from .collectives import Ctx
 from .handshake import check_configs
 from .ops import TF, step_words
-from .state import Slot, byte_stats, check_slot, describe, make_variables, variable_key
+from .state import Bookkeeping, Slot, byte_stats, check_slot, describe, make_variables, variable_key
 
 _COUNTER = itertools.count()
 _NAME_OK = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -87,39 +85,6 @@ _F = TypeVar("_F", bound=Callable[..., Any])
 def _no_convert(f: _F) -> _F:
     """Keep AutoGraph out of hvd_gradq's code (plain Python control flow on static values)."""
     return cast(_F, tf.autograph.experimental.do_not_convert(f))
-
-
-@dataclass
-class _Ctx:
-    slot_index: int
-    shape: tuple[int, ...]
-    dtype: Any
-    n: int
-    pattern: Pattern | None
-    size: int = 1
-    rank: int = 0
-    result: Any = None  # gathered bytes (gather) or summed int32 lanes (summable)
-    meta: Any = None  # the shared meta (summable)
-    x: Any = None  # the compressed input g + e (gather with ef: the residual is set in decompress)
-    slot: Slot | None = None
-    residual: Any = None  # the residual in use this step (zero if another rank's), unscaled
-    finite: Any = None  # nonfinite=raise: whether this rank's x held no NaN/Inf (a bool tensor)
-    bad: Any = None  # summable propagate: elements of buckets that were non-finite on some rank
-    what: str = ""  # "gradient <key> [shape]" for messages
-
-
-class _Host:
-    """Python-side bookkeeping, kept out of TF's object tracking."""
-
-    def __init__(self, loss_scale: Any) -> None:
-        self.slots: dict[str, Slot] = {}
-        self.keys: dict[Any, str] = {}  # variable identity -> its key (see state.variable_key)
-        # compress() calls without a known variable so far in each function graph being traced
-        self.positions: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
-        self.eager_calls = 0
-        self.checked: set[int] = set()  # process set ids whose ranks were compared
-        self.loss_scale = loss_scale
-        self.process_set: Any = None
 
 
 class GradqCompressor(tf.Module):  # type: ignore[misc]
@@ -187,7 +152,7 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         self.steps: dict[str, Any] = {}  # tracked: checkpoint keys steps/<variable name>
         self.residuals: dict[str, Any] = {}  # residuals/<variable name> (ef only), unscaled
         self.owners: dict[str, Any] = {}  # owners/<variable name>: the rank whose residual it is
-        self._host = _Host(loss_scale)
+        self._host = Bookkeeping(loss_scale)
         self._host.process_set = process_set
 
     # -- configuration ---------------------------------------------------------------------------
@@ -282,7 +247,7 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         if not tensor.shape.is_fully_defined():
             vshape = getattr(site.variable, "shape", None)
             if vshape is None or not vshape.is_fully_defined():
-                return tensor, _Ctx(-1, (), tensor.dtype, 0, None)  # no static size: Horovod's own allreduce
+                return tensor, Ctx(-1, (), tensor.dtype, 0, None)  # no static size: Horovod's own allreduce
             tensor = tf.ensure_shape(tensor, vshape)
         shape = TF.shape(tensor)
         if len(shape) > MAX_NDIM:
@@ -308,18 +273,13 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
             key, n, pattern, index = f"{slot.index}", slot.n, slot.pattern, slot.index
             step = slot.step.assign_add(1, read_value=True) - 1
             stream = stream_seed(self.seed, hvd.rank(), slot.index)
-        ctx = _Ctx(index, shape, tensor.dtype, n, pattern, size, prank, slot=slot)
+        ctx = Ctx(index, shape, tensor.dtype, n, pattern, size, prank, slot=slot)
         if pattern is None:  # fp32 pass-through (Horovod's TF allreduce has no bfloat16: sent as fp32)
             return (tf.cast(tensor, tf.float32) if tensor.dtype == tf.bfloat16 else tensor), ctx
         one = tf.ones((1,), tf.float32)
         if n == 0:
             return one, ctx
-        x = tf.reshape(tf.cast(tensor, tf.float32), (n,))
-        scale = self._loss_scale()
-        if slot is not None and slot.residual is not None:
-            mine = tf.equal(slot.owner.read_value(), hvd.rank())  # another rank's restored residual: zero
-            ctx.residual = tf.where(mine, slot.residual.read_value(), tf.zeros((n,), tf.float32))
-            x = x + (ctx.residual * scale if scale is not None else ctx.residual)
+        x = self._compensate(ctx, tf.reshape(tf.cast(tensor, tf.float32), (n,)))
         words: Any = step_words(TF, stream, step)
         ctx.what = f"gradient {slot.key if slot is not None else '#' + key} {list(shape)}"
         nf = self.scheme.nonfinite
@@ -336,14 +296,26 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
             x = tf.where(tf.math.is_finite(x), x, tf.zeros_like(x))
         ctx.x = x
         if pattern is Pattern.GATHER:
-            self._gather_start(x, words, key, ctx, ps)
+            collectives.gather_start(self.scheme, self._math, self.cid, x, words, key, ctx, ps)
         else:
-            own = self._summable_start(x, words, key, ctx, ps)
+            own = collectives.summable_start(self._math, self.cid, x, words, key, ctx, ps)
             if ctx.slot is not None and ctx.slot.residual is not None:
                 self._store_residual(ctx, own, ctx.bad)
         return one, ctx
 
-    def _store_residual(self, ctx: _Ctx, own: Any, bad: Any) -> None:
+    # -- error feedback: p = g + e before encoding, e <- p - own after ------------------------------
+    def _compensate(self, ctx: Ctx, x: Any) -> Any:
+        """x + the slot's residual (scaled up by the loss scale), which is zero where another
+        rank owns it (restored from its checkpoint); kept in ``ctx.residual`` for the store."""
+        scale = self._loss_scale()
+        slot = ctx.slot
+        if slot is None or slot.residual is None:
+            return x
+        mine = tf.equal(slot.owner.read_value(), hvd.rank())  # another rank's restored residual: zero
+        ctx.residual = tf.where(mine, slot.residual.read_value(), tf.zeros((ctx.n,), tf.float32))
+        return x + (ctx.residual * scale if scale is not None else ctx.residual)
+
+    def _store_residual(self, ctx: Ctx, own: Any, bad: Any) -> None:
         """residual <- (x - own) / scale, but the previous one where the result is not finite
         (a skipped step must not poison error feedback); this rank owns it from now on."""
         slot = ctx.slot
@@ -358,84 +330,29 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         slot.residual.assign(tf.where(keep, ctx.residual, new))
         slot.owner.assign(tf.constant(hvd.rank(), tf.int64))
 
-    def _gather_start(self, x: Any, words: Any, key: str, ctx: _Ctx, ps: Any) -> None:
-        # on the host, by the compiled kernels PyTorch uses (host.py says why the graph stays right)
-        payload = host.payload_encoder(self.scheme, self._math, ctx.shape, ctx.dtype.name, ctx.n)(
-            x, words[0], words[1])
-        if ctx.finite is not None:
-            # all zeros, no magic: the same size as a payload (allgather shapes are traced)
-            payload = tf.where(ctx.finite, payload, tf.zeros_like(payload))
-        ctx.result = hvd.allgather(payload, name=f"hvd_gradq.{self.cid}.g{key}{set_suffix(ps)}",
-                                   ignore_name_scope=True, process_set=ps)
-
-    def _summable_start(self, x: Any, words: Any, key: str, ctx: _Ctx, ps: Any) -> Any:
-        scheme = self._math
-        assert isinstance(scheme, EvenLevelScheme)
-        sfx = set_suffix(ps)
-        propagate = scheme.nonfinite is NonFinite.PROPAGATE
-        if propagate:  # a bucket with NaN/Inf sends +inf statistics: every rank decodes it NaN
-            bad_b = masks.bad_buckets(x, scheme.bucket, ctx.n)
-            x = tf.where(masks.per_element(bad_b, scheme.bucket, ctx.n), tf.zeros_like(x), x)
-        stats = codec.shared_stats(scheme, ctx.n)(x)
-        if ctx.finite is not None:  # a rank with NaN/Inf sends +inf statistics: every rank sees it
-            stats = tf.where(ctx.finite, stats, tf.fill(tf.shape(stats), float("inf")))
-        if propagate:
-            stats = tf.where(bad_b[:, None], tf.fill(tf.shape(stats), float("inf")), stats)
-        stats = hvd.allreduce(stats, op=hvd.Max, name=f"hvd_gradq.{self.cid}.s{key}{sfx}", ignore_name_scope=True,
-                              process_set=ps)
-        if ctx.finite is not None:
-            stats = tf.debugging.assert_all_finite(stats, self._nonfinite_message(ctx))
-        if propagate:
-            all_bad = tf.reduce_any(tf.logical_not(tf.math.is_finite(stats)), axis=1)
-            stats = tf.where(all_bad[:, None], tf.zeros_like(stats), stats)
-            ctx.bad = masks.per_element(all_bad, scheme.bucket, ctx.n)
-            x = tf.where(ctx.bad, tf.zeros_like(x), x)
-        lanes, meta, own = codec.lane_encoder(scheme, ctx.n, ctx.size)(x, stats, words[0], words[1])
-        ctx.meta = meta
-        ctx.result = hvd.allreduce(lanes, op=hvd.Sum, name=f"hvd_gradq.{self.cid}.l{key}{sfx}",
-                                   ignore_name_scope=True, process_set=ps)
-        return own
-
     @_no_convert
     def decompress(self, tensor: Any, ctx: Any) -> Any:
         if ctx is None:  # IndexedSlices, or a rank outside the process set: untouched
             return tensor
-        if not isinstance(ctx, _Ctx):
+        if not isinstance(ctx, Ctx):
             raise GradqError("decompress() got a context hvd_gradq did not make")
         if ctx.pattern is None:
             return tf.cast(tensor, ctx.dtype)
         if ctx.n == 0:
             return tf.zeros(ctx.shape, ctx.dtype)
-        size = ctx.size
         own = None
         if ctx.pattern is Pattern.GATHER:
-            out, own = self._gather_finish(ctx)
+            out, own = collectives.gather_finish(ctx)
         else:
-            scheme = self._math
-            assert isinstance(scheme, EvenLevelScheme)
-            out = codec.lane_decoder(scheme, ctx.n, size)(ctx.result, ctx.meta)
-            if ctx.bad is not None:
-                out = tf.where(ctx.bad, tf.fill((ctx.n,), float("nan")), out)
+            out = collectives.summable_finish(self._math, ctx)
         # Horovod's [1.0] came back as v = post * op(pre * 1): the result is out * v / N, written
         # as out / N (v == 1) and out (v == N) so that the plain cases keep their bits.
         v = tf.reshape(tensor, (-1,))[0]
-        nf = tf.constant(float(size), tf.float32)
+        nf = tf.constant(float(ctx.size), tf.float32)
         out = tf.where(tf.equal(v, 1.0), out / nf, tf.where(tf.equal(v, nf), out, out * (v / nf)))
         if own is not None and ctx.slot is not None and ctx.slot.residual is not None:
             self._store_residual(ctx, own, tf.logical_not(tf.math.is_finite(out)))
         return tf.cast(tf.reshape(out, ctx.shape), ctx.dtype)
-
-    def _gather_finish(self, ctx: _Ctx) -> Any:
-        """(sum, own): every rank's payload decoded and summed in rank order (the same bytes and
-        the same computation on every rank), and this rank's own (for error feedback)."""
-        rows = tf.reshape(ctx.result, (ctx.size, -1))
-        poison = self._nonfinite_message(ctx) if ctx.finite is not None else None
-        return host.gathered_decoder(ctx.n, ctx.size, ctx.rank, poison)(rows)
-
-    @staticmethod
-    def _nonfinite_message(ctx: _Ctx) -> str:
-        return (f"hvd_gradq: {ctx.what}: non-finite values (NaN/Inf) in this gradient on at least one rank "
-                "(nonfinite=raise, checked on every rank); set nonfinite=propagate to send NaN buckets instead")
 
     # -- state and accounting ----------------------------------------------------------------------
     def slots(self) -> list[dict[str, Any]]:

@@ -38,7 +38,8 @@ from numpy.typing import NDArray
 from .. import kernels
 from ..api import Payload, decode_flat, split
 from ..errors import NonFiniteError
-from ..schemes.base import LevelScheme, Scheme
+from ..schemes.level import LevelScheme
+from ..schemes.scheme import Scheme
 from ..wire.payload import MAGIC, header_size
 from ..xp import NUMPY
 

@@ -27,6 +27,7 @@ resumes exactly.
 """
 from __future__ import annotations
 
+import weakref
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import Any
@@ -58,6 +59,24 @@ class Slot:
     sent: int  # bytes a rank sends per reduction (model: gather is exact, ring is 2(N-1)/N)
     received: int
     fp32: int
+
+
+class Bookkeeping:
+    """A compressor's Python-side state, kept out of TF's object tracking (the compressor, a
+    ``tf.Module``, tracks only its checkpointed variables): the slots by key, the keys by
+    variable identity (:func:`variable_key`), position keys per function graph being traced,
+    the eager call count, the process sets whose ranks were compared, and the constructor's
+    ``loss_scale`` and ``process_set``."""
+
+    def __init__(self, loss_scale: Any) -> None:
+        self.slots: dict[str, Slot] = {}
+        self.keys: dict[Any, str] = {}  # variable identity -> its key (see variable_key)
+        # compress() calls without a known variable so far in each function graph being traced
+        self.positions: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
+        self.eager_calls = 0
+        self.checked: set[int] = set()  # process set ids whose ranks were compared
+        self.loss_scale = loss_scale
+        self.process_set: Any = None
 
 
 def variable_key(variable: Any, known: dict[Any, str]) -> tuple[str, Any]:

@@ -52,7 +52,8 @@ from ..frontend import codec
 from ..frontend.membership import membership
 from ..frontend.patterns import Pattern, choose, cost, fp32_cost, parse_pattern
 from ..frontend.stats import Stats
-from ..schemes.base import NonFinite, Scheme
+from ..schemes.options import NonFinite
+from ..schemes.scheme import Scheme
 from . import checkpoint
 from .callsite import CallSite, inspect_call
 from .feedback import LossScale, TensorStore, check_loss_scale, read_loss_scale

@@ -36,7 +36,10 @@ from ..feedback import Memory, reduced_key
 from ..frontend import codec
 from ..frontend.patterns import Lanes, Pattern, chunk_bounds, cost, lanes_for
 from ..frontend.stats import Stats
-from ..schemes.base import EvenLevelScheme, NonFinite, Scheme, decode_codes, encode_shared, local_stats
+from ..schemes.level import EvenLevelScheme
+from ..schemes.options import NonFinite
+from ..schemes.scheme import Scheme
+from ..schemes.summable import decode_codes, encode_shared, local_stats
 from ..wire.packing import pack_lanes, unpack_lanes
 from .ops import TorchOps
 

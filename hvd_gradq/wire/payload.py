@@ -50,7 +50,7 @@ CHECK_MODULUS = 65521
 
 
 class SectionLike(Protocol):
-    """One part of a payload on the wire (``hvd_gradq.schemes.base.Section`` is one)."""
+    """One part of a payload on the wire (``hvd_gradq.schemes.scheme.Section`` is one)."""
 
     @property
     def name(self) -> str: ...

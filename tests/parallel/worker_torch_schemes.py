@@ -15,7 +15,7 @@ import hvd_gradq
 import hvd_gradq.torch as gq
 from hvd_gradq import kernels
 from hvd_gradq.frontend import codec
-from hvd_gradq.schemes.base import decode_codes, encode_shared, local_stats
+from hvd_gradq.schemes.summable import decode_codes, encode_shared, local_stats
 from hvd_gradq.xp import NUMPY
 
 ap = argparse.ArgumentParser()

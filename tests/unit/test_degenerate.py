@@ -12,7 +12,7 @@ import pytest
 
 import hvd_gradq
 from hvd_gradq.errors import GradqError, NonFiniteError
-from hvd_gradq.schemes.base import LevelScheme
+from hvd_gradq.schemes.level import LevelScheme
 
 ALL = [
     "none", "fp16", "uniform:bits=8", "uniform:bits=2", "qsgd:levels=1", "qsgd:levels=4",

@@ -14,7 +14,7 @@ import pytest
 
 import hvd_gradq
 from hvd_gradq.errors import GradqError, NonFiniteError
-from hvd_gradq.schemes.base import LevelScheme
+from hvd_gradq.schemes.level import LevelScheme
 from hvd_gradq.xp import NUMPY
 
 F32_MAX = float(np.finfo(np.float32).max)

@@ -10,7 +10,7 @@ import pytest
 import hvd_gradq
 from hvd_gradq import spec
 from hvd_gradq.errors import GradqError, SpecError
-from hvd_gradq.schemes.base import Scheme
+from hvd_gradq.schemes.scheme import Scheme
 
 # Non-default parameter sets: every parameter of every scheme is moved off its default at
 # least once here (checked by test_examples_cover_every_parameter).
@@ -78,7 +78,7 @@ def test_canonical_round_trip_non_default(text):
 
 
 def test_examples_cover_every_parameter():
-    from hvd_gradq.schemes.base import LevelScheme
+    from hvd_gradq.schemes.level import LevelScheme
 
     shared = {f.name for f in dataclasses.fields(LevelScheme)}
     moved: dict[str, set[str]] = {}

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 import hvd_gradq
-from hvd_gradq.schemes.base import LevelScheme
+from hvd_gradq.schemes.level import LevelScheme
 from hvd_gradq.xp import NUMPY
 
 SEEDS = 1000

@@ -9,7 +9,8 @@ import numpy as np
 import pytest
 
 import hvd_gradq
-from hvd_gradq.schemes.base import LevelScheme, Scales
+from hvd_gradq.schemes.level import LevelScheme
+from hvd_gradq.schemes.options import Scales
 from hvd_gradq.wire.packing import layout
 from hvd_gradq.wire.payload import header_size
 

@@ -1,20 +1,18 @@
-"""What every scheme is, and the shared bucketed level-quantization pipeline.
+"""The shared bucketed level-quantization pipeline, and the float32 limits it keeps to.
 
 A *level scheme* maps each bucket of ``bucket`` elements onto a sorted table of ``symbols``
 values (its levels) described by a few floats (its ``meta``: min/max, a norm, or the levels
 themselves), then sends one code a element, base-s packed. Subclasses write only what is
 theirs: how ``meta`` is chosen from a bucket, how the table follows from ``meta``, and whether
 rounding is nearest (biased) or stochastic between neighbours (unbiased inside the table's
-range). Everything runs on the :class:`~hvd_gradq.xp.Ops` namespace given.
+range). Everything runs on the :class:`~hvd_gradq.xp.Ops` namespace given. What the summable
+pattern adds for evenly spaced levels (a scale shared by all ranks) is in :mod:`.summable`.
 """
 
 from __future__ import annotations
 
-import dataclasses
-import enum
-import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, ClassVar
 
 import numpy as np
@@ -23,131 +21,8 @@ from numpy.typing import NDArray
 from ..errors import SpecError
 from ..wire.packing import check_codes, layout, pack, unpack
 from ..xp import Array, Ops, tree_sum, uniforms
-
-
-class Combine(enum.Enum):
-    """How payloads of several workers may be combined."""
-
-    GATHER = "gather"  # every worker's payload is gathered and decoded, then summed
-    SUMMABLE = "summable"  # given a shared scale (a max-allreduce of ``shared_stats``), codes add
-
-
-class NonFinite(enum.Enum):
-    """What a gradient holding NaN/Inf becomes. ``propagate`` (default, as Horovod itself carries
-    non-finite values through, and torch's GradScaler relies on seeing them): a bucketed scheme
-    decodes every bucket that held one as NaN, on every rank, and leaves the other buckets alone;
-    ``none``/``fp16`` carry the values through; ``topk`` keeps them first. ``raise``: an error
-    naming the tensor. ``skip``: the tensor is sent uncompressed (``none``) with a warning."""
-
-    RAISE = "raise"
-    SKIP = "skip"
-    PROPAGATE = "propagate"
-
-
-class Scales(enum.Enum):
-    FP32 = "fp32"
-    FP16 = "fp16"
-
-
-def param(default: Any, kind: Any, doc: str = "") -> Any:
-    """A scheme parameter: its default, its kind (int, float, bool or an Enum) and a doc line."""
-    return field(default=default, metadata={"kind": kind, "doc": doc})
-
-
-@dataclass(frozen=True)
-class Section:
-    """One part of a payload on the wire."""
-
-    name: str
-    dtype: str  # numpy dtype name of the wire representation
-    count: int  # elements
-
-    @property
-    def nbytes(self) -> int:
-        return int(np.dtype(self.dtype).itemsize) * self.count
-
-
-@dataclass(frozen=True, kw_only=True)
-class Scheme:
-    """Base of all schemes. Parameters common to every scheme live here."""
-
-    name: ClassVar[str] = "?"
-    combine: ClassVar[Combine] = Combine.GATHER
-    # whether the rounding itself is unbiased (E[Q(x)] = x); :attr:`unbiased` also accounts for
-    # parameters that bias the whole scheme (clipping)
-    unbiased_rounding: ClassVar[bool] = False
-    stochastic: ClassVar[bool] = False
-    bucket: int = param(512, int, "elements per bucket")
-    ef: bool = param(False, bool, "error feedback: e <- p - decode(Q(p)), p = g + e")
-    nonfinite: NonFinite = param(NonFinite.PROPAGATE, NonFinite, "propagate | raise | skip")
-
-    def __post_init__(self) -> None:
-        if self.bucket <= 0:
-            raise SpecError(f"{self.name}: bucket={self.bucket} must be a positive integer (default 512)")
-        if self.bucket > 1 << 24:
-            raise SpecError(f"{self.name}: bucket={self.bucket} is too large; valid: 1 .. 2**24")
-
-    @property
-    def unbiased(self) -> bool:
-        """Whether E[decode(encode(x))] = x for every finite x, with these parameters."""
-        return self.unbiased_rounding
-
-    @property
-    def limit(self) -> float:
-        """Magnitudes the float32 arithmetic of this scheme handles: every |x| < limit. Larger
-        finite values would overflow an intermediate (a range, a sum, a square) and decode
-        wrong, so they are refused (:func:`hvd_gradq.quantize`) or, inside a framework's graph,
-        their bucket decodes as NaN."""
-        return math.inf
-
-    def check_parts(self, parts: dict[str, NDArray[Any]], n: int) -> None:
-        """Raise PayloadError if wire sections (NumPy, wire dtypes) hold what no encoder writes
-        and the decoders cannot decode (an index or a code out of range)."""
-
-    # -- identity -----------------------------------------------------------------------
-    @functools.cached_property
-    def spec(self) -> str:
-        """The canonical spec string (computed once: it is in every payload header)."""
-        from ..registry import to_spec
-
-        return to_spec(self)
-
-    def __str__(self) -> str:
-        return self.spec
-
-    def replace(self, **changes: Any) -> Scheme:
-        from ..registry import build
-
-        params = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
-        params.update(changes)
-        return build(self.name, **params)
-
-    # -- the wire ---------------------------------------------------------------------------
-    def sections(self, n: int) -> list[Section]:
-        """The payload's sections for a tensor of ``n`` elements, with exact sizes."""
-        raise NotImplementedError
-
-    def encode(self, ops: Ops, x: Array, seed: int) -> dict[str, Array]:
-        """Quantize a flat float32 array into wire sections (arrays of their section dtypes)."""
-        raise NotImplementedError
-
-    def decode(self, ops: Ops, parts: dict[str, Array], n: int) -> Array:
-        """Sections -> the flat float32 estimate of the input."""
-        raise NotImplementedError
-
-    def code_bits(self, n: int) -> float:
-        """Theoretical bits on the wire for ``n`` elements (entropy-free: log2 of the alphabet)."""
-        raise NotImplementedError
-
-    def nbytes(self, n: int) -> int:
-        return _nbytes(self, n)
-
-
-@functools.lru_cache(maxsize=4096)
-def _nbytes(scheme: Scheme, n: int) -> int:
-    # asked several times a tensor a step by the frontends' cost model: cached (schemes are frozen)
-    return sum(s.nbytes for s in scheme.sections(n))
-
+from .options import Scales, param
+from .scheme import Combine, Scheme, Section
 
 # Limits of the float32 pipeline (see Scheme.limit). A range or a difference of two values
 # below 2**127 is below float32's largest value (2**128 - 2**104): x - lo, hi - lo cannot overflow.
@@ -369,46 +244,3 @@ class EvenLevelScheme(LevelScheme):
 
     def meta_from_stats(self, ops: Ops, stats: Array) -> Array:
         raise NotImplementedError
-
-
-def encode_shared(scheme: EvenLevelScheme, ops: Ops, x: Array, stats: Array, seed: int) -> tuple[Array, Array]:
-    """Codes (n,) and meta (buckets, m) of flat ``x`` against the shared table that the
-    max-reduced ``stats`` (buckets, k) fix; the summable pattern's encoder."""
-    n = ops.shape(x)[0]
-    metas, codes = [], []
-    b = 0
-    for start, rows, w in bucket_rows(n, scheme.bucket):
-        xb = scheme.clip_rows(ops, ops.reshape(x[start : start + rows * w], (rows, w)))
-        meta = scheme.round_meta(ops, scheme.meta_from_stats(ops, stats[b : b + rows]))
-        table = scheme.table(ops, meta)
-        u = ops.reshape(uniforms(ops, seed, start, rows * w), (rows, w)) if scheme.draws else None
-        codes.append(ops.reshape(scheme.assign(ops, xb, table, u), (rows * w,)))
-        metas.append(meta)
-        b += rows
-    if not codes:
-        return ops.zeros((0,), "int64"), ops.zeros((0, scheme.meta_width), "float32")
-    return ops.concat(codes, 0), ops.concat(metas, 0)
-
-
-def local_stats(scheme: EvenLevelScheme, ops: Ops, x: Array) -> Array:
-    """This rank's per-bucket statistics (buckets, k) for the shared-scale max-allreduce."""
-    n = ops.shape(x)[0]
-    out = []
-    for start, rows, w in bucket_rows(n, scheme.bucket):
-        xb = scheme.clip_rows(ops, ops.reshape(x[start : start + rows * w], (rows, w)))
-        out.append(scheme.shared_stats(ops, xb))
-    return ops.concat(out, 0) if out else ops.zeros((0, 1), "float32")
-
-
-def decode_codes(scheme: EvenLevelScheme, ops: Ops, codes: Array, meta: Array, n: int, count: int = 1) -> Array:
-    """Decode (summed) codes against per-bucket ``meta``: ``count``*lo + step*codes, float32."""
-    out = []
-    b = 0
-    for start, rows, w in bucket_rows(n, scheme.bucket):
-        lo, step = scheme.affine(ops, meta[b : b + rows])
-        c = ops.f32(ops.reshape(codes[start : start + rows * w], (rows, w)))
-        out.append(ops.reshape(lo * np.float32(count) + step * c, (rows * w,)))
-        b += rows
-    if not out:
-        return ops.zeros((0,), "float32")
-    return ops.concat(out, 0) if len(out) > 1 else out[0]

@@ -1,0 +1,126 @@
+"""What every scheme is: the parameters all share, its identity, its wire sections.
+
+:class:`Scheme` is the interface the frontends, the payload and the kernels program against:
+``sections`` (exact sizes, so a payload's length is known before it is encoded), ``encode`` /
+``decode`` on a :class:`~hvd_gradq.xp.Ops` namespace, and :class:`Combine`, the one fact the
+frontends' pattern choice needs from a scheme class. Level schemes (a table of levels a
+bucket) build on it in :mod:`.level`; plain, fp16 and Top-K implement it directly.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import enum
+import functools
+import math
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..errors import SpecError
+from ..xp import Array, Ops
+from .options import NonFinite, param
+
+
+class Combine(enum.Enum):
+    """How payloads of several workers may be combined."""
+
+    GATHER = "gather"  # every worker's payload is gathered and decoded, then summed
+    SUMMABLE = "summable"  # given a shared scale (a max-allreduce of ``shared_stats``), codes add
+
+
+@dataclass(frozen=True)
+class Section:
+    """One part of a payload on the wire."""
+
+    name: str
+    dtype: str  # numpy dtype name of the wire representation
+    count: int  # elements
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.dtype(self.dtype).itemsize) * self.count
+
+
+@dataclass(frozen=True, kw_only=True)
+class Scheme:
+    """Base of all schemes. Parameters common to every scheme live here."""
+
+    name: ClassVar[str] = "?"
+    combine: ClassVar[Combine] = Combine.GATHER
+    # whether the rounding itself is unbiased (E[Q(x)] = x); :attr:`unbiased` also accounts for
+    # parameters that bias the whole scheme (clipping)
+    unbiased_rounding: ClassVar[bool] = False
+    stochastic: ClassVar[bool] = False
+    bucket: int = param(512, int, "elements per bucket")
+    ef: bool = param(False, bool, "error feedback: e <- p - decode(Q(p)), p = g + e")
+    nonfinite: NonFinite = param(NonFinite.PROPAGATE, NonFinite, "propagate | raise | skip")
+
+    def __post_init__(self) -> None:
+        if self.bucket <= 0:
+            raise SpecError(f"{self.name}: bucket={self.bucket} must be a positive integer (default 512)")
+        if self.bucket > 1 << 24:
+            raise SpecError(f"{self.name}: bucket={self.bucket} is too large; valid: 1 .. 2**24")
+
+    @property
+    def unbiased(self) -> bool:
+        """Whether E[decode(encode(x))] = x for every finite x, with these parameters."""
+        return self.unbiased_rounding
+
+    @property
+    def limit(self) -> float:
+        """Magnitudes the float32 arithmetic of this scheme handles: every |x| < limit. Larger
+        finite values would overflow an intermediate (a range, a sum, a square) and decode
+        wrong, so they are refused (:func:`hvd_gradq.quantize`) or, inside a framework's graph,
+        their bucket decodes as NaN."""
+        return math.inf
+
+    def check_parts(self, parts: dict[str, NDArray[Any]], n: int) -> None:
+        """Raise PayloadError if wire sections (NumPy, wire dtypes) hold what no encoder writes
+        and the decoders cannot decode (an index or a code out of range)."""
+
+    # -- identity -----------------------------------------------------------------------
+    @functools.cached_property
+    def spec(self) -> str:
+        """The canonical spec string (computed once: it is in every payload header)."""
+        from ..registry import to_spec
+
+        return to_spec(self)
+
+    def __str__(self) -> str:
+        return self.spec
+
+    def replace(self, **changes: Any) -> Scheme:
+        from ..registry import build
+
+        params = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
+        params.update(changes)
+        return build(self.name, **params)
+
+    # -- the wire ---------------------------------------------------------------------------
+    def sections(self, n: int) -> list[Section]:
+        """The payload's sections for a tensor of ``n`` elements, with exact sizes."""
+        raise NotImplementedError
+
+    def encode(self, ops: Ops, x: Array, seed: int) -> dict[str, Array]:
+        """Quantize a flat float32 array into wire sections (arrays of their section dtypes)."""
+        raise NotImplementedError
+
+    def decode(self, ops: Ops, parts: dict[str, Array], n: int) -> Array:
+        """Sections -> the flat float32 estimate of the input."""
+        raise NotImplementedError
+
+    def code_bits(self, n: int) -> float:
+        """Theoretical bits on the wire for ``n`` elements (entropy-free: log2 of the alphabet)."""
+        raise NotImplementedError
+
+    def nbytes(self, n: int) -> int:
+        return _nbytes(self, n)
+
+
+@functools.lru_cache(maxsize=4096)
+def _nbytes(scheme: Scheme, n: int) -> int:
+    # asked several times a tensor a step by the frontends' cost model: cached (schemes are frozen)
+    return sum(s.nbytes for s in scheme.sections(n))
