@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from engines import ENGINES, require_numba, set_engine
 
 import hvd_gradq
 from hvd_gradq.kernels import bingrad_pb
@@ -23,10 +24,11 @@ DISTS = {
 }
 
 
-@pytest.fixture(params=["reference", "kernels"])
+@pytest.fixture(params=ENGINES)
 def engine(request, monkeypatch):
-    """quantize/dequantize through the NumPy reference, or the compiled fast paths."""
-    monkeypatch.setenv("HVD_GRADQ_KERNELS", "0" if request.param == "reference" else "1")
+    """quantize/dequantize through the NumPy reference, or the compiled fast paths (which fail
+    the test without numba rather than run the reference twice)."""
+    set_engine(monkeypatch, request.param)
     return request.param
 
 
@@ -162,8 +164,8 @@ def test_pb_scheme_sends_the_exact_levels(engine):
 
 
 def test_pb_compiled_search_is_the_python_search():
-    if bingrad_pb._compiled() is None:
-        pytest.skip("numba is not installed")
+    require_numba()  # else _compiled() is None and this would compare the Python source with itself
+    assert bingrad_pb._compiled() is not None
     rng = np.random.default_rng(12)
     for dist, w in zip(list(DISTS) * 3, (1, 2, 3, 5, 16, 33, 64, 100, 200, 300, 512, 512, 7, 9, 11)):
         rows = np.stack([DISTS[dist](rng, w) for _ in range(3)]).astype(np.float32)
