@@ -1,5 +1,5 @@
 """The examples under horovodrun, as a user runs them: the MNIST-1D examples (a short ORQ-5 run on
-2 ranks ends with accuracy above chance and bytes more than 4x below fp32), the minimal ones (the
+2 ranks ends with a trained model's accuracy and bytes more than 4x below fp32), the minimal ones (the
 loss goes down and both ranks end with bitwise equal weights), and the measured run the demo uses
 (bench/train_mnist1d.py: the same plus step and compressor timings)."""
 from __future__ import annotations
@@ -18,8 +18,17 @@ from harness import ROOT, HangError, LaunchError, horovodrun
 
 pytestmark = pytest.mark.parallel
 
-STEPS = 20
+# Two epochs (31 steps of 64 per rank an epoch at 2 ranks). Test accuracy of ORQ-5 (--seed 0..2;
+# 0 is this suite's run): after 20 steps, the length this test used to run, 0.19-0.31 (the
+# uncompressed run 0.22): too early for any bound between chance (0.10) and what a correct run
+# reaches. After 62 steps: torch example 0.487-0.534, Keras 0.528-0.557, tape 0.510-0.567,
+# bench/train_mnist1d 0.452-0.462; a model whose gradients never arrive stays near chance. The
+# extra 42 steps cost 0.5-2 s a launch (0.012-0.05 s a step, by load), inside the spread of
+# these launches' wall times (10-75 s, mostly horovodrun, imports and TF start-up).
+STEPS = 62
+EPOCHS = 2
 CHANCE = 0.10  # 10 classes, balanced test set
+MIN_ACCURACY = 0.35  # 3.5x chance, 0.10 below the worst run measured (0.452)
 
 
 def run_script(path: Path, args: list[str], timeout: float) -> str:
@@ -53,7 +62,7 @@ def run_script(path: Path, args: list[str], timeout: float) -> str:
 
 def run_mnist1d(path: Path, spec: str, tmp: Path, timeout: float) -> dict:
     out = tmp / "summary.json"
-    output = run_script(path, ["--compression", spec, "--epochs", "1", "--max-steps", str(STEPS), "--quiet",
+    output = run_script(path, ["--compression", spec, "--epochs", str(EPOCHS), "--max-steps", str(STEPS), "--quiet",
                                "--json", str(out)], timeout)
     assert out.exists(), output[-3000:]
     assert "test accuracy" in output, output[-3000:]  # rank 0 printed its summary
@@ -62,14 +71,14 @@ def run_mnist1d(path: Path, spec: str, tmp: Path, timeout: float) -> dict:
 
 def check_example(s: dict, spec: str) -> None:
     assert s["compression"] == spec and s["ranks"] == 2 and s["steps"] == STEPS, s
-    assert s["test_accuracy"] > CHANCE + 0.05, f"accuracy {s['test_accuracy']:.3f} is not above chance"
+    assert s["test_accuracy"] >= MIN_ACCURACY, f"accuracy {s['test_accuracy']:.3f} < {MIN_ACCURACY} (chance {CHANCE})"
     assert s["bytes_sent"] > 0 and s["ratio_vs_fp32"] > 4, s
     assert abs(s["bytes_fp32"] / s["bytes_sent"] - s["ratio_vs_fp32"]) < 1e-6 * s["ratio_vs_fp32"]
 
 
 def check_measured(s: dict, spec: str) -> None:
     assert s["compression"] == spec and s["ranks"] == 2 and s["steps"] == STEPS
-    assert s["test_accuracy"] > CHANCE + 0.05, f"accuracy {s['test_accuracy']:.3f} is not above chance"
+    assert s["test_accuracy"] >= MIN_ACCURACY, f"accuracy {s['test_accuracy']:.3f} < {MIN_ACCURACY} (chance {CHANCE})"
     assert s["bytes_source"] == "compressor.stats()"
     assert s["bytes_sent"] > 0 and s["ratio_vs_fp32"] > 4, s
     assert abs(s["bytes_fp32"] / s["bytes_sent"] - s["ratio_vs_fp32"]) < 1e-6 * s["ratio_vs_fp32"]

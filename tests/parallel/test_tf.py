@@ -3,11 +3,9 @@ GradientTape features (checkpoint/resume, dtypes, eager, sparse, Sum/Average, th
 a rank mismatch), on 2 ranks with Gloo and MPI and on 4 ranks.
 
 Each launch pays ~10 s of TensorFlow imports per rank, so every worker loops over its cases
-inside one launch. Loss tolerances (``model.evaluate`` on the whole generated data set after 2
-epochs, against the same run with ``hvd.Compression.none``; the uncompressed loss is ~0.43 and
-the untrained one ln 4 = 1.39): unbiased schemes and every scheme with error feedback within
-``TOL_CLOSE`` = 0.05; the biased ones without error feedback (sign, topk, bingrad) learn slower
-and must stay within ``TOL_BIASED`` = 0.35 of it.
+inside one launch. Loss tolerances: ``model.evaluate`` on the whole generated data set after 2
+epochs, minus the same run's with ``hvd.Compression.none`` (0.43-0.46; untrained: ln 4 = 1.39), per
+scheme in ``TOL`` (see there for the measurements behind each bound).
 """
 import math
 import re
@@ -18,9 +16,19 @@ from harness import LaunchError, assert_ranks_equal, launch
 
 pytestmark = pytest.mark.parallel
 
-TOL_CLOSE = 0.05
-TOL_BIASED = 0.35
-BIASED = {"sign", "topk", "bingrad"}
+# |loss - uncompressed loss| after 2 epochs, per run label without "/bpps2". Measured with the
+# worker's --seed 0..2 (the data, the init and the rounding noise; 0 is the suite's run), the
+# worst of them in brackets:
+#   fp16, uniform, qsgd, orq, each with or without EF, and qsgd+ef/bpps2: [0.0034]
+#   terngrad (clipped at 2.5 sigma: biased), with or without EF: [0.028]
+#   sign, topk, bingrad with EF: [0.024]
+#   sign, topk, bingrad without EF: slower by design, +0.19 to +0.23 [0.234]
+# The unbiased schemes get 0.02 (6x their worst), terngrad and the EF'd biased ones 0.05 (1.8x,
+# as before), the biased ones 0.3 (1.3x: their ~0.2 is systematic, not noise). A scheme that sends zeros
+# stays near the untrained loss, about +0.9 (ln 4 - 0.45), beyond every bound here.
+TOL_UNBIASED = 0.02
+TOL = {"terngrad": 0.05, "sign+ef": 0.05, "topk+ef": 0.05, "bingrad+ef": 0.05, "terngrad+ef": 0.05,
+       "sign": 0.3, "topk": 0.3, "bingrad": 0.3}
 SCHEMES = ["fp16", "uniform", "qsgd", "terngrad", "sign", "topk", "bingrad", "orq"]
 MPI_RUNS = ["none", "qsgd+ef", "terngrad", "orq+ef", "topk+ef", "sign"]
 # Open MPI busy-polls by default; on a machine with fewer cores than ranks plus TF's threads that
@@ -41,8 +49,7 @@ def _check_fit(reports, labels):
             continue
         rec = runs0[label]
         base = runs0["none/bpps2" if label.endswith("bpps2") else "none"]["loss"]
-        name = label.split("+")[0].split("/")[0]
-        tol = TOL_BIASED if (name in BIASED and "+ef" not in label) else TOL_CLOSE
+        tol = TOL.get(label.split("/")[0], TOL_UNBIASED)
         assert math.isfinite(rec["loss"]) and abs(rec["loss"] - base) <= tol, (label, rec["loss"], base, tol)
         assert rec["ratio"] > 1.0, (label, rec)  # fewer bytes than fp32 allreduce, even for tiny tensors
         want = 32 if not label.endswith("bpps2") else 16  # 16 batches x 2 epochs, or every 2nd

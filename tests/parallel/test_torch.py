@@ -1,13 +1,46 @@
 """The PyTorch frontend under horovodrun: every scheme with and without EF, bitwise-equal
-weights on all ranks, loss close to the uncompressed run, the NumPy oracle, identity, stats."""
+weights on all ranks, the loss curve against the uncompressed run's, the NumPy oracle (also for
+op=Sum and num_groups, through DistributedOptimizer), identity, stats."""
 import pytest
 from harness import LaunchError, launch
 
 pytestmark = pytest.mark.parallel
 
-# final eval loss may exceed the uncompressed run's by at most this factor (start loss ~1.39)
-CLOSE = {"fp16": 1.05, "uniform:bits=8": 1.05, "orq:levels=9": 1.25, "qsgd:levels=4": 1.35}
-DEFAULT_TOL = 2.5  # every other scheme must still have learned: loss < 0.6 x start, and this
+# Measured eval losses (start ln 4 = 1.39; worker --seed 0..2 at 2 ranks x 100 steps, 0..1 at 4
+# ranks x 40 steps): the task is easy, so the uncompressed run is at ~0 by step 20-30 and every
+# scheme's final loss is ~0 too; a ratio to the uncompressed final loss (0.0) says nothing.
+# What separates a working scheme from a broken one is (1) the first eval, after 10 steps, for
+# the schemes that are unbiased at fine resolution: they follow the uncompressed run while a
+# scale error shows at once, and (2) for every scheme, that it has learned by the end.
+#
+# (1) |loss10 / none10 - 1|: at most 0.19% measured for these (EF or not) at 2 ranks, 0.29% at
+# 4; a decode scaled by 0.5 gives +12.6%, by 2 -69%, zeros +19%, the wrong sign +43% (seed 0,
+# 2 ranks, decompress() output sabotaged). The bound, 2%, is 7x the worst correct run and 6x
+# below the smallest sabotage. The biased schemes (sign, topk, bingrad) and terngrad (clipped)
+# are 0.3-16% off here by design: the oracle below checks their values exactly instead.
+TRACKED = {"fp16", "uniform:bits=8", "uniform:bits=4", "qsgd:levels=4", "orq:levels=3", "orq:levels=5", "orq:levels=9"}
+TRACK_10 = 0.02
+# (2) the final eval loss of every scheme, by world size. Worst measured: 3.4e-4 at 2 ranks after
+# 100 steps (sign, seed 2), 6.3e-3 at 4 ranks after 40 (bingrad:variant=pb,ef=true, seed 1:
+# momentum overshoots after the loss first reaches ~0, up to 0.41 mid-run at 2 ranks, so a
+# 40-step run gets a wider bound). Broken schemes end at 1.39 (zeros) or NaN (the wrong sign).
+FINAL = {2: 0.01, 4: 0.1}
+
+
+def _fails(spec: str, r: dict, none: dict, size: int) -> list[str]:
+    if "error" in r:
+        return [f"{spec}: {r['error']}"]
+    out = []
+    base = spec.replace(",ef=true", "").replace(":ef=true", "")
+    if base in TRACKED:
+        dev = r["curve"][0] / none["curve"][0] - 1
+        if not abs(dev) <= TRACK_10:  # NaN fails too
+            out.append(f"{spec}: loss after 10 steps {r['curve'][0]:.4f} is {dev:+.1%} off the uncompressed "
+                       f"run's {none['curve'][0]:.4f} (allowed {TRACK_10:.0%})")
+    if not r["loss"] <= FINAL[size]:
+        out.append(f"{spec}: final loss {r['loss']:.3g} > {FINAL[size]} (start {r['loss0']:.3f}; curve "
+                   f"{[round(v, 3) for v in r['curve']]})")
+    return out
 
 
 def check(reports: dict) -> None:
@@ -17,25 +50,29 @@ def check(reports: dict) -> None:
         digests = {r: res[r][spec]["digest"] for r in res}
         if len(set(digests.values())) != 1:
             raise LaunchError(f"{spec}: weights differ across ranks: {digests}")
-    none = res[0]["none"]["loss"]
-    assert res[0]["stock"]["digest"] == res[0]["none"]["digest"] or abs(res[0]["stock"]["loss"] - none) < 1e-4
+    none = res[0]["none"]
+    assert res[0]["stock"]["digest"] == none["digest"] or abs(res[0]["stock"]["loss"] - none["loss"]) < 1e-4
     failures = []
     for spec, r in res[0].items():
         if "|" in spec or spec in ("stock", "none"):
             continue
-        base = spec.replace(",ef=true", "").replace(":ef=true", "")
-        tol = CLOSE.get(base, DEFAULT_TOL)
-        if "error" in r:
-            failures.append(f"{spec}: {r['error']}")
-        elif not (r["loss"] < 0.6 * r["loss0"] and r["loss"] <= tol * max(none, 0.05)):
-            failures.append(f"{spec}: loss {r['loss']:.4f} (start {r['loss0']:.3f}, none {none:.4f}, tol x{tol})")
+        failures += _fails(spec, r, none, size)
     assert not failures, "\n".join(failures)
+    # op=Sum and num_groups: every step's reduced gradient of every parameter is the oracle's
+    # (sum for Sum, sum / N for Average), and the probes saw compressed patterns, not only fp32
+    for spec in ("orq:levels=5|num_groups=2", "qsgd|op=Sum"):
+        pr = res[0][spec]["probe"]
+        assert pr["steps"] == 10 and not pr["bad"], f"{spec}: reduced gradients differ from the oracle: {pr['bad'][:5]}"
+        assert set(pr["patterns"]) - {"fp32"}, (spec, pr)
     # the oracle decodes with the NumPy reference; it is independent only if the frontend ran the kernels
     assert reports[0]["kernels"], "numba kernels unavailable on the workers: the oracle would check the reference twice"
     for key, (ok, used) in reports[0]["oracle"].items():
         assert ok, f"oracle mismatch for {key} (pattern {used}) at {size} ranks"
-        if key.endswith("|summable") or key.endswith("|scatter"):
-            assert used == key.rsplit("|", 1)[1]
+        want = key.split("|")[1] if "|" in key else "gather"  # every oracle case names its pattern
+        assert used == want, (key, used)
+    assert {k for k in reports[0]["oracle"] if k.endswith("|Sum")} == {
+        f"qsgd:levels=4|{p}|Sum" for p in ("gather", "summable", "scatter")
+    }
     for r in reports:
         for case, ok in reports[r]["identity"].items():
             assert all(ok.values()), f"rank {r} identity {case}: {ok}"

@@ -20,6 +20,9 @@ import hvd_gradq.tensorflow as gq
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--runs", default="")
+# shifts the data, the model's init and the rounding noise (0: the suite's run); for measuring
+# how the losses spread across seeds when setting the tolerances in test_tf.py
+ap.add_argument("--seed", type=int, default=0)
 args = ap.parse_args()
 
 hvd.init()
@@ -27,14 +30,14 @@ tf.config.threading.set_inter_op_parallelism_threads(2)
 tf.config.threading.set_intra_op_parallelism_threads(1)
 
 SCHEMES = {
-    "fp16": lambda ef: gq.FP16(ef=ef),
-    "uniform": lambda ef: gq.Uniform(bits=4, ef=ef),
-    "qsgd": lambda ef: gq.QSGD(levels=4, ef=ef),
-    "terngrad": lambda ef: gq.TernGrad(ef=ef),
-    "sign": lambda ef: gq.Sign(ef=ef),
-    "topk": lambda ef: gq.TopK(ratio=0.1, ef=ef),
-    "bingrad": lambda ef: gq.BinGrad(ef=ef),
-    "orq": lambda ef: gq.ORQ(levels=5, ef=ef),
+    "fp16": lambda ef: gq.FP16(ef=ef, seed=args.seed),
+    "uniform": lambda ef: gq.Uniform(bits=4, ef=ef, seed=args.seed),
+    "qsgd": lambda ef: gq.QSGD(levels=4, ef=ef, seed=args.seed),
+    "terngrad": lambda ef: gq.TernGrad(ef=ef, seed=args.seed),
+    "sign": lambda ef: gq.Sign(ef=ef, seed=args.seed),
+    "topk": lambda ef: gq.TopK(ratio=0.1, ef=ef, seed=args.seed),
+    "bingrad": lambda ef: gq.BinGrad(ef=ef, seed=args.seed),
+    "orq": lambda ef: gq.ORQ(levels=5, ef=ef, seed=args.seed),
 }
 RUNS = {"none": (lambda: hvd.Compression.none, 1)}
 for name, make in SCHEMES.items():
@@ -42,10 +45,10 @@ for name, make in SCHEMES.items():
     RUNS[name + "+ef"] = (lambda make=make: make(True), 1)
 # locally accumulated gradients, one reduction every 2 batches (and its uncompressed baseline)
 RUNS["none/bpps2"] = (lambda: hvd.Compression.none, 2)
-RUNS["qsgd+ef/bpps2"] = (lambda: gq.QSGD(levels=4, ef=True), 2)
+RUNS["qsgd+ef/bpps2"] = (lambda: gq.QSGD(levels=4, ef=True, seed=args.seed), 2)
 
 # A generated 4-class problem: a random linear teacher plus noise; each rank its own shard.
-rng = np.random.default_rng(7)
+rng = np.random.default_rng(7 + args.seed)
 W = rng.standard_normal((16, 4)).astype(np.float32)
 X = rng.standard_normal((512 * hvd.size(), 16)).astype(np.float32)
 Y = np.argmax(X @ W + 0.5 * rng.standard_normal((X.shape[0], 4)), axis=1)
@@ -54,7 +57,7 @@ XS, YS = X[hvd.rank() :: hvd.size()], Y[hvd.rank() :: hvd.size()]
 
 def build():
     tf.keras.backend.clear_session()
-    tf.keras.utils.set_random_seed(0)
+    tf.keras.utils.set_random_seed(args.seed)
     return tf.keras.Sequential([
         tf.keras.Input((16,)),
         tf.keras.layers.Dense(40, activation="relu"),  # kernel 640 = a full bucket of 512 and a tail

@@ -1,9 +1,10 @@
 """Hardening checks for the PyTorch frontend, several per launch (imports cost seconds).
 
 Modes (--mode): ``resume`` (checkpoint at step 50 == uninterrupted 100 steps, bitwise, on every
-rank; a different world size is refused), ``nonfinite`` (NaN on one rank: every rank stops with
-an error naming the parameter, none hangs), ``disagree`` (rank 1 uses another spec: every rank
-stops with an error naming the ranks and the difference), ``die`` (rank 1 exits mid-step),
+rank; a different world size is refused), ``nonfinite`` (NaN on rank 1 at step 2, ``SPEC`` and
+``PATTERN`` from the environment: every rank stops with an error, none hangs), ``disagree``
+(rank 1 uses another spec: every rank stops with an error naming the ranks and the difference),
+``die`` (rank 1 exits mid-step),
 ``long`` (many steps of a model with >= 300 parameter tensors: memory flat, EF memory = one fp32
 copy of the parameters, no pending Horovod handles).
 """
@@ -31,11 +32,11 @@ torch.set_num_threads(1)
 rank, size = hvd.rank(), hvd.size()
 
 
-def model_and_opt(spec: str, seed: int = 0):
+def model_and_opt(spec: str, seed: int = 0, pattern: str = "auto"):
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
                                 torch.nn.Linear(64, 3))
-    comp = gq.from_spec(spec, named_parameters=model.named_parameters(), seed=11)
+    comp = gq.from_spec(spec, named_parameters=model.named_parameters(), seed=11, pattern=pattern)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                                    named_parameters=model.named_parameters(), compression=comp)
     return model, opt, comp
@@ -92,7 +93,7 @@ if args.mode == "resume":
     except hvd_gradq.GradqError as e:
         out["other_size"] = str(e)
 elif args.mode == "nonfinite":
-    model, opt, comp = model_and_opt(args_spec := os.environ.get("SPEC", "orq:levels=5"))
+    model, opt, comp = model_and_opt(os.environ.get("SPEC", "orq:levels=5"), pattern=os.environ.get("PATTERN", "auto"))
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
     run(model, opt, 0, 2)
     x, y = data(3)

@@ -1,7 +1,11 @@
 """Every scheme, with and without error feedback, in one launch: 100 steps of a small CNN under
-stock hvd.DistributedOptimizer; per scheme, a digest of the weights and the final eval loss; then
-the oracle check (decoded mean gradient == the NumPy oracle's decode of every rank's payload),
-stats at this world size, and the parameter-identity check."""
+stock hvd.DistributedOptimizer; per scheme, a digest of the weights and the eval loss every 10
+steps; then the oracle check (decoded mean gradient == the NumPy oracle's decode of every rank's
+payload), stats at this world size, and the parameter-identity check.
+
+The runs with ``op=hvd.Sum`` and with ``num_groups`` (labels with ``|``) are probed at every step:
+each rank's own gradient is recomputed on the side, allgathered, and the gradient Horovod left in
+``p.grad`` must be the oracle's reduction of them (the sum for Sum, the sum / N for Average)."""
 
 import argparse
 import hashlib
@@ -22,6 +26,9 @@ ap = argparse.ArgumentParser()
 ap.add_argument("--steps", type=int, default=100)
 ap.add_argument("--schemes", default="")
 ap.add_argument("--skip-identity", action="store_true")
+# shifts the model's init, the data and the rounding noise (0: the suite's run); for measuring
+# how the final losses spread across seeds when setting the tolerances in test_torch.py
+ap.add_argument("--seed", type=int, default=0)
 args = ap.parse_args()
 
 SCHEMES = [
@@ -48,7 +55,7 @@ rank, size = hvd.rank(), hvd.size()
 
 
 def make_model() -> torch.nn.Module:
-    torch.manual_seed(0)
+    torch.manual_seed(args.seed)
     return torch.nn.Sequential(
         torch.nn.Conv1d(1, 8, 5, padding=2),
         torch.nn.ReLU(),
@@ -77,31 +84,108 @@ def batch(rng: np.random.Generator, n: int) -> tuple[torch.Tensor, torch.Tensor]
 xe, ye = batch(np.random.default_rng(999), 512)
 
 
-def train(spec: str, steps: int, **opt_kw):
+def train(spec: str, steps: int, probe: bool = False, **opt_kw):
     model = make_model()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
     comp = (
         hvd.Compression.none
         if spec == "stock"
-        else gq.from_spec(spec, named_parameters=model.named_parameters(), seed=7)
+        else gq.from_spec(spec, named_parameters=model.named_parameters(), seed=7 + args.seed)
     )
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=comp, **opt_kw)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
-    rng = np.random.default_rng(100 + rank)
+    rng = np.random.default_rng(100 + rank + 1000 * args.seed)
     with torch.no_grad():
         loss0 = float(torch.nn.functional.cross_entropy(model(xe), ye))
-    for _ in range(steps):
+    curve = []  # eval loss every 10 steps
+    named = list(model.named_parameters())
+    probes = []
+    for step in range(steps):
         x, y = batch(rng, 32)
+        if probe:  # this rank's own gradient, on the side: autograd.grad runs no hook and leaves .grad alone
+            local = torch.autograd.grad(torch.nn.functional.cross_entropy(model(x), y), [p for _, p in named])
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
         opt.step()
+        if probe:  # after step(), p.grad holds what Horovod's reduction and decompress() returned
+            probes.append(probe_step(comp, named, local, step, opt_kw.get("op", hvd.Average)))
+        if step % 10 == 9:
+            with torch.no_grad():
+                curve.append(float(torch.nn.functional.cross_entropy(model(xe), ye)))
     with torch.no_grad():
         loss = float(torch.nn.functional.cross_entropy(model(xe), ye))
     h = hashlib.sha256()
     for p in model.parameters():
         h.update(p.detach().numpy().tobytes())
     st = comp.stats() if hasattr(comp, "stats") else None
-    return {"digest": h.hexdigest(), "loss0": loss0, "loss": loss, "stats": st}
+    out = {"digest": h.hexdigest(), "loss0": loss0, "loss": loss, "curve": curve, "stats": st}
+    if probe:
+        out["probe"] = {
+            "bad": [b for p in probes for b in p["bad"]],
+            "patterns": sorted({u for p in probes for u in p["patterns"]}),
+            "steps": len(probes),
+        }
+    return out
+
+
+def probe_step(comp, named, local, step: int, op) -> dict:
+    """One step of a probed run: for every parameter, the gradient ``DistributedOptimizer`` left
+    in ``p.grad`` against the oracle's reduction of every rank's own gradient (``local``)."""
+    bad, patterns = [], set()
+    for (name, p), g in zip(named, local):
+        allx = hvd.allgather(g.detach().reshape(1, -1), name=f"probe.{name}").numpy()
+        out = p.grad.detach().reshape(-1).numpy()
+        # the pattern the frontend used for this tensor this step (which collective, not values)
+        used = comp._stats.last[name][0]
+        patterns.add(used)
+        if used == "fp32":  # too small to compress: Horovod's own fp32 allreduce, in its own order
+            total = allx.astype(np.float64).sum(0)
+            want = total if op == hvd.Sum else total / size
+            ok = bool(np.allclose(out, want, rtol=1e-5, atol=1e-6 * max(1.0, float(np.abs(want).max()))))
+        else:
+            with kernels.disabled():  # the NumPy reference: no code shared with the compiled paths
+                total = reference(comp.scheme, used, allx, comp.seed, step, name)
+            want = total if op == hvd.Sum else total / size
+            ok = bool(np.array_equal(out, want.astype(np.float32)))
+        if not ok:
+            bad.append(f"step {step} {name} ({used}): max |diff| {float(np.abs(out - want).max()):.3g}")
+    return {"bad": bad, "patterns": sorted(patterns)}
+
+
+def reference(scheme, used: str, allx: np.ndarray, base: int, step: int, name: str) -> np.ndarray:
+    """The decoded *sum* every rank must hold for pattern ``used`` (the frontend divides it by N
+    for op=Average), from every rank's input (rank order), compressor seed ``base``, the
+    tensor's step counter and name."""
+    n = allx.shape[1]
+    if used == "scatter":
+        from hvd_gradq.frontend.patterns import chunk_bounds
+
+        pieces = []
+        for j, (lo, hi) in enumerate(chunk_bounds(n, scheme.bucket, size)):
+            part = None
+            for r in range(size):
+                q = hvd_gradq.quantize(allx[r][lo:hi], scheme, seed=codec.draw_seed(base, r, step, f"{name}#{j}"))
+                d = hvd_gradq.dequantize(q)
+                part = d if part is None else part + d
+            red = hvd_gradq.quantize(part, scheme, seed=codec.draw_seed(base, j, step, f"{name}#reduce"))
+            pieces.append(hvd_gradq.dequantize(red))
+        return np.concatenate(pieces)
+    if used == "gather":
+        total = None
+        for r in range(size):
+            seed = codec.draw_seed(base, r, step, name)
+            d = hvd_gradq.dequantize(
+                hvd_gradq.Payload.from_bytes(hvd_gradq.quantize(allx[r], scheme, seed=seed).to_bytes())
+            )
+            total = d if total is None else total + d
+        return total
+    assert used == "summable", used
+    stats = np.max([local_stats(scheme, NUMPY, allx[r]) for r in range(size)], axis=0)
+    codes = sum(
+        encode_shared(scheme, NUMPY, allx[r], stats, codec.draw_seed(base, r, step, name))[0] for r in range(size)
+    )
+    meta = encode_shared(scheme, NUMPY, allx[0], stats, 0)[1]
+    return decode_codes(scheme, NUMPY, codes, meta, n, count=size)
 
 
 results = {}
@@ -110,19 +194,19 @@ for spec in ["stock"] + SCHEMES + [s + ",ef=true" if ":" in s else s + ":ef=true
         results[spec] = train(spec, args.steps)
     except hvd_gradq.NonFiniteError as e:  # every rank sees the same decoded gradient, so all stop here
         results[spec] = {"digest": "", "loss0": 0.0, "loss": float("inf"), "stats": None, "error": str(e)}
-# grouped allreduce and a Sum op, once each
-results["orq:levels=5|num_groups=2"] = train("orq:levels=5", 10, num_groups=2)
-results["qsgd|op=Sum"] = train("qsgd:levels=4", 10, op=hvd.Sum)
+# grouped allreduce and a Sum op, once each, every step's reduced gradients against the oracle
+results["orq:levels=5|num_groups=2"] = train("orq:levels=5", 10, probe=True, num_groups=2)
+results["qsgd|op=Sum"] = train("qsgd:levels=4", 10, probe=True, op=hvd.Sum)
 
 
-# -- oracle: the decoded mean gradient equals the NumPy oracle's decode of all ranks' payloads
-def oracle_check(spec: str, pattern: str) -> bool:
+# -- oracle: the decoded mean (or sum) equals the NumPy oracle's decode of all ranks' payloads
+def oracle_check(spec: str, pattern: str, op=hvd.Average) -> tuple[bool, str]:
     p = torch.nn.Parameter(torch.zeros(1000))
     comp = gq.from_spec(spec, named_parameters=[("w", p)], seed=3, pattern=pattern)
     g = torch.from_numpy(np.random.default_rng(rank).standard_t(3, 1000).astype(np.float32))
     g._hvd_gradq_name = "w"
     dummy, ctx = comp.compress(g)
-    dummy = hvd.allreduce(dummy, op=hvd.Average, name=f"oracle.dummy.{spec}.{pattern}")
+    dummy = hvd.allreduce(dummy, op=op, name=f"oracle.dummy.{spec}.{pattern}.{int(op)}")
     out = comp.decompress(dummy, ctx).numpy()
     allx = hvd.allgather(g[None], name=f"oracle.x.{spec}.{pattern}").numpy()
     scheme = hvd_gradq.parse(spec)
@@ -130,40 +214,9 @@ def oracle_check(spec: str, pattern: str) -> bool:
     # The frontend above ran the compiled kernels; the oracle runs the NumPy reference (kernels
     # off), so a kernel bug cannot appear on both sides and cancel out.
     with kernels.disabled():
-        ref = reference(scheme, used, allx)
+        total = reference(scheme, used, allx, 3, 0, "w")
+    ref = total if op == hvd.Sum else total / size
     return bool(np.array_equal(out, ref.astype(np.float32))), used
-
-
-def reference(scheme, used: str, allx: np.ndarray) -> np.ndarray:
-    """What every rank must hold for pattern ``used``, from every rank's input (rank order)."""
-    if used == "scatter":
-        from hvd_gradq.frontend.patterns import chunk_bounds
-
-        pieces = []
-        for j, (lo, hi) in enumerate(chunk_bounds(1000, scheme.bucket, size)):
-            part = None
-            for r in range(size):
-                q = hvd_gradq.quantize(allx[r][lo:hi], scheme, seed=codec.draw_seed(3, r, 0, f"w#{j}"))
-                d = hvd_gradq.dequantize(q)
-                part = d if part is None else part + d
-            red = hvd_gradq.quantize(part, scheme, seed=codec.draw_seed(3, j, 0, "w#reduce"))
-            pieces.append(hvd_gradq.dequantize(red))
-        ref = np.concatenate(pieces) / size
-    elif used == "gather":
-        total = None
-        for r in range(size):
-            seed = codec.draw_seed(3, r, 0, "w")
-            d = hvd_gradq.dequantize(
-                hvd_gradq.Payload.from_bytes(hvd_gradq.quantize(allx[r], scheme, seed=seed).to_bytes())
-            )
-            total = d if total is None else total + d
-        ref = total / size
-    else:
-        stats = np.max([local_stats(scheme, NUMPY, allx[r]) for r in range(size)], axis=0)
-        codes = sum(encode_shared(scheme, NUMPY, allx[r], stats, codec.draw_seed(3, r, 0, "w"))[0] for r in range(size))
-        meta = encode_shared(scheme, NUMPY, allx[0], stats, 0)[1]
-        ref = decode_codes(scheme, NUMPY, codes, meta, 1000, count=size) / size
-    return ref
 
 
 oracle = {}
@@ -174,6 +227,9 @@ for spec in ["orq:levels=5", "sign:ef=true", "qsgd:levels=4"]:
 for spec in ["qsgd:levels=4", "uniform:bits=4", "terngrad"]:
     oracle[spec + "|summable"] = oracle_check(spec, "summable")
     oracle[spec + "|gather"] = oracle_check(spec, "gather")
+# op=Sum: the decoded sum itself, N times the Average (each pattern; the probed run covers the optimizer)
+for pattern in ("gather", "summable", "scatter"):
+    oracle[f"qsgd:levels=4|{pattern}|Sum"] = oracle_check("qsgd:levels=4", pattern, op=hvd.Sum)
 
 
 # -- identity: two same-shape parameters, different gradients, separate EF residuals

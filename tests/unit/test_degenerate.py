@@ -9,6 +9,7 @@ import warnings
 
 import numpy as np
 import pytest
+from engines import ENGINES, set_engine
 
 import hvd_gradq
 from hvd_gradq.errors import GradqError, NonFiniteError
@@ -23,9 +24,9 @@ ALL = [
 LEVEL = [s for s in ALL if isinstance(hvd_gradq.parse(s), LevelScheme)]
 
 
-@pytest.fixture(params=["reference", "kernels"], autouse=True)
+@pytest.fixture(params=ENGINES, autouse=True)
 def engine(request, monkeypatch):
-    monkeypatch.setenv("HVD_GRADQ_KERNELS", "0" if request.param == "reference" else "1")
+    set_engine(monkeypatch, request.param)  # "kernels" fails without numba: never the reference twice
     return request.param
 
 

@@ -11,6 +11,7 @@ import warnings
 
 import numpy as np
 import pytest
+from engines import ENGINES, set_engine
 
 import hvd_gradq
 from hvd_gradq.errors import GradqError, NonFiniteError
@@ -30,9 +31,9 @@ HUGE = [
 ]
 
 
-@pytest.fixture(params=["reference", "kernels"], autouse=True)
+@pytest.fixture(params=ENGINES, autouse=True)
 def engine(request, monkeypatch):
-    monkeypatch.setenv("HVD_GRADQ_KERNELS", "0" if request.param == "reference" else "1")
+    set_engine(monkeypatch, request.param)  # "kernels" fails without numba: never the reference twice
     return request.param
 
 
