@@ -56,7 +56,6 @@ class Ctx:
     meta: Any = None  # the shared meta (summable)
     x: Any = None  # the compressed input g + e (gather with ef: the residual is set in decompress)
     slot: Slot | None = None
-    residual: Any = None  # the residual in use this step (zero if another rank's), unscaled
     finite: Any = None  # nonfinite=raise: whether this rank's x held no NaN/Inf (a bool tensor)
     bad: Any = None  # summable propagate: elements of buckets that were non-finite on some rank
     what: str = ""  # "gradient <key> [shape]" for messages

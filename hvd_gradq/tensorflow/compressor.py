@@ -62,6 +62,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..errors import GradqError
+from ..feedback import Memory
 from ..frontend.membership import membership
 from ..frontend.patterns import Pattern, choose, cost, fp32_cost, parse_pattern
 from ..schemes.level import EvenLevelScheme, LevelScheme
@@ -75,7 +76,7 @@ from .callsite import check_op, function_graph, horovod_call_site, resolve_proce
 from .collectives import Ctx
 from .handshake import check_configs
 from .ops import TF, step_words
-from .state import Bookkeeping, Slot, byte_stats, check_slot, describe, make_variables, variable_key
+from .state import Bookkeeping, Slot, SlotStore, byte_stats, check_slot, describe, make_variables, variable_key
 
 _COUNTER = itertools.count()
 _NAME_OK = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -153,6 +154,7 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         self.residuals: dict[str, Any] = {}  # residuals/<variable name> (ef only), unscaled
         self.owners: dict[str, Any] = {}  # owners/<variable name>: the rank whose residual it is
         self._host = Bookkeeping(loss_scale)
+        self.memory = Memory(TF, SlotStore(self.residuals, self.owners, hvd.rank()), undo=False)
         self._host.process_set = process_set
 
     # -- configuration ---------------------------------------------------------------------------
@@ -303,32 +305,20 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
                 self._store_residual(ctx, own, ctx.bad)
         return one, ctx
 
-    # -- error feedback: p = g + e before encoding, e <- p - own after ------------------------------
+    # -- error feedback (hvd_gradq.feedback.Memory): p = g + e before encoding, e <- p - own after --
     def _compensate(self, ctx: Ctx, x: Any) -> Any:
-        """x + the slot's residual (scaled up by the loss scale), which is zero where another
-        rank owns it (restored from its checkpoint); kept in ``ctx.residual`` for the store."""
-        scale = self._loss_scale()
-        slot = ctx.slot
-        if slot is None or slot.residual is None:
+        """x + the slot's residual in the loss scale's units (zero where another rank owns it)."""
+        if ctx.slot is None or ctx.slot.residual is None:
             return x
-        mine = tf.equal(slot.owner.read_value(), hvd.rank())  # another rank's restored residual: zero
-        ctx.residual = tf.where(mine, slot.residual.read_value(), tf.zeros((ctx.n,), tf.float32))
-        return x + (ctx.residual * scale if scale is not None else ctx.residual)
+        self.memory.begin_step(self._loss_scale())  # a graph has no step boundary: the scale per tensor
+        return self.memory.compensate(ctx.slot.key, x)
 
     def _store_residual(self, ctx: Ctx, own: Any, bad: Any) -> None:
-        """residual <- (x - own) / scale, but the previous one where the result is not finite
-        (a skipped step must not poison error feedback); this rank owns it from now on."""
-        slot = ctx.slot
-        assert slot is not None
-        new = ctx.x - own
-        scale = self._loss_scale()
-        if scale is not None:
-            new = new / scale
-        keep = tf.logical_not(tf.math.is_finite(new))
-        if bad is not None:
-            keep = tf.logical_or(keep, bad)
-        slot.residual.assign(tf.where(keep, ctx.residual, new))
-        slot.owner.assign(tf.constant(hvd.rank(), tf.int64))
+        """residual <- (x - own) / scale, but the previous one where the result is not finite or
+        ``bad`` (a skipped step must not poison error feedback); this rank owns it from now on."""
+        assert ctx.slot is not None
+        self.memory.begin_step(self._loss_scale())
+        self.memory.update(ctx.slot.key, ctx.x, own, keep=bad)
 
     @_no_convert
     def decompress(self, tensor: Any, ctx: Any) -> Any:

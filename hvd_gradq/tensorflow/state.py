@@ -110,6 +110,31 @@ def _variable(initial: Any, name: str) -> Any:
         return resource_variable_ops.ResourceVariable(initial, trainable=False, name=name)
 
 
+class SlotStore:
+    """Residuals in the slots' ``tf.Variable`` s: a :class:`hvd_gradq.feedback.Store` for graphs.
+
+    ``read`` gives zero where another rank owns the variable (it was restored from that rank's
+    checkpoint, see the module docstring); ``write`` makes this rank its owner. There is no
+    ``forget``: a graph cannot undo a step (:class:`~hvd_gradq.feedback.Memory` ``undo=False``)."""
+
+    def __init__(self, residuals: dict[str, Any], owners: dict[str, Any], rank: int) -> None:
+        self.residuals, self.owners, self.rank = residuals, owners, rank
+
+    def read(self, key: str, like: Any) -> Any:
+        var = self.residuals.get(key)
+        if var is None:
+            return None
+        mine = tf.equal(self.owners[key].read_value(), self.rank)
+        return tf.where(mine, var.read_value(), tf.zeros_like(like))
+
+    def write(self, key: str, value: Any) -> None:
+        self.residuals[key].assign(value)
+        self.owners[key].assign(tf.constant(self.rank, tf.int64))
+
+    def forget(self, key: str) -> None:
+        raise GradqError("a TensorFlow graph cannot undo a residual; Memory(undo=False) never asks")
+
+
 def make_variables(key: str, n: int, ef: bool, rank: int) -> tuple[Any, Any, Any]:
     """(step, residual, owner) for a new slot, created outside any graph being traced."""
     safe = "".join(c if c.isalnum() or c in "_.-" else "_" for c in key)
