@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from ..errors import SpecError
 from ..schemes.level import EvenLevelScheme
+from ..schemes.options import NonFinite
 from ..schemes.scheme import Combine, Scheme
 from ..wire.payload import header_size
 
@@ -34,15 +35,22 @@ class Pattern(enum.Enum):
     GATHER = "gather"
     SUMMABLE = "summable"
     SCATTER = "scatter"
+    FP32 = "fp32"  # a decision, not a request: Horovod's own allreduce of the tensor, exactly
+
+
+REQUESTABLE = (Pattern.AUTO, Pattern.GATHER, Pattern.SUMMABLE, Pattern.SCATTER)
+EVERY = frozenset({Pattern.GATHER, Pattern.SUMMABLE, Pattern.SCATTER})
 
 
 def parse_pattern(value: str | Pattern) -> Pattern:
-    if isinstance(value, Pattern):
-        return value
     try:
-        return Pattern(str(value).lower())
+        p = value if isinstance(value, Pattern) else Pattern(str(value).lower())
     except ValueError:
-        raise SpecError(f"pattern={value!r} is not valid; valid: {', '.join(p.value for p in Pattern)}") from None
+        p = None
+    if p not in REQUESTABLE:
+        raise SpecError(f"pattern={value!r} is not valid; valid: {', '.join(p.value for p in REQUESTABLE)}")
+    assert p is not None
+    return p
 
 
 @dataclass(frozen=True)
@@ -114,8 +122,12 @@ def chunk_bounds(n: int, bucket: int, nranks: int) -> list[tuple[int, int]]:
 
 
 @functools.lru_cache(maxsize=8192)
-def choose(scheme: Scheme, n: int, shape_ndim: int, nranks: int, requested: Pattern) -> Pattern:
-    """The pattern for one tensor: the requested one if the scheme allows it, else the cheaper."""
+def choose(
+    scheme: Scheme, n: int, shape_ndim: int, nranks: int, requested: Pattern, offered: frozenset[Pattern] = EVERY
+) -> Pattern:
+    """The pattern for one tensor: the requested one if the scheme allows it, else the cheapest
+    of those the frontend ``offered`` (a pattern must save 10% over gather to be taken: gather
+    quantizes once and is the simplest on the wire)."""
     can_sum = scheme.combine is Combine.SUMMABLE and isinstance(scheme, EvenLevelScheme)
     if requested is Pattern.SUMMABLE:
         if not can_sum:
@@ -126,7 +138,8 @@ def choose(scheme: Scheme, n: int, shape_ndim: int, nranks: int, requested: Patt
         return Pattern.SUMMABLE
     if requested in (Pattern.GATHER, Pattern.SCATTER):
         return requested
-    options = [Pattern.GATHER, Pattern.SCATTER] + ([Pattern.SUMMABLE] if can_sum else [])
+    options = [p for p in (Pattern.GATHER, Pattern.SCATTER, Pattern.SUMMABLE) if p in offered]
+    options = [p for p in options if p is not Pattern.SUMMABLE or can_sum]
     best, best_cost = Pattern.GATHER, cost(scheme, n, shape_ndim, nranks, Pattern.GATHER).received
     for p in options[1:]:
         try:
@@ -136,3 +149,30 @@ def choose(scheme: Scheme, n: int, shape_ndim: int, nranks: int, requested: Patt
         if c < 0.9 * best_cost:  # a clear win only: gather quantizes once
             best, best_cost = p, c
     return best
+
+
+@functools.lru_cache(maxsize=8192)
+def decide(
+    scheme: Scheme, n: int, shape_ndim: int, nranks: int, requested: Pattern, offered: frozenset[Pattern] = EVERY
+) -> Pattern:
+    """The pattern and pass-through policy, for both frontends (as PyTorch's ``_should_compress``
+    decides for its DDP hooks): how one tensor of ``n`` elements is reduced over ``nranks`` ranks.
+
+    * :attr:`Pattern.FP32` (Horovod's own allreduce, exact) when ``requested`` is ``auto`` and the
+      compressed traffic would not be smaller than an fp32 ring allreduce: tiny tensors (biases),
+      where a payload header outweighs the values. An explicit pattern is always honoured.
+    * Otherwise :func:`choose` among the patterns the frontend ``offered``.
+    * ``summable`` with ``nonfinite=skip`` becomes ``gather``: skip changes a rank's payload on
+      its own, which a shared-scale sum cannot carry.
+
+    A frontend's one-rank reductions are its own call (PyTorch passes them through exactly;
+    TensorFlow's single-process runs compress, which its unit tests rely on).
+    """
+    p = choose(scheme, n, shape_ndim, nranks, requested, offered)
+    if requested is Pattern.AUTO and nranks > 1:
+        if cost(scheme, n, shape_ndim, nranks, p).received >= fp32_cost(n, nranks).received:
+            return Pattern.FP32
+    if p is Pattern.SUMMABLE and scheme.nonfinite is NonFinite.SKIP:
+        return Pattern.GATHER
+    return p
+

@@ -64,11 +64,11 @@ import tensorflow as tf
 from ..errors import GradqError
 from ..feedback import Memory
 from ..frontend.membership import membership
-from ..frontend.patterns import Pattern, choose, cost, fp32_cost, parse_pattern
-from ..schemes.level import EvenLevelScheme, LevelScheme
+from ..frontend.patterns import Pattern, choose, cost, decide, fp32_cost, parse_pattern
+from ..schemes.level import LevelScheme
 from ..schemes.options import NonFinite
 from ..schemes.plain import FP16Scheme, NoneScheme
-from ..schemes.scheme import Combine, Scheme
+from ..schemes.scheme import Scheme
 from ..wire.payload import DTYPE_CODES, MAX_NDIM
 from ..xp import stream_seed
 from . import collectives
@@ -81,6 +81,8 @@ from .state import Bookkeeping, Slot, SlotStore, byte_stats, check_slot, describ
 _COUNTER = itertools.count()
 _NAME_OK = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _F = TypeVar("_F", bound=Callable[..., Any])
+
+TF_PATTERNS = frozenset({Pattern.GATHER, Pattern.SUMMABLE})  # no scatter-reduce in this frontend
 
 
 def _no_convert(f: _F) -> _F:
@@ -172,28 +174,11 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
 
     # -- identity ------------------------------------------------------------------------------
     def _pattern_for(self, n: int, ndim: int, size: int) -> Pattern | None:
-        """The pattern of a tensor of ``n`` elements; None: pass it to Horovod's own allreduce.
-
-        As in the PyTorch frontend: with ``pattern=auto``, a tensor whose compressed traffic
-        would not be smaller than a plain fp32 ring allreduce (a bias of a few elements: the
-        payload header alone outweighs it) goes uncompressed, exactly. The scatter-reduce
-        pattern of the PyTorch frontend is not implemented here: where the cost model prefers
-        it, the cheaper of gather and summable is used.
-        """
-        p = choose(self.scheme, n, ndim, size, self.pattern)
-        if p is Pattern.SCATTER:
-            p = Pattern.GATHER
-            if isinstance(self.scheme, EvenLevelScheme) and self.scheme.combine is Combine.SUMMABLE:
-                try:
-                    s = cost(self.scheme, n, ndim, size, Pattern.SUMMABLE).received
-                    if s < 0.9 * cost(self.scheme, n, ndim, size, Pattern.GATHER).received:
-                        p = Pattern.SUMMABLE
-                except GradqError:
-                    pass
-        if (self.pattern is Pattern.AUTO and size > 1
-                and cost(self.scheme, n, ndim, size, p).received >= fp32_cost(n, size).received):
-            return None
-        return p
+        """The pattern of a tensor of ``n`` elements (the policy both frontends share,
+        :func:`hvd_gradq.frontend.patterns.decide`); None: Horovod's own allreduce, exactly.
+        This frontend offers gather and summable only (:data:`TF_PATTERNS`)."""
+        p = decide(self.scheme, n, ndim, size, self.pattern, TF_PATTERNS)
+        return None if p is Pattern.FP32 else p
 
     def _slot(self, shape: tuple[int, ...], dtype: str, variable: Any, size: int) -> Slot:
         """The slot of this gradient: by its variable, else by its position in this trace."""

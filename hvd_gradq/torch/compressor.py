@@ -50,9 +50,8 @@ from ..errors import GradqError
 from ..feedback import Memory
 from ..frontend import codec
 from ..frontend.membership import membership
-from ..frontend.patterns import Pattern, choose, cost, fp32_cost, parse_pattern
+from ..frontend.patterns import Pattern, choose, decide, fp32_cost, parse_pattern
 from ..frontend.stats import Stats
-from ..schemes.options import NonFinite
 from ..schemes.scheme import Scheme
 from . import checkpoint
 from .callsite import CallSite, inspect_call
@@ -228,18 +227,13 @@ class GradqCompressor:
                 )
             name = f"noname.{next(_UNNAMED)}"
         n = tensor.numel()
-        pattern = choose(self.scheme, n, tensor.dim(), group.size, self.pattern) if group.size > 1 else None
-        if pattern is None or (
-            self.pattern is Pattern.AUTO
-            and cost(self.scheme, n, tensor.dim(), group.size, pattern).received >= fp32_cost(n, group.size).received
-        ):
-            # Tiny tensors (biases): a payload header costs more than the values. Horovod's own
-            # fp32 allreduce takes them, exactly (torch's allreduce has no bf16: sent as fp32).
+        # one-rank sets pass through exactly; otherwise the shared policy (frontend/patterns.py)
+        pattern = decide(self.scheme, n, tensor.dim(), group.size, self.pattern) if group.size > 1 else Pattern.FP32
+        if pattern is Pattern.FP32:
+            # Horovod's own fp32 allreduce, exactly (torch's allreduce has no bf16: sent as fp32).
             c = fp32_cost(n, group.size)
             self._stats.record(name, "fp32", c.sent, c.received, c.sent)
             return tensor.to(torch.float32) if tensor.dtype == torch.bfloat16 else tensor, Pass(name, tensor.dtype)
-        if pattern is Pattern.SUMMABLE and self.scheme.nonfinite is NonFinite.SKIP:
-            pattern = Pattern.GATHER  # skip changes a rank's payload on its own
         step = self._steps.get(name, 0)
         self._steps[name] = step + 1
         x = tensor.detach().reshape(-1).to(torch.float32)

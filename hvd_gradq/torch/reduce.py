@@ -1,6 +1,6 @@
 """The PyTorch frontend's three reduction patterns, each a typed context and its phases.
 
-Every compressed tensor takes one pattern (chosen by :func:`hvd_gradq.frontend.patterns.choose`)
+Every compressed tensor takes one pattern (chosen by :func:`hvd_gradq.frontend.patterns.decide`)
 and carries one small context from ``compress()`` to ``decompress()``:
 
 * **gather** (:class:`GatherCtx`): one allgather of payloads; each rank decodes and sums them in
