@@ -12,7 +12,7 @@ checks every scheme byte for byte, eager and inside ``tf.function``):
   adds int64 (exact in any order);
 * ``sqrt`` of float32 goes through float64 (correctly rounded there; rounding the float64 root
   of a float32 to float32 is then exact to the bit), as in ``TorchOps``;
-* ``argmax`` is not used for ties (``first_argmax``); ``topk_abs`` returns indices sorted
+* there is no ``argmax`` (ties: ``first_argmax`` in :mod:`hvd_gradq.xp`); ``topk_abs`` returns indices sorted
   ascending (ties of equal magnitude: TF keeps the lower index, NumPy's ``argpartition`` makes
   no promise, so exact ties of |x| at the k-th place may pick different elements);
 * int64 arithmetic (the counter-based draws and the packing) wraps nowhere: every product is
@@ -108,9 +108,6 @@ class TFOps:
     def sort(self, x: Array, axis: int) -> Array:
         return tf.sort(x, axis=axis)
 
-    def argmax(self, x: Array, axis: int) -> Array:
-        return tf.expand_dims(tf.argmax(x, axis=axis, output_type=tf.int64), axis)
-
     def take(self, x: Array, idx: Array) -> Array:
         return tf.gather(tf.reshape(x, [-1]), idx)
 
@@ -143,11 +140,6 @@ class TFOps:
 
     def clip(self, x: Array, lo: Array, hi: Array) -> Array:
         return tf.minimum(tf.maximum(x, lo), hi)
-
-    def isfinite_all(self, x: Array) -> bool:
-        if not tf.executing_eagerly():
-            raise GradqError("TFOps.isfinite_all needs eager tensors; inside a graph use tf.debugging")
-        return bool(tf.reduce_all(tf.math.is_finite(x)))
 
     def isfinite(self, x: Array) -> Array:
         return tf.math.is_finite(x)

@@ -59,9 +59,6 @@ class TorchOps:
     def sort(self, x: Array, axis: int) -> Array:
         return torch.sort(x, dim=axis).values
 
-    def argmax(self, x: Array, axis: int) -> Array:
-        return torch.argmax(x, dim=axis, keepdim=True)
-
     def take(self, x: Array, idx: Array) -> Array:
         return x.reshape(-1)[idx]
 
@@ -92,9 +89,6 @@ class TorchOps:
 
     def clip(self, x: Array, lo: Array, hi: Array) -> Array:
         return torch.minimum(torch.maximum(x, lo), hi)
-
-    def isfinite_all(self, x: Array) -> bool:
-        return bool(torch.isfinite(x).all())
 
     def isfinite(self, x: Array) -> Array:
         return torch.isfinite(x)
