@@ -176,3 +176,12 @@ def decide(
         return Pattern.GATHER
     return p
 
+
+
+def in_warmup(scheme: Scheme, step: int) -> bool:
+    """Whether a tensor's ``step`` (0-based, counted per tensor) is still in the scheme's
+    ``warmup``: sent as Horovod's exact fp32 allreduce, as PowerSGD's ``start_powerSGD_iter``
+    does, because the first steps of training (large, fast-changing gradients, momentum and
+    Adam statistics still forming) are where quantization noise costs the most accuracy for
+    the fewest bytes saved. Error feedback neither reads nor writes residuals during warm-up."""
+    return step < scheme.warmup

@@ -57,12 +57,15 @@ class Scheme:
     bucket: int = param(512, int, "elements per bucket")
     ef: bool = param(False, bool, "error feedback: e <- p - decode(Q(p)), p = g + e")
     nonfinite: NonFinite = param(NonFinite.PROPAGATE, NonFinite, "propagate | raise | skip")
+    warmup: int = param(0, int, "the first steps of each tensor go uncompressed (fp32 allreduce)")
 
     def __post_init__(self) -> None:
         if self.bucket <= 0:
             raise SpecError(f"{self.name}: bucket={self.bucket} must be a positive integer (default 512)")
         if self.bucket > 1 << 24:
             raise SpecError(f"{self.name}: bucket={self.bucket} is too large; valid: 1 .. 2**24")
+        if self.warmup < 0:
+            raise SpecError(f"{self.name}: warmup={self.warmup} must be 0 (none) or a number of steps")
 
     @property
     def unbiased(self) -> bool:

@@ -59,6 +59,9 @@ class Ctx:
     finite: Any = None  # nonfinite=raise: whether this rank's x held no NaN/Inf (a bool tensor)
     bad: Any = None  # summable propagate: elements of buckets that were non-finite on some rank
     what: str = ""  # "gradient <key> [shape]" for messages
+    warm: Any = None  # warmup > 0: whether this step was a warm-up step (a bool tensor) ...
+    total: Any = None  # ... the sum over ranks either way ...
+    own: Any = None  # ... and what error feedback subtracts (x itself on warm steps: no change)
 
 
 def nonfinite_message(ctx: Ctx) -> str:

@@ -32,6 +32,11 @@ sum's order (and so its bits, beyond 2 ranks) depend on what it fused: set
 ``HOROVOD_FUSION_THRESHOLD=0`` or ``pattern=gather`` where runs must reproduce bit for bit
 (ranks agree either way). The PyTorch frontend's scatter-reduce pattern is not implemented here.
 
+**Warm-up** (``warmup=K``): the first K steps of each variable's gradient are an exact fp32
+sum (``hvd.allreduce``, named ``w<i>``) chosen by a ``tf.cond`` on the slot's step counter
+(:meth:`GradqCompressor._warm_or_compressed`); an eager ``hvd.allreduce`` without a variable
+has no step of its own and is never warm.
+
 **Not compressed.** ``tf.IndexedSlices`` (embeddings) never reach ``compress()``: Horovod
 allgathers their values and indices itself, unless ``sparse_as_dense=True``.
 **Non-finite values.** ``nonfinite=propagate`` (as Horovod carries infs through): in level
@@ -49,6 +54,7 @@ was converted by AutoGraph. Elastic Horovod is refused at construction.
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import itertools
 import os
@@ -263,9 +269,16 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         ctx = Ctx(index, shape, tensor.dtype, n, pattern, size, prank, slot=slot)
         if pattern is None:  # fp32 pass-through (Horovod's TF allreduce has no bfloat16: sent as fp32)
             return (tf.cast(tensor, tf.float32) if tensor.dtype == tf.bfloat16 else tensor), ctx
+        if slot is not None and self.scheme.warmup > 0 and n > 0:
+            return self._warm_or_compressed(tensor, ctx, step, stream, key, ps)
+        return self._start(tensor, ctx, step, stream, key, ps), ctx
+
+    def _start(self, tensor: Any, ctx: Ctx, step: Any, stream: Any, key: str, ps: Any) -> Any:
+        """Start the pattern's collectives on ``tensor`` (+ its residual); returns Horovod's operand."""
+        n, shape, slot, pattern = ctx.n, ctx.shape, ctx.slot, ctx.pattern
         one = tf.ones((1,), tf.float32)
         if n == 0:
-            return one, ctx
+            return one
         x = self._compensate(ctx, tf.reshape(tf.cast(tensor, tf.float32), (n,)))
         words: Any = step_words(TF, stream, step)
         ctx.what = f"gradient {slot.key if slot is not None else '#' + key} {list(shape)}"
@@ -288,6 +301,31 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
             own = collectives.summable_start(self._math, self.cid, x, words, key, ctx, ps)
             if ctx.slot is not None and ctx.slot.residual is not None:
                 self._store_residual(ctx, own, ctx.bad)
+        return one
+
+    def _warm_or_compressed(self, tensor: Any, ctx: Ctx, step: Any, stream: Any, key: str,
+                            ps: Any) -> tuple[Any, Any]:
+        """``warmup=K``: while the slot's step is below K, Horovod's exact fp32 sum (our own
+        named allreduce: what Horovod reduces must keep one shape, our ``[1.0]``), else the
+        pattern, started and finished inside one ``tf.cond`` branch (every rank takes the same
+        branch: their step counters agree). Error feedback is written in ``decompress`` as
+        without warm-up, keeping every residual as it is during the warm steps."""
+        flat = tf.reshape(tf.cast(tensor, tf.float32), (ctx.n,))
+        name = f"hvd_gradq.{self.cid}.w{key}{set_suffix(ps)}"
+
+        def exact() -> tuple[Any, ...]:
+            total = hvd.allreduce(flat, op=hvd.Sum, name=name, ignore_name_scope=True, process_set=ps)
+            return total, tf.ones((1,), tf.float32), flat, flat
+
+        def compressed() -> tuple[Any, ...]:
+            inner = dataclasses.replace(ctx)  # the branch's tensors stay in the branch
+            one = self._start(tensor, inner, step, stream, key, ps)
+            total, own = self._finish(inner)
+            return total, one, inner.x, inner.x if own is None else own
+
+        warm = step < self.scheme.warmup
+        ctx.total, one, ctx.x, ctx.own = tf.cond(warm, exact, compressed)
+        ctx.warm = warm
         return one, ctx
 
     # -- error feedback (hvd_gradq.feedback.Memory): p = g + e before encoding, e <- p - own after --
@@ -315,19 +353,26 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
             return tf.cast(tensor, ctx.dtype)
         if ctx.n == 0:
             return tf.zeros(ctx.shape, ctx.dtype)
-        own = None
-        if ctx.pattern is Pattern.GATHER:
-            out, own = collectives.gather_finish(ctx)
+        if ctx.warm is not None:  # summable wrote its residual inside the branch already
+            out, own = ctx.total, ctx.own if ctx.pattern is Pattern.GATHER else None
         else:
-            out = collectives.summable_finish(self._math, ctx)
+            out, own = self._finish(ctx)
         # Horovod's [1.0] came back as v = post * op(pre * 1): the result is out * v / N, written
         # as out / N (v == 1) and out (v == N) so that the plain cases keep their bits.
         v = tf.reshape(tensor, (-1,))[0]
         nf = tf.constant(float(ctx.size), tf.float32)
         out = tf.where(tf.equal(v, 1.0), out / nf, tf.where(tf.equal(v, nf), out, out * (v / nf)))
         if own is not None and ctx.slot is not None and ctx.slot.residual is not None:
-            self._store_residual(ctx, own, tf.logical_not(tf.math.is_finite(out)))
+            bad = tf.logical_not(tf.math.is_finite(out))
+            self._store_residual(ctx, own, bad if ctx.warm is None else tf.logical_or(bad, ctx.warm))
         return tf.cast(tf.reshape(out, ctx.shape), ctx.dtype)
+
+    def _finish(self, ctx: Ctx) -> tuple[Any, Any]:
+        """(sum over ranks, this rank's own decoded payload, or None where it was used already)."""
+        if ctx.pattern is Pattern.GATHER:
+            out, own = collectives.gather_finish(ctx)
+            return out, own
+        return collectives.summable_finish(self._math, ctx), None
 
     # -- state and accounting ----------------------------------------------------------------------
     def slots(self) -> list[dict[str, Any]]:

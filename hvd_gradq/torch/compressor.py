@@ -50,7 +50,7 @@ from ..errors import GradqError
 from ..feedback import Memory
 from ..frontend import codec
 from ..frontend.membership import membership
-from ..frontend.patterns import Pattern, choose, decide, fp32_cost, parse_pattern
+from ..frontend.patterns import Pattern, choose, decide, fp32_cost, in_warmup, parse_pattern
 from ..frontend.stats import Stats
 from ..schemes.scheme import Scheme
 from . import checkpoint
@@ -229,13 +229,16 @@ class GradqCompressor:
         n = tensor.numel()
         # one-rank sets pass through exactly; otherwise the shared policy (frontend/patterns.py)
         pattern = decide(self.scheme, n, tensor.dim(), group.size, self.pattern) if group.size > 1 else Pattern.FP32
+        step = self._steps.get(name, 0)
+        if pattern is not Pattern.FP32:
+            self._steps[name] = step + 1
+            if in_warmup(self.scheme, step):  # the recipe's first steps: exact, no residual kept
+                pattern = Pattern.FP32
         if pattern is Pattern.FP32:
             # Horovod's own fp32 allreduce, exactly (torch's allreduce has no bf16: sent as fp32).
             c = fp32_cost(n, group.size)
             self._stats.record(name, "fp32", c.sent, c.received, c.sent)
             return tensor.to(torch.float32) if tensor.dtype == torch.bfloat16 else tensor, Pass(name, tensor.dtype)
-        step = self._steps.get(name, 0)
-        self._steps[name] = step + 1
         x = tensor.detach().reshape(-1).to(torch.float32)
         if self.scheme.ef:
             x = self.memory.compensate(name, x)

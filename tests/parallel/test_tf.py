@@ -154,9 +154,10 @@ def test_horovod_features_gloo():
     """Issue 12, wherever stock Horovod trains: Adasum refused, scale factors, process sets, state
     keyed by variable, sparse_as_dense, propagate for every scheme, loss scaling, checkpoints
     restored on another rank, elastic refused (worker_tf_compat.py, two launches)."""
-    sections = ["adasum", "scale", "psets", "keys", "dynamic", "propagate", "lossscale", "ckptrank", "elastic"]
+    sections = ["adasum", "scale", "psets", "keys", "dynamic", "propagate", "lossscale", "ckptrank", "elastic",
+                "warmup"]
     reports = launch("worker_tf_compat.py", np=2, controller="gloo", timeout=420,
-                     args=["--only", "adasum,scale,psets,keys,dynamic,elastic"])
+                     args=["--only", "adasum,scale,psets,keys,dynamic,elastic,warmup"])
     more = launch("worker_tf_compat.py", np=2, controller="gloo", timeout=420,
                   args=["--only", "propagate,lossscale,ckptrank"])
     for r in reports:
@@ -222,7 +223,16 @@ def test_horovod_features_gloo():
             assert ck["rank0_next"] != ck["straight_next"], ck
         # 9. elastic
         assert "does not support elastic Horovod" in rep["elastic"]["refused"]
-    for key in ("scale", "keys"):
+        # 10. warm-up: steps 0-1 are stock Horovod's average (rounding only), 2-3 quantized (2-4
+        # levels a bucket: far more than 1e-3 off somewhere); no residual written while warm
+        wu = rep["warmup"]
+        for spec in ("orq:levels=3,ef=true,warmup=2", "qsgd:levels=4,ef=true,warmup=2"):
+            rec = wu[spec]
+            assert max(rec["errs"][:2]) <= 1e-6 and min(rec["errs"][2:]) > 1e-3, (spec, rec)
+            assert rec["residuals"][:2] == [0.0, 0.0] and rec["residuals"][2] > 0.0, (spec, rec)
+            assert set(rec["steps"]) == {4} and ("gather" in rec["patterns"] or "summable" in rec["patterns"]), rec
+        assert all(math.isfinite(v) for v in wu["fit"]["loss"]) and set(wu["fit"]["steps"]) == {8}, wu["fit"]
+    for key in ("scale", "keys", "warmup"):
         assert_ranks_equal({r: {key: {k: v for k, v in rep[key].items() if k != "trace"}} for r, rep in reports.items()},
                            key)
     # residuals are each rank's own (its own data): only what the reduction makes common must agree

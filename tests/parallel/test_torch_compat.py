@@ -127,3 +127,21 @@ def test_process_sets_use_their_own_ranks() -> None:
         if k.startswith("none/"):  # lossless: exactly the average over the set (divisor 2)
             assert res0[k]["rel_err"] < 1e-6, (k, res0[k]["rel_err"])
     assert "process_set" in res0["mismatch"], res0["mismatch"]
+
+
+@pytest.mark.parametrize("spec,pattern", [("orq:levels=3,ef=true,warmup=2", "scatter"),
+                                          ("bingrad:ef=true,warmup=2", "gather"), ("qsgd:levels=4,warmup=2", "summable")])
+def test_warmup_steps_are_exact_then_compressed(cases: dict, spec: str, pattern: str) -> None:
+    key = f"warmup/{spec}/{pattern}"
+    _ok(cases, key)
+    for r, rep in cases.items():
+        rec = rep[key]
+        # fp32 allreduce of the same gradients: equal up to the summation order of 2 floats
+        assert max(rec["errs"][:2]) <= 1e-6, (r, rec["errs"])
+        # 2-4 levels a bucket of 512: a quantized gradient is off by far more than 1e-3 somewhere
+        assert min(rec["errs"][2:]) > 1e-3, (r, rec["errs"])
+        assert rec["residuals"][:2] == [0, 0], "error feedback wrote residuals during warm-up"
+        if "ef=true" in spec:
+            assert rec["residuals"][2] > 0
+    assert pattern in cases[0][key]["patterns"] and "fp32" in cases[0][key]["patterns"]
+    assert_ranks_equal({r: {"d": rep[key]["digest"]} for r, rep in cases.items()}, "d")

@@ -395,5 +395,33 @@ def _elastic():
         del os.environ["HOROVOD_ELASTIC"]
 
 
+# -- 10. warm-up: the first steps exact, then compressed, in a tape and in Keras fit -----------------
+@section("warmup")
+def _warmup():
+    res = {}
+    for spec, pattern in (("orq:levels=3,ef=true,warmup=2", "gather"), ("qsgd:levels=4,ef=true,warmup=2", "summable")):
+        model = dense_model(width=300)
+        stock_step = tape_step(model, tf.keras.optimizers.SGD(0.0), hvd.Compression.none)
+        comp = gq.from_spec(spec, pattern=pattern, name=f"wu{len(res)}")
+        ours_step = tape_step(model, tf.keras.optimizers.SGD(0.0), comp)  # lr 0: the same weights
+        errs, residual_norms = [], []
+        for step in range(4):
+            x, y = data(10 + step)
+            stock = [g.numpy() for g in stock_step(x, y)]
+            ours = [g.numpy() for g in ours_step(x, y)]
+            errs.append(max(float(np.abs(a - b).max() / np.abs(a).max()) for a, b in zip(stock, ours)))
+            residual_norms.append(sum(float(np.abs(v.numpy()).sum()) for v in comp.residuals.values()))
+        res[spec] = {"errs": errs, "residuals": residual_norms, "steps": [int(v.numpy()) for v in comp.steps.values()],
+                     "patterns": sorted({s["pattern"] for s in comp.slots()})}
+    model = dense_model(width=300)
+    comp = gq.from_spec("bingrad:ef=true,warmup=3", name="wufit")
+    model.compile(hvdk.DistributedOptimizer(tf.keras.optimizers.SGD(0.05), compression=comp), LOSS)
+    x, y = data(20, batch=64)
+    hist = model.fit(x, y, batch_size=16, epochs=2, verbose=0, shuffle=False)
+    res["fit"] = {"loss": [float(v) for v in hist.history["loss"]], "steps": [int(v.numpy()) for v in comp.steps.values()],
+                  "weights": digest(model.get_weights())}
+    return res
+
+
 _ = GradqError
 report(rank, out)

@@ -274,6 +274,32 @@ def nonfinite() -> dict:
     return res
 
 
+def warmup(spec: str, pattern: str) -> dict:
+    """``warmup=2``: the first two steps of every tensor are Horovod's exact average (no residual
+    written), the later ones compressed; compared with a plain allreduce of the same gradients."""
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 700), torch.nn.Tanh(), torch.nn.Linear(700, 3))
+    comp = gq.from_spec(spec, named_parameters=model.named_parameters(), seed=5, pattern=pattern)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                   named_parameters=model.named_parameters(), compression=comp)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    errs, residuals = [], []
+    for step in range(4):
+        x, y = data(step)
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        local = [p.grad.clone() for p in model.parameters()]
+        opt.synchronize()
+        mean = [hvd.allreduce(g, op=hvd.Average, name=f"wu.{spec}.{pattern}.{step}.{i}")
+                for i, g in enumerate(local)]
+        errs.append(max(float((p.grad - m).abs().max() / m.abs().max()) for p, m in zip(model.parameters(), mean)))
+        residuals.append(len(comp.memory.store.residuals))
+        with opt.skip_synchronize():
+            opt.step()
+    return {"errs": errs, "residuals": residuals, "digest": digest(model),
+            "patterns": sorted(k for k in comp.stats()["total"] if k != "all")}
+
+
 if args.mode == "cases":
     for spec, pattern in [("qsgd:levels=4", "auto"), ("uniform:bits=4", "summable"), ("terngrad", "auto"),
                           ("orq:levels=5,ef=true", "scatter"), ("qsgd:levels=4,ef=true", "scatter"),
@@ -290,6 +316,9 @@ if args.mode == "cases":
     check("checkpoint", checkpoint)
     check("elastic", elastic)
     check("nonfinite", nonfinite)
+    for spec, pattern in (("orq:levels=3,ef=true,warmup=2", "scatter"), ("bingrad:ef=true,warmup=2", "gather"),
+                          ("qsgd:levels=4,warmup=2", "summable")):
+        check(f"warmup/{spec}/{pattern}", warmup, spec, pattern)
 elif args.mode == "sets":
     # ranks 0 and 1 train on a process set; rank 2 is busy elsewhere (a hang if any collective
     # of the compressor used the global set). Adding a process set is collective: every rank adds both.

@@ -19,6 +19,7 @@ NON_DEFAULT = [
     "fp16:overflow=saturate,bucket=1",
     "uniform:bits=4,clip=2.0,scales=fp16",
     "uniform:bits=1,nonfinite=raise",
+    "orq:levels=3,warmup=100",
     "fp16:overflow=raise",
     "qsgd:levels=2,norm=l2",
     "qsgd:levels=7,bucket=100,ef=true",
@@ -226,7 +227,11 @@ def test_defaults_in_canonical_strings():
     """The defaults that issue 12 changed, as every payload header spells them."""
     for name in spec.names():
         assert ",nonfinite=propagate" in spec.parse(name).spec, name
-    assert spec.parse("fp16").spec == "fp16:bucket=512,ef=false,nonfinite=propagate,overflow=inf"
+    assert spec.parse("fp16").spec == "fp16:bucket=512,ef=false,nonfinite=propagate,warmup=0,overflow=inf"
+    # headers written before warmup= existed name the same scheme
+    assert spec.parse("fp16:bucket=512,ef=false,nonfinite=propagate,overflow=inf") == spec.parse("fp16")
+    with pytest.raises(SpecError, match="warmup=-1"):
+        spec.parse("orq:warmup=-1")
     assert spec.parse("fp16:overflow=raise") != spec.parse("fp16")
     assert spec.parse("orq:nonfinite=raise").spec.replace("raise", "propagate") == spec.parse("orq").spec
 

@@ -1,0 +1,120 @@
+"""The quality study: every scheme x learning rate x seed on two workloads, simulated workers.
+
+Each run trains a workload of :mod:`study_tasks` with ``--workers`` data-parallel workers whose
+gradients are reduced as the PyTorch frontend reduces them (:mod:`sim_reduce`: the library's
+policy, payloads, patterns and error feedback, in one process, so that hundreds of runs fit a
+small machine). Every finished run is saved at once under ``results/raw/study/`` and a rerun
+skips what is saved, so an interrupted study resumes. ``--jobs`` runs go in parallel (one
+thread each). The tables and plots are :mod:`study_report`'s.
+
+    .venv/bin/python bench/study.py --plan main          # the whole grid (hours on 2 cores)
+    .venv/bin/python bench/study.py --plan main --report # tables and plots from what is saved
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+from concurrent.futures import ProcessPoolExecutor, as_completed
+from pathlib import Path
+from typing import Any
+
+BENCH = Path(__file__).resolve().parent
+ROOT = BENCH.parent
+sys.path.insert(0, str(BENCH))
+sys.path.insert(0, str(ROOT))
+
+RAW = ROOT / "results" / "raw" / "study"
+
+#: every scheme of the tables (Horovod's fp32 and fp16 baselines first)
+SCHEMES = [
+    "none", "fp16", "orq:levels=5", "orq:levels=3", "bingrad:ef=true", "uniform:bits=4", "orq:levels=9",
+    "bingrad:variant=pb,ef=true", "qsgd:levels=4", "terngrad", "sign:ef=true", "topk:ratio=0.01,ef=true",
+]
+#: the recipe's effect: the same schemes with a full-precision warm-up of 10% of the steps
+WARMUP = ["orq:levels=3,warmup=30", "bingrad:ef=true,warmup=30"]
+#: the transformer's rows: the baselines and the schemes its targets name
+CHARS = ["none", "fp16", "orq:levels=5", "uniform:bits=4", "orq:levels=3", "bingrad:ef=true"]
+
+
+def plan(name: str, seeds: int) -> list[dict[str, Any]]:
+    """The runs of a plan, most important first (an interrupted study has whole rows)."""
+    from study_tasks import TASKS
+
+    blocks: list[tuple[str, int, list[str]]] = {
+        "main": [("mnist1d", 4, SCHEMES + WARMUP), ("chars", 4, CHARS), ("mnist1d", 8, SCHEMES),
+                 ("chars", 4, ["orq:levels=3,warmup=10", "bingrad:ef=true,warmup=10"])],
+        "smoke": [("mnist1d", 4, ["none", "orq:levels=3"])],
+    }[name]
+    runs = []
+    for task, workers, specs in blocks:
+        for spec in specs:
+            for seed in range(seeds):
+                for lr in TASKS[task].lrs:
+                    runs.append({"task": task, "workers": workers, "spec": spec, "lr": lr, "seed": seed})
+    return runs
+
+
+def path_of(r: dict[str, Any]) -> Path:
+    safe = r["spec"].replace(":", "_").replace(",", "_").replace("=", "-")
+    return RAW / f"{r['task']}_w{r['workers']}" / f"{safe}__lr{r['lr']:g}__seed{r['seed']}.json"
+
+
+_DATA: dict[str, Any] = {}
+
+
+def _one(r: dict[str, Any]) -> dict[str, Any]:
+    os.environ.setdefault("NUMBA_NUM_THREADS", "1")
+    import study_train
+    from study_tasks import TASKS, load_data
+
+    if r["task"] not in _DATA:
+        _DATA[r["task"]] = load_data(TASKS[r["task"]])
+    try:
+        out = study_train.train(r["task"], _DATA[r["task"]], r["spec"], r["workers"], r["lr"], r["seed"])
+    except Exception as e:  # recorded, so that the report shows it instead of a missing row
+        out = dict(r, error=f"{type(e).__name__}: {e}")
+    p = path_of(r)
+    p.parent.mkdir(parents=True, exist_ok=True)
+    tmp = p.with_suffix(".tmp")
+    tmp.write_text(json.dumps(out) + "\n")
+    os.replace(tmp, p)
+    return out
+
+
+def run_all(runs: list[dict[str, Any]], jobs: int) -> None:
+    from tqdm import tqdm
+
+    todo = [r for r in runs if not path_of(r).exists()]
+    bar = tqdm(total=len(runs), initial=len(runs) - len(todo), desc="study runs", unit="run", dynamic_ncols=True)
+    t0 = time.monotonic()
+    with ProcessPoolExecutor(max_workers=jobs) as pool:
+        futures = {pool.submit(_one, r): r for r in todo}
+        for f in as_completed(futures):
+            r, out = futures[f], f.result()
+            msg = out.get("error") or f"{out['test']:.3f}"
+            bar.set_postfix_str(f"{r['task']} w{r['workers']} {r['spec']} lr={r['lr']:g} s{r['seed']}: {msg}")
+            bar.update(1)
+    bar.close()
+    print(f"{len(todo)} runs in {time.monotonic() - t0:.0f} s")
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    ap.add_argument("--plan", default="main", choices=["main", "smoke"])
+    ap.add_argument("--seeds", type=int, default=5)
+    ap.add_argument("--jobs", type=int, default=2)
+    ap.add_argument("--report", action="store_true", help="only write the tables and plots from saved runs")
+    a = ap.parse_args()
+    runs = plan(a.plan, a.seeds)
+    if not a.report:
+        run_all(runs, a.jobs)
+    import study_report
+
+    study_report.write(runs, [path_of(r) for r in runs])
+
+
+if __name__ == "__main__":
+    main()
