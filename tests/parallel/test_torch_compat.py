@@ -145,3 +145,20 @@ def test_warmup_steps_are_exact_then_compressed(cases: dict, spec: str, pattern:
             assert rec["residuals"][2] > 0
     assert pattern in cases[0][key]["patterns"] and "fp32" in cases[0][key]["patterns"]
     assert_ranks_equal({r: {"d": rep[key]["digest"]} for r, rep in cases.items()}, "d")
+
+
+SIM_CASES = [("orq:levels=5,ef=true", "scatter"), ("bingrad:ef=true,warmup=1", "gather"),
+             ("qsgd:levels=4,ef=true", "summable"), ("uniform:bits=4", "auto"), ("orq:levels=3", "auto")]
+
+
+@pytest.mark.parametrize("spec,pattern", SIM_CASES)
+def test_quality_study_simulator_gives_the_frontends_bits(cases: dict, spec: str, pattern: str) -> None:
+    """bench/sim_reduce.py stands in for horovodrun in the quality study: fed the same local
+    gradients, it must reproduce DistributedOptimizer's reduced gradients bit for bit (rank
+    seeds, error feedback, every pattern, warm-up and the fp32 pass-through of the 3-float bias)."""
+    key = f"sim/{spec}/{pattern}"
+    _ok(cases, key)
+    for r, rep in cases.items():
+        assert rep[key]["compared"] == 12 and rep[key]["differ"] == [], (r, rep[key])
+    if pattern != "auto":
+        assert pattern in cases[0][key]["patterns"], cases[0][key]

@@ -28,6 +28,8 @@ hvd.init()
 torch.set_num_threads(1)
 rank, size = hvd.rank(), hvd.size()
 out: dict = {}
+SIM_CASES = [("orq:levels=5,ef=true", "scatter"), ("bingrad:ef=true,warmup=1", "gather"),
+             ("qsgd:levels=4,ef=true", "summable"), ("uniform:bits=4", "auto"), ("orq:levels=3", "auto")]
 
 
 def digest(model: torch.nn.Module) -> str:
@@ -300,6 +302,44 @@ def warmup(spec: str, pattern: str) -> dict:
             "patterns": sorted(k for k in comp.stats()["total"] if k != "all")}
 
 
+def simulator(spec: str, pattern: str) -> dict:
+    """bench/sim_reduce.py (the quality study's workers in one process) against this frontend:
+    fed every rank's local gradients, it must give the bits ``DistributedOptimizer`` gave."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
+    from sim_reduce import SimReducer
+
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 700), torch.nn.Tanh(), torch.nn.Linear(700, 3))
+    comp = gq.from_spec(spec, named_parameters=model.named_parameters(), seed=7, pattern=pattern)
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                   named_parameters=model.named_parameters(), compression=comp)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    sim = SimReducer(hvd_gradq.parse(spec), size, seed=7, pattern=pattern)
+    differ, compared = [], 0
+    for step in range(3):
+        x, y = data(step)
+        # the local gradients on the side (autograd.grad runs no hooks): Horovod reduces fp32
+        # pass-through tensors in place, so p.grad after backward() may already be the average
+        local = torch.autograd.grad(torch.nn.functional.cross_entropy(model(x), y), list(model.parameters()))
+        opt.zero_grad()
+        torch.nn.functional.cross_entropy(model(x), y).backward()
+        opt.synchronize()
+        sim.begin_step()
+        for i, (name, p) in enumerate(model.named_parameters()):
+            every = hvd.allgather(local[i].unsqueeze(0), name=f"sim.{spec}.{pattern}.{step}.{i}")
+            expect = sim.reduce(name, [every[r] for r in range(size)])
+            compared += 1
+            if not torch.equal(expect, p.grad):
+                differ.append(f"step {step} {name} ({sim.patterns[name]}): max diff "
+                              f"{float((expect - p.grad).abs().max()):.3g}")
+        with opt.skip_synchronize():
+            opt.step()
+    return {"differ": differ, "compared": compared, "patterns": sorted(set(sim.patterns.values()))}
+
+
 if args.mode == "cases":
     for spec, pattern in [("qsgd:levels=4", "auto"), ("uniform:bits=4", "summable"), ("terngrad", "auto"),
                           ("orq:levels=5,ef=true", "scatter"), ("qsgd:levels=4,ef=true", "scatter"),
@@ -319,6 +359,8 @@ if args.mode == "cases":
     for spec, pattern in (("orq:levels=3,ef=true,warmup=2", "scatter"), ("bingrad:ef=true,warmup=2", "gather"),
                           ("qsgd:levels=4,warmup=2", "summable")):
         check(f"warmup/{spec}/{pattern}", warmup, spec, pattern)
+    for spec, pattern in SIM_CASES:
+        check(f"sim/{spec}/{pattern}", simulator, spec, pattern)
 elif args.mode == "sets":
     # ranks 0 and 1 train on a process set; rank 2 is busy elsewhere (a hang if any collective
     # of the compressor used the global set). Adding a process set is collective: every rank adds both.
