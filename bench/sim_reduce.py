@@ -89,8 +89,7 @@ class SimReducer:
         for x in xs[1:]:
             total += x
         self._count("fp16" if half else "fp32", round(2 * (w - 1) / w * n * (2 if half else 4)))
-        if not half:
-            self.patterns.setdefault(name, "fp32")
+        self.patterns.setdefault(name, "fp16" if half else "fp32")
         return (total.to(torch.float32) / w).reshape(shape)
 
     def _encode(self, x: torch.Tensor, rank: int, step: int, key: str) -> tuple[np.ndarray, torch.Tensor]:
