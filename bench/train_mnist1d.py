@@ -5,6 +5,12 @@
 
 The CNN is the MNIST-1D paper's (three stride-2 convolutions of 25 channels, then a linear
 layer; ~5k parameters). Adam (or ``--optimizer sgd``), a short warm-up, then cosine decay.
+``--model mlp`` trains the quality study's MLP 40-300-300-10 instead (105,610 parameters,
+``bench/study_tasks.py``); with ``--optimizer sgd --weight-decay 5e-4 --warmup-frac 0.1`` it is
+the study's recipe (the demo runs that). ``--eval-every N`` scores the test set every N steps
+(the curve goes into the summary, with the training time excluding evaluation), and under
+``bench/netbench.py`` the steps are bracketed by the phase marks ``train`` and ``trained`` so
+the bytes that crossed each emulated link during training can be read apart from start-up.
 ``--compression`` takes any hvd_gradq spec (``HVD_GRADQ`` sets the default), or ``stock-none`` /
 ``stock-fp16`` for Horovod's own compression. Rank 0 prints the summary (and writes it with ``--json``).
 """
@@ -19,6 +25,7 @@ import measure
 import numpy as np
 import torch
 import torch.nn.functional as F
+from netemu_counters import phase
 from torch import nn
 
 import hvd_gradq.torch as gq
@@ -44,6 +51,13 @@ class CNN(nn.Module):
 
 
 def extra_args(ap: argparse.ArgumentParser) -> None:
+    ap.add_argument("--model", choices=["cnn", "mlp"], default="cnn",
+                    help="cnn: the MNIST-1D paper's CNN (~5k parameters); mlp: the quality study's MLP 40-300-300-10")
+    ap.add_argument("--weight-decay", type=float, default=0.0, help="the optimizer's weight decay (default 0)")
+    ap.add_argument("--warmup-frac", type=float, default=0.0,
+                    help="linear warm-up over this share of the steps (default 0: one epoch, at most a tenth)")
+    ap.add_argument("--eval-every", type=int, default=0, metavar="N",
+                    help="score the test set every N steps as well as at the end (0: only at the end)")
     ap.add_argument("--dump-grads", default="", metavar="PATH",
                     help="save rank 0's local (uncompressed) gradients at a few steps to an .npz")
     ap.add_argument("--dump-steps", type=int, default=6, help="how many steps --dump-grads saves (evenly spaced)")
@@ -72,16 +86,23 @@ def train(args: argparse.Namespace) -> dict:
     x, y = measure.shard(data["x"], data["y"], rank, size)
     xt, yt = measure.shard(data["x_test"], data["y_test"], rank, size)
     spe, total = measure.plan(len(x), args.batch_size, args.epochs, args.max_steps)
-    warmup = measure.warmup_steps(spe, total)
+    warmup = max(1, round(args.warmup_frac * total)) if args.warmup_frac > 0 else measure.warmup_steps(spe, total)
 
     torch.manual_seed(args.seed)
-    model = CNN()
+    model: nn.Module
+    if args.model == "mlp":
+        from study_tasks import MLP  # the quality study's model, kept in one place
+
+        model = MLP()
+    else:
+        model = CNN()
     named = list(model.named_parameters())
     sizes = [p.numel() for _, p in named]
     if args.optimizer == "sgd":
-        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, nesterov=True)
+        opt = torch.optim.SGD(model.parameters(), lr=args.lr, momentum=0.9, nesterov=True,
+                              weight_decay=args.weight_decay)
     else:
-        opt = torch.optim.Adam(model.parameters(), lr=args.lr)
+        opt = torch.optim.Adam(model.parameters(), lr=args.lr, weight_decay=args.weight_decay)
 
     kind = measure.stock_kind(args.compression)
     if kind is not None:
@@ -102,6 +123,9 @@ def train(args: argparse.Namespace) -> dict:
         dump_at = {round(i * (total - 1) / max(1, k - 1)) for i in range(k)}
 
     clock = measure.StepClock(total)
+    curve: list[dict[str, float]] = []  # test accuracy every --eval-every steps
+    train_s = 0.0  # time inside training steps, evaluation excluded
+    phase("train")  # bench/netbench.py reads every link's counters here (a no-op elsewhere)
     bar = measure.progress(rank, total, f"torch {args.compression}", args.quiet)
     step, epoch, losses = 0, 0, []
     t_start = time.perf_counter()
@@ -124,15 +148,24 @@ def train(args: argparse.Namespace) -> dict:
                 for name, p in named:
                     dumps[f"step{step:05d}/{name}"] = p.grad.detach().numpy().copy()
             opt.step()
-            clock.add(time.perf_counter() - t0, timed.total() - c0)
+            dt = time.perf_counter() - t0
+            clock.add(dt, timed.total() - c0)
+            train_s += dt
             epoch_losses.append(loss.item())
             step += 1
             bar.update(1)
-            bar.set_postfix(epoch=epoch, loss=f"{epoch_losses[-1]:.3f}", refresh=False)
+            if args.eval_every and (step % args.eval_every == 0 or step == total):
+                a, _ = evaluate(model, xt, yt)
+                curve.append({"step": step, "train_s": train_s, "wall_s": time.perf_counter() - t_start,
+                              "accuracy": a})
+                bar.set_postfix(epoch=epoch, loss=f"{epoch_losses[-1]:.3f}", acc=f"{100 * a:.1f}%", refresh=False)
+            else:
+                bar.set_postfix(epoch=epoch, loss=f"{epoch_losses[-1]:.3f}", refresh=False)
         losses = epoch_losses
         epoch += 1
     bar.close()
     wall = time.perf_counter() - t_start
+    phase("trained")
     acc, test_loss = evaluate(model, xt, yt)
 
     stats = inner.stats() if kind is None else None
@@ -142,6 +175,8 @@ def train(args: argparse.Namespace) -> dict:
         train_loss=float(np.mean(losses)) if losses else float("nan"), clock=clock,
         bytes_info=measure.bytes_summary(stats, kind, sizes, size, total), wall_s=wall,
     )
+    summary.update({"model": args.model, "weight_decay": args.weight_decay, "warmup_steps": warmup,
+                    "train_s": train_s, "curve": curve})
     if rank == 0 and args.dump_grads:
         Path(args.dump_grads).parent.mkdir(parents=True, exist_ok=True)
         np.savez_compressed(args.dump_grads, **dumps)
