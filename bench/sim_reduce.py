@@ -8,7 +8,7 @@ the pattern and pass-through policy (:func:`hvd_gradq.frontend.patterns.decide`,
 rule), the payloads (:func:`hvd_gradq.frontend.codec.encode`: the compiled kernels and wire
 format), each worker's error feedback (:class:`hvd_gradq.feedback.Memory` with the torch
 frontend's store), the shared-scale encoder of the summable pattern and the scatter pattern's
-chunks, second quantization and server-side residual, with the rounding seeds of
+chunks, second (finer) quantization and server-side residual, with the rounding seeds of
 :func:`hvd_gradq.frontend.codec.draw_seed` (worker r draws what rank r would draw). A gathered
 payload decodes to what its sender's ``own`` holds (decoding is deterministic), so sums of
 ``own`` arrays in rank order are the sums each rank forms. What it leaves out is timing and the
@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hvd_gradq.feedback import Memory, reduced_key
 from hvd_gradq.frontend import codec
-from hvd_gradq.frontend.patterns import Pattern, chunk_bounds, decide, in_warmup, parse_pattern
+from hvd_gradq.frontend.patterns import Pattern, chunk_bounds, decide, in_warmup, parse_pattern, reduced_scheme
 from hvd_gradq.schemes.level import EvenLevelScheme
 from hvd_gradq.schemes.scheme import Scheme
 from hvd_gradq.schemes.summable import decode_codes, encode_shared, local_stats
@@ -92,10 +92,11 @@ class SimReducer:
         self.patterns.setdefault(name, "fp16" if half else "fp32")
         return (total.to(torch.float32) / w).reshape(shape)
 
-    def _encode(self, x: torch.Tensor, rank: int, step: int, key: str) -> tuple[np.ndarray, torch.Tensor]:
+    def _encode(self, x: torch.Tensor, rank: int, step: int, key: str,
+                scheme: Scheme | None = None) -> tuple[np.ndarray, torch.Tensor]:
         assert isinstance(self.scheme, Scheme)
         seed = codec.draw_seed(self.seed, rank, step, key)
-        buf, own = codec.encode(self.scheme, x.numpy(), seed, key)
+        buf, own = codec.encode(scheme or self.scheme, x.numpy(), seed, key)
         return buf, torch.from_numpy(own)
 
     def _gather(self, name: str, step: int, flat: list[torch.Tensor]) -> torch.Tensor:
@@ -151,7 +152,7 @@ class SimReducer:
         for j, part in enumerate(parts):  # rank j owns chunk j: its second quantization and residual
             assert part is not None
             sent = self.memory[j].compensate(key, part) if self.scheme.ef else part  # type: ignore[union-attr]
-            buf, own = self._encode(sent, j, step, key)
+            buf, own = self._encode(sent, j, step, key, reduced_scheme(self.scheme, w))  # type: ignore[arg-type]
             if self.scheme.ef:  # type: ignore[union-attr]
                 self.memory[j].update(key, sent, own)
             if j == 0:

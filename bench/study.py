@@ -3,7 +3,7 @@
 Each run trains a workload of :mod:`study_tasks` with ``--workers`` data-parallel workers whose
 gradients are reduced as the PyTorch frontend reduces them (:mod:`sim_reduce`: the library's
 policy, payloads, patterns and error feedback, in one process, so that hundreds of runs fit a
-small machine). Every finished run is saved at once under ``results/raw/study/`` and a rerun
+small machine). Every finished run is saved at once under ``results/study_runs/main/`` (committed) and a rerun
 skips what is saved, so an interrupted study resumes. ``--jobs`` runs go in parallel (one
 thread each). The tables and plots are :mod:`study_report`'s.
 
@@ -26,15 +26,15 @@ ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(ROOT))
 
-RAW = ROOT / "results" / "raw" / "study"
+RAW = ROOT / "results" / "study_runs" / "main"
 
-#: every scheme of the tables (Horovod's fp32 and fp16 baselines first)
-SCHEMES = [
-    "none", "fp16", "orq:levels=5", "orq:levels=3", "bingrad:ef=true", "uniform:bits=4", "orq:levels=9",
-    "bingrad:variant=pb,ef=true", "qsgd:levels=4", "terngrad", "sign:ef=true", "topk:ratio=0.01,ef=true",
-]
-#: the recipe's effect: the same schemes with a full-precision warm-up of 10% of the steps
-WARMUP = ["orq:levels=3,warmup=30", "bingrad:ef=true,warmup=30"]
+#: every scheme of the tables (Horovod's fp32 and fp16 baselines first), those with targets next
+KEY = ["none", "fp16", "orq:levels=5", "orq:levels=3", "bingrad:ef=true", "uniform:bits=4"]
+REST = ["orq:levels=9", "bingrad:variant=pb,ef=true", "qsgd:levels=4", "terngrad", "sign:ef=true",
+        "topk:ratio=0.01,ef=true", "bingrad"]
+#: the recipe's candidates: a full-precision warm-up of 10% of the steps, clipping (the paper's)
+RECIPE = ["orq:levels=3,warmup=30", "bingrad:ef=true,warmup=30", "orq:levels=3,clip=2.5", "orq:levels=5,clip=2.5"]
+SCHEMES = KEY + REST + RECIPE
 #: the transformer's rows: the baselines and the schemes its targets name
 CHARS = ["none", "fp16", "orq:levels=5", "uniform:bits=4", "orq:levels=3", "bingrad:ef=true"]
 
@@ -44,8 +44,9 @@ def plan(name: str, seeds: int) -> list[dict[str, Any]]:
     from study_tasks import TASKS
 
     blocks: list[tuple[str, int, list[str]]] = {
-        "main": [("mnist1d", 4, SCHEMES + WARMUP), ("chars", 4, CHARS), ("mnist1d", 8, SCHEMES),
-                 ("chars", 4, ["orq:levels=3,warmup=10", "bingrad:ef=true,warmup=10"])],
+        "main": [("mnist1d", 4, KEY + RECIPE), ("chars", 4, CHARS), ("mnist1d", 4, REST), ("mnist1d", 8, SCHEMES),
+                 ("chars", 4, ["orq:levels=3,warmup=15", "bingrad:ef=true,warmup=15"])],
+        "baselines": [("chars", 4, ["none", "fp16"]), ("mnist1d", 8, ["none", "fp16"])],
         "smoke": [("mnist1d", 4, ["none", "orq:levels=3"])],
     }[name]
     runs = []
@@ -102,18 +103,23 @@ def run_all(runs: list[dict[str, Any]], jobs: int) -> None:
 
 
 def main() -> None:
+    global RAW
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--plan", default="main", choices=["main", "smoke"])
+    ap.add_argument("--plan", default="main", choices=["main", "baselines", "smoke"])
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--report", action="store_true", help="only write the tables and plots from saved runs")
+    ap.add_argument("--raw", default="", help="where runs are saved (default results/study_runs/main)")
+    ap.add_argument("--tag", default="", help="results/quality<TAG>.md and plots (another --raw's report)")
     a = ap.parse_args()
+    if a.raw:
+        RAW = Path(a.raw).resolve()
     runs = plan(a.plan, a.seeds)
     if not a.report:
         run_all(runs, a.jobs)
     import study_report
 
-    study_report.write(runs, [path_of(r) for r in runs])
+    study_report.write(runs, [path_of(r) for r in runs], a.tag)
 
 
 if __name__ == "__main__":

@@ -18,6 +18,8 @@ optimum for every ``levels`` the scheme accepts:
 """
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -85,6 +87,9 @@ class ORQ(LevelScheme):
     @property
     def symbols(self) -> int:
         return self.levels
+
+    def refined(self, factor: float) -> ORQ:
+        return dataclasses.replace(self, levels=min(256, math.ceil((self.levels - 1) * factor - 1e-9) + 1))
 
     @property
     def meta_width(self) -> int:  # type: ignore[override]

@@ -122,6 +122,13 @@ class Scheme:
     def nbytes(self, n: int) -> int:
         return _nbytes(self, n)
 
+    def refined(self, factor: float) -> Scheme:
+        """This scheme with about ``factor`` times as many quantization intervals (never fewer,
+        capped at what it accepts), for re-quantizing a sum of ``factor**2`` payloads at the noise
+        of one (:func:`hvd_gradq.frontend.patterns.reduced_scheme`); itself where it has no
+        finer form (two-level and sign schemes, Top-K, TernGrad's ternary)."""
+        return self
+
 
 @functools.lru_cache(maxsize=4096)
 def _nbytes(scheme: Scheme, n: int) -> int:

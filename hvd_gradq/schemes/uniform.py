@@ -2,6 +2,8 @@
 [min, max] with 2**bits evenly spaced levels. Biased; its error is at most step/2."""
 from __future__ import annotations
 
+import dataclasses
+import math
 from dataclasses import dataclass
 from typing import ClassVar
 
@@ -30,6 +32,9 @@ class Uniform(EvenLevelScheme):
     @property
     def symbols(self) -> int:
         return 1 << self.bits
+
+    def refined(self, factor: float) -> Uniform:
+        return dataclasses.replace(self, bits=min(8, self.bits + math.ceil(math.log2(max(factor, 1.0)) - 1e-9)))
 
     def choose(self, ops: Ops, x: Array) -> Array:
         return ops.concat([ops.amin(x, 1), ops.amax(x, 1)], 1)

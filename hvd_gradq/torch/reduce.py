@@ -9,8 +9,9 @@ and carries one small context from ``compress()`` to ``decompress()``:
   Max-allreduces each bucket's statistics; phase 2 encodes against the shared scale and
   Sum-allreduces the codes packed into int32 lanes (:func:`hvd_gradq.wire.packing.pack_lanes`).
 * **scatter** (:class:`ScatterCtx`): phase 1 alltoalls per-chunk payloads, each rank decodes and
-  sums its own chunk; phase 2 re-compresses that partial sum (with its own residual,
-  ``<name>#reduce``) and allgathers it.
+  sums its own chunk; phase 2 re-compresses that partial sum with a finer scheme
+  (:func:`hvd_gradq.frontend.patterns.reduced_scheme`; its own residual, ``<name>#reduce``) and
+  allgathers it.
 
 :class:`Reducer` runs them. It only ever *starts* collectives in :meth:`Reducer.start`; second
 phases wait in :attr:`Reducer.pending` until :meth:`Reducer.flush` (see
@@ -34,7 +35,7 @@ from ..api import dequantize, split
 from ..errors import GradqError, NonFiniteError, RankMismatchError
 from ..feedback import Memory, reduced_key
 from ..frontend import codec
-from ..frontend.patterns import Lanes, Pattern, chunk_bounds, cost, lanes_for
+from ..frontend.patterns import Lanes, Pattern, chunk_bounds, cost, lanes_for, reduced_scheme
 from ..frontend.stats import Stats
 from ..schemes.level import EvenLevelScheme
 from ..schemes.options import NonFinite
@@ -303,7 +304,8 @@ class Reducer:
         if self.scheme.ef:
             sent = self.memory.compensate(key, sent)
         seed = codec.draw_seed(self.seed, hvd.rank(), ctx.step, key)
-        buf, own = codec.encode(self.scheme, sent.numpy(), seed, f"{ctx.name} (step {ctx.step}, reduced)")
+        fine = reduced_scheme(self.scheme, g.size)  # finer: the sum's noise as one rank's
+        buf, own = codec.encode(fine, sent.numpy(), seed, f"{ctx.name} (step {ctx.step}, reduced)")
         if self.scheme.ef:
             self.memory.update(key, sent, torch.from_numpy(own))
         ctx.reduced_own, ctx.reduced_bytes = own, int(buf.shape[0])

@@ -9,6 +9,7 @@ each rank's own gradient is recomputed on the side, allgathered, and the gradien
 
 import argparse
 import hashlib
+import math
 
 import horovod.torch as hvd
 import numpy as np
@@ -152,6 +153,19 @@ def probe_step(comp, named, local, step: int, op) -> dict:
     return {"bad": bad, "patterns": sorted(patterns)}
 
 
+def finer(scheme, nranks: int):
+    """The reduced chunk's scheme, restated from the rule (intervals times sqrt N, rounded up):
+    ORQ-s has s-1 intervals, uniform 2^bits - 1 (one more bit per doubling), QSGD q a sign."""
+    f = math.sqrt(nranks)
+    if scheme.name == "orq":
+        return scheme.replace(levels=min(256, 1 + math.ceil((scheme.levels - 1) * f - 1e-9)))
+    if scheme.name == "uniform":
+        return scheme.replace(bits=min(8, scheme.bits + math.ceil(math.log2(f) - 1e-9)))
+    if scheme.name == "qsgd":
+        return scheme.replace(levels=math.ceil(scheme.levels * f - 1e-9))
+    return scheme
+
+
 def reference(scheme, used: str, allx: np.ndarray, base: int, step: int, name: str) -> np.ndarray:
     """The decoded *sum* every rank must hold for pattern ``used`` (the frontend divides it by N
     for op=Average), from every rank's input (rank order), compressor seed ``base``, the
@@ -167,7 +181,7 @@ def reference(scheme, used: str, allx: np.ndarray, base: int, step: int, name: s
                 q = hvd_gradq.quantize(allx[r][lo:hi], scheme, seed=codec.draw_seed(base, r, step, f"{name}#{j}"))
                 d = hvd_gradq.dequantize(q)
                 part = d if part is None else part + d
-            red = hvd_gradq.quantize(part, scheme, seed=codec.draw_seed(base, j, step, f"{name}#reduce"))
+            red = hvd_gradq.quantize(part, finer(scheme, size), seed=codec.draw_seed(base, j, step, f"{name}#reduce"))
             pieces.append(hvd_gradq.dequantize(red))
         return np.concatenate(pieces)
     if used == "gather":

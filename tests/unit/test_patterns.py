@@ -45,3 +45,67 @@ def test_fp32_is_a_decision_not_a_request() -> None:
     with pytest.raises(SpecError, match="valid: auto, gather, summable, scatter"):
         parse_pattern("fp32")
     assert parse_pattern("Gather") is Pattern.GATHER
+
+
+@pytest.mark.parametrize("spec,nranks,finer", [
+    # (intervals x ceil(sqrt N)): ORQ-s has s-1 intervals, uniform 2^bits-1, QSGD q a sign
+    ("orq:levels=3", 2, "levels=4"), ("orq:levels=3", 4, "levels=5"), ("orq:levels=3", 8, "levels=7"),
+    ("orq:levels=5", 4, "levels=9"), ("orq:levels=5", 1024, "levels=129"), ("orq:levels=200", 4, "levels=256"),
+    ("uniform:bits=4", 2, "bits=5"), ("uniform:bits=4", 4, "bits=5"), ("uniform:bits=4", 8, "bits=6"),
+    ("uniform:bits=8", 64, "bits=8"), ("qsgd:levels=4", 4, "levels=8"), ("qsgd:levels=4", 8, "levels=12"),
+    ("orq:levels=5", 1, "levels=5"),
+])
+def test_scatter_requantizes_the_sum_finer(spec: str, nranks: int, finer: str) -> None:
+    from hvd_gradq.frontend.patterns import reduced_scheme
+
+    fine = reduced_scheme(hvd_gradq.parse(spec), nranks)
+    assert fine == hvd_gradq.parse(spec.split(":")[0] + ":" + ",".join(
+        [p for p in spec.split(":")[1].split(",") if p.split("=")[0] != finer.split("=")[0]] + [finer]))
+
+
+@pytest.mark.parametrize("spec", ["bingrad", "bingrad:variant=pb", "sign", "topk:ratio=0.1", "terngrad", "fp16"])
+def test_schemes_without_a_finer_form_keep_their_own(spec: str) -> None:
+    from hvd_gradq.frontend.patterns import reduced_scheme
+
+    assert reduced_scheme(hvd_gradq.parse(spec), 16) == hvd_gradq.parse(spec)
+
+
+def test_scatter_cost_counts_the_finer_reduced_chunks() -> None:
+    from hvd_gradq.frontend.patterns import cost
+    from hvd_gradq.wire.payload import header_size
+
+    orq3, orq5 = hvd_gradq.parse("orq:levels=3"), hvd_gradq.parse("orq:levels=5")
+    n = 4 * 512 * 16  # 16 buckets a chunk at 4 ranks
+    chunk3 = header_size(orq3.spec, 1) + orq3.nbytes(n // 4)
+    chunk5 = header_size(orq5.spec, 1) + orq5.nbytes(n // 4)
+    c = cost(orq3, n, 1, 4, Pattern.SCATTER)
+    # alltoall: 3 ORQ-3 chunks out, 3 in; allgather: 3 ORQ-5 chunks out, 3 in
+    assert (c.sent, c.received) == (3 * chunk3 + 3 * chunk5, 3 * chunk3 + 3 * chunk5)
+    assert chunk5 > chunk3
+
+
+def test_finer_requantization_keeps_the_sums_noise_at_gathers() -> None:
+    """Why (patterns.reduced_scheme): 4 ranks with similar gradients. Gather's error is the mean of
+    4 independent errors; re-quantizing their sum with the same ORQ-3 adds an error as large as
+    one rank's again; ORQ-5 (twice the intervals) brings it back near gather's."""
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    g = rng.standard_normal(512 * 64).astype(np.float32)
+    xs = [g + 0.1 * rng.standard_normal(g.size).astype(np.float32) for _ in range(4)]
+    orq3, orq5 = hvd_gradq.parse("orq:levels=3"), hvd_gradq.parse("orq:levels=5")
+    mean = np.mean(xs, axis=0)
+
+    def mse(second: object | None, seed: int) -> float:
+        q = [hvd_gradq.dequantize(hvd_gradq.quantize(x, orq3, seed=seed * 10 + r)) for r, x in enumerate(xs)]
+        s = np.sum(q, axis=0)
+        if second is not None:
+            s = hvd_gradq.dequantize(hvd_gradq.quantize(s, second, seed=seed * 10 + 9))
+        return float(np.mean((s / 4 - mean) ** 2))
+
+    gather = np.mean([mse(None, k) for k in range(4)])
+    same = np.mean([mse(orq3, k) for k in range(4)])
+    finer = np.mean([mse(orq5, k) for k in range(4)])
+    # measured: same ~ 4.2x gather, finer ~ 1.4x; bounds at 3x and 2x leave room for the draws
+    print(same / gather, finer / gather)
+    assert same > 3.0 * gather and finer < 2.0 * gather, (gather, same, finer)
