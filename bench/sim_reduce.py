@@ -27,7 +27,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hvd_gradq.feedback import Memory, reduced_key
 from hvd_gradq.frontend import codec
-from hvd_gradq.frontend.patterns import Pattern, chunk_bounds, decide, in_warmup, parse_pattern, reduced_scheme
+from hvd_gradq.frontend.patterns import Pattern, chunk_bounds, cost, decide, in_warmup, parse_pattern, reduced_scheme
 from hvd_gradq.schemes.level import EvenLevelScheme
 from hvd_gradq.schemes.scheme import Scheme
 from hvd_gradq.schemes.summable import decode_codes, encode_shared, local_stats
@@ -116,8 +116,6 @@ class SimReducer:
     def _summable(self, name: str, step: int, flat: list[torch.Tensor]) -> torch.Tensor:
         scheme = self.scheme
         assert isinstance(scheme, EvenLevelScheme)
-        from hvd_gradq.frontend.patterns import cost
-
         stats = local_stats(scheme, _CPU, flat[0])
         for x in flat[1:]:
             stats = torch.maximum(stats, local_stats(scheme, _CPU, x))

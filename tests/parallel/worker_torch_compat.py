@@ -276,15 +276,21 @@ def nonfinite() -> dict:
     return res
 
 
-def warmup(spec: str, pattern: str) -> dict:
-    """``warmup=2``: the first two steps of every tensor are Horovod's exact average (no residual
-    written), the later ones compressed; compared with a plain allreduce of the same gradients."""
+def trained_pair(spec: str, pattern: str, seed: int):
+    """A 16-700-3 model on every rank (broadcast), its compressor and DistributedOptimizer."""
     torch.manual_seed(0)
     model = torch.nn.Sequential(torch.nn.Linear(16, 700), torch.nn.Tanh(), torch.nn.Linear(700, 3))
-    comp = gq.from_spec(spec, named_parameters=model.named_parameters(), seed=5, pattern=pattern)
+    comp = gq.from_spec(spec, named_parameters=model.named_parameters(), seed=seed, pattern=pattern)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
                                    named_parameters=model.named_parameters(), compression=comp)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    return model, comp, opt
+
+
+def warmup(spec: str, pattern: str) -> dict:
+    """``warmup=2``: the first two steps of every tensor are Horovod's exact average (no residual
+    written), the later ones compressed; compared with a plain allreduce of the same gradients."""
+    model, comp, opt = trained_pair(spec, pattern, seed=5)
     errs, residuals = [], []
     for step in range(4):
         x, y = data(step)
@@ -311,12 +317,7 @@ def simulator(spec: str, pattern: str) -> dict:
     sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
     from sim_reduce import SimReducer
 
-    torch.manual_seed(0)
-    model = torch.nn.Sequential(torch.nn.Linear(16, 700), torch.nn.Tanh(), torch.nn.Linear(700, 3))
-    comp = gq.from_spec(spec, named_parameters=model.named_parameters(), seed=7, pattern=pattern)
-    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
-                                   named_parameters=model.named_parameters(), compression=comp)
-    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    model, comp, opt = trained_pair(spec, pattern, seed=7)
     sim = SimReducer(hvd_gradq.parse(spec), size, seed=7, pattern=pattern)
     differ, compared = [], 0
     for step in range(3):
