@@ -226,8 +226,11 @@ class Reducer:
         if not bool(finite_rows.all()):
             if scheme.nonfinite is NonFinite.RAISE:
                 who = "this rank" if ctx.local_bad else "another rank"
-                # still launch the lanes (zeros): a rank that raised later must not leave others waiting
+                # still launch the lanes (zeros) and wait for them: a rank that raised later must not
+                # leave the others waiting, and a rank that raised first must not end Horovod (its
+                # exit shuts every rank down) before the slower ranks have reached this same error
                 self._launch_lanes(ctx, torch.zeros_like(ctx.x), torch.zeros_like(stats))
+                hvd.synchronize(ctx.handle)
                 raise NonFiniteError(
                     f"{ctx.name} (step {ctx.step}): {who} had non-finite values (NaN/Inf) in this gradient "
                     "(nonfinite=raise); the default nonfinite=propagate carries them through as Horovod does"

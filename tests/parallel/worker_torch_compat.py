@@ -294,9 +294,11 @@ def warmup(spec: str, pattern: str) -> dict:
     errs, residuals = [], []
     for step in range(4):
         x, y = data(step)
+        # the local gradients on the side: Horovod may already have averaged an fp32 pass-through
+        # p.grad in place by the time backward() returns, so p.grad is not this rank's own
+        local = torch.autograd.grad(torch.nn.functional.cross_entropy(model(x), y), list(model.parameters()))
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
-        local = [p.grad.clone() for p in model.parameters()]
         opt.synchronize()
         mean = [hvd.allreduce(g, op=hvd.Average, name=f"wu.{spec}.{pattern}.{step}.{i}")
                 for i, g in enumerate(local)]
