@@ -3,7 +3,8 @@
 Each run trains a workload of :mod:`study_tasks` with ``--workers`` data-parallel workers whose
 gradients are reduced as the PyTorch frontend reduces them (:mod:`sim_reduce`: the library's
 policy, payloads, patterns and error feedback, in one process, so that hundreds of runs fit a
-small machine). Every finished run is saved at once under ``results/study_runs/main/`` (committed) and a rerun
+small machine). A row whose best rate is at the edge of the grid gets the rates beyond it
+(:func:`beyond_edges`). Every finished run is saved at once under ``results/study_runs/main/`` (committed) and a rerun
 skips what is saved, so an interrupted study resumes. ``--jobs`` runs go in parallel (one
 thread each). The tables and plots are :mod:`study_report`'s.
 
@@ -31,7 +32,7 @@ RAW = ROOT / "results" / "study_runs" / "main"
 #: every scheme of the tables (Horovod's fp32 and fp16 baselines first), those with targets next
 KEY = ["none", "fp16", "orq:levels=5", "orq:levels=3", "bingrad:ef=true", "uniform:bits=4"]
 REST = ["orq:levels=9", "bingrad:variant=pb,ef=true", "qsgd:levels=4", "terngrad", "sign:ef=true",
-        "topk:ratio=0.01,ef=true", "bingrad"]
+        "topk:ratio=0.01,ef=true", "bingrad:ef=false"]
 #: the recipe's candidates: a full-precision warm-up of 10% of the steps, clipping (the paper's)
 RECIPE = ["orq:levels=3,warmup=30", "bingrad:ef=true,warmup=30", "orq:levels=3,clip=2.5", "orq:levels=5,clip=2.5"]
 SCHEMES = KEY + REST + RECIPE
@@ -44,8 +45,9 @@ def plan(name: str, seeds: int) -> list[dict[str, Any]]:
     from study_tasks import TASKS
 
     blocks: list[tuple[str, int, list[str]]] = {
-        "main": [("mnist1d", 4, KEY + RECIPE), ("chars", 4, CHARS), ("mnist1d", 4, REST), ("mnist1d", 8, SCHEMES),
-                 ("chars", 4, ["orq:levels=3,warmup=15", "bingrad:ef=true,warmup=15"])],
+        "main": [("mnist1d", 4, KEY + RECIPE), ("chars", 4, CHARS),
+                 ("chars", 4, ["orq:levels=3,warmup=15", "bingrad:ef=true,warmup=15"]), ("mnist1d", 4, REST),
+                 ("mnist1d", 8, KEY + RECIPE + REST)],
         "baselines": [("chars", 4, ["none", "fp16"]), ("mnist1d", 8, ["none", "fp16"])],
         "smoke": [("mnist1d", 4, ["none", "orq:levels=3"])],
     }[name]
@@ -56,6 +58,42 @@ def plan(name: str, seeds: int) -> list[dict[str, Any]]:
                 for lr in TASKS[task].lrs:
                     runs.append({"task": task, "workers": workers, "spec": spec, "lr": lr, "seed": seed})
     return runs
+
+
+def beyond_edges(runs: list[dict[str, Any]], rounds: int = 2) -> list[dict[str, Any]]:
+    """The grid's extension: a row (task, workers, scheme) whose best rate on ``dev`` is the
+    smallest or largest it has tried also gets the next rate beyond it (half or double), for every
+    seed, until its best is inside its grid (at most ``rounds`` steps out). Without it a scheme
+    whose best rate lies off the shared grid would be judged at a rate tuned for another. Decided
+    from saved runs only, so ``--report`` rebuilds the same plan."""
+    import numpy as np
+    from study_tasks import TASKS
+
+    extra: list[dict[str, Any]] = []
+    groups: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
+    for r in runs:
+        groups.setdefault((r["task"], r["workers"], r["spec"]), []).append(r)
+    for (task, workers, spec), rs in groups.items():
+        higher = TASKS[task].higher_is_better
+        seeds = sorted({r["seed"] for r in rs})
+        lrs = sorted({r["lr"] for r in rs})
+        for _ in range(rounds):
+            saved = {(r["lr"], r["seed"]): json.loads(path_of(r).read_text()) for r in rs if path_of(r).exists()}
+            if len(saved) < len(lrs) * len(seeds) or any("error" in v for v in saved.values()):
+                break  # the row is not complete (or a run failed): nothing to decide yet
+            score = {lr: float(np.mean([saved[(lr, s)]["dev"] for s in seeds])) for lr in lrs}
+            key = {lr: (score[lr] if higher else -score[lr]) if np.isfinite(score[lr]) else -np.inf for lr in lrs}
+            best = max(lrs, key=lambda lr: key[lr])
+            if best == lrs[0]:
+                nxt = best / 2
+            elif best == lrs[-1]:
+                nxt = best * 2
+            else:
+                break
+            new = [{"task": task, "workers": workers, "spec": spec, "lr": nxt, "seed": s} for s in seeds]
+            rs, lrs = rs + new, sorted(lrs + [nxt])
+            extra += new
+    return extra
 
 
 def path_of(r: dict[str, Any]) -> Path:
@@ -116,7 +154,11 @@ def main() -> None:
         RAW = Path(a.raw).resolve()
     runs = plan(a.plan, a.seeds)
     if not a.report:
-        run_all(runs, a.jobs)
+        run_all(beyond_edges(runs) + runs, a.jobs)  # the rows already complete first: they are cheap
+        # rows whose best rate is at an edge of the grid: the rates beyond it, until it is inside
+        while more := [r for r in beyond_edges(runs) if not path_of(r).exists()]:
+            run_all(more, a.jobs)
+    runs += beyond_edges(runs)
     import study_report
 
     study_report.write(runs, [path_of(r) for r in runs], a.tag)

@@ -140,6 +140,40 @@ def verdicts(task: str, rows: dict[str, dict[str, Any]]) -> list[str]:
     return out
 
 
+def recipe_effects(task: str, rows: dict[str, dict[str, Any]]) -> list[str]:
+    """What each ingredient of the recipe does: a row against the same scheme without it (error
+    feedback, warm-up, clipping), both at their own best rates, as a paired per-seed difference."""
+    from study_tasks import TASKS
+
+    higher = TASKS[task].higher_is_better
+    pairs = []
+    for spec in rows:
+        parts = spec.split(":", 1)
+        opts = parts[1].split(",") if len(parts) > 1 else []
+        for i, o in enumerate(opts):
+            if o.startswith(("warmup=", "clip=")) or o == "ef=true":
+                rest = opts[:i] + opts[i + 1:]
+                if o == "ef=true" and parts[0] == "bingrad":  # BinGrad's default is ef=true
+                    rest = rest + ["ef=false"]
+                base = parts[0] + (":" + ",".join(rest) if rest else "")
+                if base in rows:
+                    pairs.append((base, spec, o))
+    if not pairs:
+        return []
+    unit = "points" if higher else "relative loss"
+    out = [f"| scheme | with | its best lr → with's | Δ ({unit}), paired, ± 95% CI |", "|---|---|---|---:|"]
+    for base, spec, o in pairs:
+        b, w = rows[base], rows[spec]
+        common = sorted(set(b["seeds"]) & set(w["seeds"]))
+        d = [w["test"][s] - b["test"][s] for s in common]
+        if not higher:
+            d = [x / b["test"][s] for x, s in zip(d, common)]
+        dm, dh = ci(d)
+        txt = f"{dm:+.2f} ± {dh:.2f}" if higher else f"{100 * dm:+.2f}% ± {100 * dh:.2f}%"
+        out.append(f"| `{base}` | `{o}` | {b['lr']:g} → {w['lr']:g} | {txt} |")
+    return out
+
+
 def plot(task: str, workers: int, rows: dict[str, dict[str, Any]], path: Path) -> None:
     import matplotlib
 
@@ -202,6 +236,9 @@ def write(runs: list[dict[str, Any]], paths: list[Path], tag: str = "") -> None:
         lines += [f"## {task}, {workers} workers ({n} of {planned} planned runs saved)", ""]
         lines += block_table(task, workers, rows, order)
         lines += ["", "Targets (means over seeds):", ""] + verdicts(task, rows) + [""]
+        effects = recipe_effects(task, rows)
+        if effects:
+            lines += ["The recipe's ingredients, each against the same scheme without it:", ""] + effects + [""]
         png = OUT / f"quality{tag}_{task}_w{workers}.png"
         plot(task, workers, rows, png)
         lines += [f"![{task}, {workers} workers]({png.name})", ""]

@@ -193,7 +193,7 @@ if want("oracle"):
     res = {}
     rng = np.random.default_rng(rank)
     t = tf.constant(rng.standard_normal((37, 29)).astype(np.float32))
-    for spec in ["none", "orq:levels=5", "bingrad:variant=pb", "topk:ratio=0.1", "sign", "fp16"]:
+    for spec in ["none", "orq:levels=5", "bingrad:variant=pb,ef=false", "topk:ratio=0.1", "sign", "fp16"]:
         comp = gq.from_spec(spec, pattern="gather")
 
         @tf.function
