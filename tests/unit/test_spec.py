@@ -234,6 +234,11 @@ def test_defaults_in_canonical_strings():
         spec.parse("orq:warmup=-1")
     assert spec.parse("fp16:overflow=raise") != spec.parse("fp16")
     assert spec.parse("orq:nonfinite=raise").spec.replace("raise", "propagate") == spec.parse("orq").spec
+    # error feedback: on by default for BinGrad only (the quality study's recipe), off elsewhere;
+    # a header that spells ef= keeps its meaning whatever the default
+    assert ",ef=true," in spec.parse("bingrad").spec and spec.parse("bingrad:ef=false").ef is False
+    assert [n for n in spec.names() if spec.parse(n).ef] == ["bingrad"]
+    assert spec.parse(spec.parse("bingrad:ef=false").spec) == spec.parse("bingrad:ef=false")
 
 
 @pytest.mark.parametrize("text", ["orq:levels=5", "qsgd", "uniform:bits=4", "sign", "topk", "bingrad", "fp16"])
