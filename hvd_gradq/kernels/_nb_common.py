@@ -12,6 +12,9 @@ from numba import njit, types
 from numba.core.extending import intrinsic
 
 from ..xp import _M1, _M2, _M3
+from ._cache import refresh
+
+refresh()  # every kernel module imports this one first: stale cached kernels go before any loads
 
 _OPTS = {"cache": True, "nogil": True, "error_model": "numpy", "boundscheck": False}
 

@@ -1,5 +1,15 @@
 # mypy: ignore-errors
-"""numba kernel: each bucket sorted by an LSD radix sort on order-preserving integer keys.
+"""numba kernels: each bucket sorted, on order-preserving integer keys.
+
+:func:`sort_rows` picks one of two sorts that give the same bits (IEEE total order):
+
+* **Bitonic, 32 buckets at once** (:func:`_sort_bitonic`, buckets of up to 2,048 after padding
+  to a power of two, 8 or more of them): the keys of 32 buckets are laid out transposed, one
+  bucket a lane, so every compare-exchange of the network is an integer min/max over contiguous
+  memory, 8 lanes to an AVX2 instruction. ~5 ns an element at 512 against the radix sort's ~9.5,
+  ~4 against ~17 at 128 (its 1,024 counters cost as much as a small bucket).
+* **LSD radix** (:func:`_sort_radix`) for the rest: a few buckets (the tail of a tensor) or
+  wide ones.
 
 The sorted-level schemes (bingrad, orq with 4 levels or more) sort every bucket; NumPy's row
 sort (introsort, no SIMD sort for float32 on AVX2 in NumPy 1.26) took ~42 ns an element here,
@@ -25,9 +35,81 @@ _ALL = np.uint32(0xFFFFFFFF)
 _BYTE = np.uint32(255)
 
 
+_LANES = 32  # buckets a bitonic pass sorts together (512 x 32 int32 keys: 64 KB)
+_BITONIC_MAX = 2048  # padded width beyond which the radix sort is faster here
+_BITONIC_MIN_ROWS = 8  # fewer buckets than this would leave most lanes padding
+
+
 @njit(**_OPTS)
 def sort_rows(x, out):
     """out[r] = x[r] sorted ascending, for float32 (rows, w) arrays (x and out may not overlap)."""
+    rows, w = x.shape
+    p = 1
+    while p < w:
+        p <<= 1
+    nb = (rows // _LANES) * _LANES if p <= _BITONIC_MAX else 0
+    if p <= _BITONIC_MAX and rows - nb >= _BITONIC_MIN_ROWS:
+        nb = rows
+    if nb:
+        _sort_bitonic(x[:nb], out[:nb], p)
+    if nb < rows:
+        _sort_radix(x[nb:], out[nb:])
+
+
+@njit(**_OPTS)
+def _sort_bitonic(x, out, p):
+    """Bitonic sort of each row, _LANES rows at a time, keys transposed (a[i * _LANES + l] is
+    point i of row l), rows padded to ``p`` points (a power of two) with the largest key."""
+    rows, w = x.shape
+    xv = x.view(np.int32)
+    ov = out.view(np.int32)
+    a = np.empty(p * _LANES, np.int32)
+    top = np.int32(0x7FFFFFFF)
+    for r0 in range(0, rows, _LANES):
+        nl = min(_LANES, rows - r0)
+        for l in range(_LANES):
+            if l < nl:
+                src = xv[r0 + l]
+                for i in range(w):
+                    b = src[i]
+                    a[i * _LANES + l] = b ^ ((b >> 31) & top)  # signed order = float total order
+                for i in range(w, p):
+                    a[i * _LANES + l] = top
+            else:
+                for i in range(p):
+                    a[i * _LANES + l] = top
+        k = 2
+        while k <= p:
+            j = k >> 1
+            while j >= 1:
+                m = j * _LANES
+                for base in range(0, p, 2 * j):
+                    lo = a[base * _LANES : base * _LANES + m]
+                    hi = a[base * _LANES + m : base * _LANES + 2 * m]
+                    if (base & k) == 0:  # an ascending block (2j <= k: one direction a block)
+                        for t in range(m):
+                            u = lo[t]
+                            v = hi[t]
+                            lo[t] = min(u, v)
+                            hi[t] = max(u, v)
+                    else:
+                        for t in range(m):
+                            u = lo[t]
+                            v = hi[t]
+                            lo[t] = max(u, v)
+                            hi[t] = min(u, v)
+                j >>= 1
+            k <<= 1
+        for l in range(nl):
+            dst = ov[r0 + l]
+            for i in range(w):
+                b = a[i * _LANES + l]
+                dst[i] = b ^ ((b >> 31) & top)
+
+
+@njit(**_OPTS)
+def _sort_radix(x, out):
+    """LSD radix sort of each row: four 8-bit passes (see the module docstring)."""
     rows, w = x.shape
     ka = np.empty(w, np.uint32)
     kb = np.empty(w, np.uint32)

@@ -14,11 +14,18 @@ or with runs of equal values, need no special case.
 
 C satisfies the quadrangle inequality (Ben Basat, Ben-Itzhak, Mitzenmacher, Vargaftik,
 "Optimal and Approximate Adaptive Stochastic Quantization", NeurIPS 2024, arXiv 2402.03158),
-so the first index attaining each row minimum, opt_t(j), is non-decreasing in j and every layer
-is a divide-and-conquer over j with monotone argmin: O(w log w) a layer, O(s w log w) a bucket
-after the sort (QUIVER's SMAWK variant is O(s w); the difference is a log factor at w = 512).
-The first layer is direct (O(w)), the last needs only j = w-1 (O(w)). Exactness is checked
-against an independent O(s w^2) program in ``tests/unit/test_orq.py``.
+so the first index attaining each row minimum, opt_t(j), is non-decreasing in j, and a layer is
+a divide and conquer over j with monotone argmin: O(w log w).
+
+Two layers cost O(w) instead, by the closed form of one level between fixed neighbours (the
+same fact QUIVER's accelerated variant uses): C2(i, j) = min_m C(i, m) + C(m, j) is a convex,
+piecewise-linear function of the middle level whose slope right of y_m is T - (j - m)(y_j - y_i),
+T = sum_{i<=k<=j} (y_k - y_i), so its first minimiser is m = ceil(j - T / (y_j - y_i)) (i when
+the span is 0): O(1) from the prefix sums. Layer 2 is F_2(j) = C2(0, j) for every j, and the last
+two levels are one pass over the next-to-last layer, min_i F_{s-3}(i) + C2(i, w-1) (for s = 4,
+min_i F_2(i) + C(i, w-1)). So s = 3, 4, 5 (ORQ-5 is the default) cost O(w) a bucket after the
+sort, and s >= 6 runs s - 5 divide-and-conquer layers (3 .. s-3) instead of s - 3. Exactness
+is checked against an independent O(s w^2) program in ``tests/unit/test_orq.py``.
 
 :func:`exact_level_indices` is plain Python over NumPy arrays, written so that numba compiles
 the same source (``hvd_gradq.kernels._numba.orq_exact``): one function body, no helper calls,
@@ -92,13 +99,29 @@ def exact_level_indices(ys: Any, s: int, idx: Any, y: Any, p1: Any, p2: Any, hh:
         out[s - 1] = w - 1
         if s == 2:
             continue
-        # layer 1: F_1(j) = C(0, j) = K0_j (G_0 = H_0 = y_0 = 0)
+        if s == 3:  # C2(0, w-1): the middle level's closed form (see the module docstring)
+            m = 0
+            yj = y[w - 1]
+            if yj > 0.0:
+                m = min(max(int(np.ceil(np.float64(w - 1) - a1 / yj)), 0), w - 1)
+            out[1] = m
+            continue
+        # layer 2: F_2(j) = C2(0, j) = C(0, m) + C(m, j), m = ceil(j - T_j / y_j) in 0..j,
+        # T_j = P1_{j+1} (y_0 = 0); m is also layer 2's argmin, level 1
         f0 = fa
         f1 = fb
+        a0 = arg[0]
         for j in range(w):
-            f0[j] = y[j] * p1[j + 1] - p2[j + 1]
-        # layers 2 .. s-2: divide and conquer over j with monotone argmin
-        for t in range(2, s - 1):
+            yj = y[j]
+            m = 0
+            if yj > 0.0:
+                m = min(max(int(np.ceil(np.float64(j) - p1[j + 1] / yj)), 0), j)
+            ym = y[m]
+            f0[j] = (ym * p1[m + 1] - p2[m + 1]) + (
+                (ym + yj) * (p1[j + 1] - p1[m]) - (p2[j + 1] - p2[m]) - np.float64(j - m + 1) * ym * yj)
+            a0[j] = m
+        # layers 3 .. s-3: divide and conquer over j with monotone argmin
+        for t in range(3, s - 2):
             for i in range(w):
                 gg[i] = f0[i] + p2[i] - y[i] * p1[i]
             at = arg[t - 2]
@@ -119,10 +142,8 @@ def exact_level_indices(ys: Any, s: int, idx: Any, y: Any, p1: Any, p2: Any, hh:
                 k1 = b1 - np.float64(mid + 1) * ym
                 top = min(mid, ihi)
                 # and opt_t(mid) >= opt_{t-1}(mid) (a last segment only shortens as segments are
-                # added: the quadrangle inequality again); a floor of 0 at t = 2
-                lo = ilo
-                if t > 2:
-                    lo = min(max(ilo, arg[t - 3, mid]), top)
+                # added: the quadrangle inequality again)
+                lo = min(max(ilo, arg[t - 3, mid]), top)
                 best = np.inf
                 bi = lo
                 for i in range(lo, top + 1):
@@ -145,19 +166,40 @@ def exact_level_indices(ys: Any, s: int, idx: Any, y: Any, p1: Any, p2: Any, hh:
                     stk[4 * sp + 3] = bi
                     sp += 1
             f0, f1 = f1, f0
-        # layer s-1 at j = w-1 only, then back along the stored argmins
-        ym = y[w - 1]
-        k1 = p1[w] - np.float64(w) * ym
-        lo = 0
-        if s > 3:
-            lo = arg[s - 4, w - 1]
-        best = np.inf
-        bi = lo
-        for i in range(lo, w):
-            v = (f0[i] + p2[i] - y[i] * p1[i]) + y[i] * k1 + ym * hh[i]
-            if v < best:
-                best = v
-                bi = i
-        out[s - 2] = bi
-        for t in range(s - 2, 1, -1):
+        # the last layer at j = w-1 only, then back along the stored argmins
+        if s == 4:  # F_2(i) + C(i, w-1); level 2 at i (its floor: layer 2's argmin at w-1)
+            ym = y[w - 1]
+            k1 = p1[w] - np.float64(w) * ym
+            lo = arg[0, w - 1]
+            best = np.inf
+            bi = lo
+            for i in range(lo, w):
+                v = (f0[i] + p2[i] - y[i] * p1[i]) + y[i] * k1 + ym * hh[i]
+                if v < best:
+                    best = v
+                    bi = i
+            out[2] = bi
+        else:  # F_{s-3}(i) + C2(i, w-1): level s-3 at i, level s-2 at its closed-form middle
+            yj = y[w - 1]
+            best = np.inf
+            bi = 0
+            bm = w - 1
+            for i in range(w):
+                yi = y[i]
+                span = yj - yi
+                m = i
+                if span > 0.0:
+                    tt = (p1[w] - p1[i]) - np.float64(w - i) * yi
+                    m = min(max(int(np.ceil(np.float64(w - 1) - tt / span)), i), w - 1)
+                ym = y[m]
+                v = f0[i] + (
+                    (yi + ym) * (p1[m + 1] - p1[i]) - (p2[m + 1] - p2[i]) - np.float64(m - i + 1) * yi * ym) + (
+                    (ym + yj) * (p1[w] - p1[m]) - (p2[w] - p2[m]) - np.float64(w - m) * ym * yj)
+                if v < best:
+                    best = v
+                    bi = i
+                    bm = m
+            out[s - 3] = bi
+            out[s - 2] = bm
+        for t in range(s - 3 if s > 4 else 2, 1, -1):
             out[t - 1] = arg[t - 2, out[t]]

@@ -9,8 +9,9 @@ optimum for every ``levels`` the scheme accepts:
 * s = 3: one level c between fixed neighbours a < b; the variance is convex and piecewise linear
   in c, so its exact minimiser is the data point y_ceil(n-S), S = sum (y-a)/(b-a)
   (:func:`best_level`), in-graph in every namespace (and, unsorted, in the fused kernel);
-* s >= 4: the exact dynamic program over data points with monotone argmin (divide and conquer,
-  O(s w log w) a bucket after the sort), :mod:`hvd_gradq.kernels.orq_levels`: one host
+* s >= 4: the exact dynamic program over data points, O(w) a bucket after the sort for s = 4, 5
+  and O((s-5) w log w) beyond (monotone argmin, two layers by the closed form above),
+  :mod:`hvd_gradq.kernels.orq_levels`: one host
   implementation (compiled by numba) that every namespace calls through ``Ops.host``, so NumPy,
   torch, TensorFlow and the fused numba encoder choose the same levels.
 

@@ -251,18 +251,25 @@ def test_nan_buckets_decode_bit_identically(spec):
         assert fast is not None and fast.tobytes() == r.tobytes(), spec
 
 
-@pytest.mark.parametrize("w", [1, 2, 7, 512, 1000])
-def test_bucket_radix_sort_is_a_sort(w):
-    """The sorted-level schemes' bucket sort (an LSD radix sort on the floats' bits) against
-    NumPy's sort: the same values in the same order, with -0.0 before +0.0 (IEEE total order)."""
+@pytest.mark.parametrize("nrows", [5, 8, 45, 67])
+@pytest.mark.parametrize("w", [1, 2, 7, 128, 512, 1000, 2049])
+def test_bucket_sort_is_a_sort(w, nrows):
+    """The sorted-level schemes' bucket sort (bitonic over 32 buckets at once, or an LSD radix
+    sort for a few buckets and wide ones) against NumPy's sort: the same values in the same
+    order, with -0.0 before +0.0 (IEEE total order). ``nrows`` covers both paths and a partial
+    group of lanes."""
     from hvd_gradq.kernels import _nb_sort
 
-    rng = np.random.default_rng(w)
-    rows = [rng.standard_normal(w), rng.standard_t(2, w) * 1e30, rng.integers(-3, 4, w).astype(np.float64),
-            np.full(w, 2.5), rng.choice([0.0, -0.0, 1e-45, -1e-45, 3.4e38, -3.4e38], w)]
-    x = np.stack(rows).astype(np.float32)
+    rng = np.random.default_rng([w, nrows])
+    makers = [lambda: rng.standard_normal(w), lambda: rng.standard_t(2, w) * 1e30,
+              lambda: rng.integers(-3, 4, w).astype(np.float64), lambda: np.full(w, 2.5),
+              lambda: rng.choice([0.0, -0.0, 1e-45, -1e-45, 3.4e38, -3.4e38], w)]
+    x = np.stack([makers[r % len(makers)]() for r in range(nrows)]).astype(np.float32)
     out = np.empty_like(x)
     _nb_sort.sort_rows(x, out)
+    radix = np.empty_like(x)
+    _nb_sort._sort_radix(x, radix)
+    assert out.tobytes() == radix.tobytes()  # both sorts: the same bits
     for src, got in zip(x, out):
         want = np.sort(src)
         assert np.array_equal(got, want), (w, src)  # as floats: -0.0 == +0.0

@@ -35,7 +35,7 @@ DISTS = {
         rng.random(shape) < 0.3, 0.75, np.round(rng.standard_normal(shape) * 2.0) / 2.0
     ),
 }
-LEVELS = [2, 3, 4, 5, 8, 9, 16, 17]
+LEVELS = [2, 3, 4, 5, 6, 7, 8, 9, 16, 17]
 
 
 def expected_variance(x: np.ndarray, levels: np.ndarray) -> float:
@@ -140,6 +140,27 @@ def test_levels_are_the_exact_optimum(dist: str, s: int) -> None:
         for r in range(rows):
             np.testing.assert_array_equal(np.asarray(scheme.choose(NUMPY, x[r : r + 1]))[0], lev[r])
             assert_optimal(x[r], lev[r], s, f"ORQ-{s} on {dist}, w={w}, bucket {r}")
+
+
+@pytest.mark.parametrize("s", [3, 4, 5, 6, 7, 9, 13])
+def test_random_buckets_against_the_program(s: int) -> None:
+    """Hundreds of small buckets of every width from 1 to 64, from distributions that stress the
+    closed-form middle level (tight clusters beside an outlier, exact duplicates, two values,
+    a 1e-30 .. 1e30 spread of magnitudes) and the divide and conquer's argmin bounds."""
+    rng = np.random.default_rng([s, 99])
+    makers = [
+        lambda w: rng.standard_normal(w),
+        lambda w: np.concatenate([rng.normal(0.0, 1e-6, w - 1), [50.0]])[rng.permutation(w)],
+        lambda w: rng.integers(-3, 4, w).astype(np.float64),
+        lambda w: np.where(rng.random(w) < 0.5, -1.0, 2.0),
+        lambda w: rng.standard_t(1, w),
+        lambda w: np.sign(rng.standard_normal(w)) * 10.0 ** rng.uniform(-30, 30, w),
+    ]
+    for trial in range(240):
+        w = 1 + trial % 64
+        x = makers[trial % len(makers)](w).astype(np.float32)
+        lev = choose_levels(NUMPY, x.reshape(1, w), s)[0]
+        assert_optimal(x, lev, s, f"ORQ-{s}, trial {trial}, w={w}")
 
 
 @pytest.mark.parametrize("s", [33, 64, 256])
