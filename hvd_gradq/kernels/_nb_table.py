@@ -12,7 +12,7 @@ from ._nb_levels import _best_level, _exact_sum_ok, _f2i, _key, _kth, _scan, _sc
 from ._nb_pack import _flush, _unit, _unpack
 from ._nb_sort import sort_rows  # noqa: F401  (re-exported: levels.py sorts through this module)
 from .bingrad_pb import pb_levels_sorted
-from .orq_levels import STACK, exact_level_indices
+from .orq_levels import exact_level_indices
 
 # ---------------------------------------------------------------------------------------------
 # orq with 4 levels or more: the exact level search of orq_levels (its Python source, compiled
@@ -58,7 +58,6 @@ def sorted_encode(kind, param, x, srt, n, d, b0, b1, s, g, bits, lid, clip_c, fp
     fb = np.empty(dpd, np.float64)
     gg = np.empty(dpd, np.float64)
     dargs = np.empty((max(s - 3, 1), dpd), np.int64)
-    stk = np.empty(4 * STACK, np.int64)
     path = np.empty((1, max(s, 2)), np.int64)
     pend = state[0]
     opos = state[1]
@@ -76,7 +75,7 @@ def sorted_encode(kind, param, x, srt, n, d, b0, b1, s, g, bits, lid, clip_c, fp
             for i in range(w):
                 ys[i] = np.float64(row[i])
         if dp:
-            orq_exact(ys[:w].reshape((1, w)), s, path, y, p1, p2, hh, fa, fb, gg, dargs, stk)
+            orq_exact(ys[:w].reshape((1, w)), s, path, y, p1, p2, hh, fa, fb, gg, dargs)
             for k in range(s):
                 lv[k] = ys[path[0, k]]
             ex = -1

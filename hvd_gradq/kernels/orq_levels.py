@@ -47,12 +47,10 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-STACK = 64  # divide-and-conquer frames: the depth is at most log2(w) + 1
-
 
 def scratch(w: int, s: int) -> tuple[NDArray[Any], ...]:
     """Work arrays for :func:`exact_level_indices` on buckets of up to ``w`` points, ``s`` levels:
-    (y, p1, p2, hh, fa, fb, gg, arg, stk). Allocate once per call, reuse for every bucket."""
+    (y, p1, p2, hh, fa, fb, gg, arg). Allocate once per call, reuse for every bucket."""
     w = max(w, 1)
     return (
         np.empty(w, np.float64),
@@ -63,12 +61,11 @@ def scratch(w: int, s: int) -> tuple[NDArray[Any], ...]:
         np.empty(w, np.float64),
         np.empty(w, np.float64),
         np.empty((max(s - 3, 1), w), np.int64),
-        np.empty(4 * STACK, np.int64),
     )
 
 
 def exact_level_indices(ys: Any, s: int, idx: Any, y: Any, p1: Any, p2: Any, hh: Any, fa: Any, fb: Any,
-                        gg: Any, arg: Any, stk: Any) -> None:
+                        gg: Any, arg: Any) -> None:
     """Level indices idx[r, :s] (non-decreasing, first 0, last w-1) of the exact optimum for each
     sorted float64 row ys[r, :w]. Scratch from :func:`scratch`. Numba-compilable as it is.
 
@@ -95,6 +92,9 @@ def exact_level_indices(ys: Any, s: int, idx: Any, y: Any, p1: Any, p2: Any, hh:
             a2 += v * v
         p1[w] = a1
         p2[w] = a2
+        pw = 1
+        while pw < w:
+            pw <<= 1
         out[0] = 0
         out[s - 1] = w - 1
         if s == 2:
@@ -125,46 +125,29 @@ def exact_level_indices(ys: Any, s: int, idx: Any, y: Any, p1: Any, p2: Any, hh:
             for i in range(w):
                 gg[i] = f0[i] + p2[i] - y[i] * p1[i]
             at = arg[t - 2]
-            stk[0] = 0
-            stk[1] = w - 1
-            stk[2] = 0
-            stk[3] = w - 1
-            sp = 1
-            while sp > 0:
-                sp -= 1
-                jlo = stk[4 * sp]
-                jhi = stk[4 * sp + 1]
-                ilo = stk[4 * sp + 2]
-                ihi = stk[4 * sp + 3]
-                mid = (jlo + jhi) >> 1
-                ym = y[mid]
-                b1 = p1[mid + 1]
-                k1 = b1 - np.float64(mid + 1) * ym
-                top = min(mid, ihi)
-                # and opt_t(mid) >= opt_{t-1}(mid) (a last segment only shortens as segments are
-                # added: the quadrangle inequality again)
-                lo = min(max(ilo, arg[t - 3, mid]), top)
-                best = np.inf
-                bi = lo
-                for i in range(lo, top + 1):
-                    v = gg[i] + y[i] * k1 + ym * hh[i]
-                    if v < best:  # ties keep the smaller index
-                        best = v
-                        bi = i
-                f1[mid] = best + (ym * b1 - p2[mid + 1])
-                at[mid] = bi
-                if mid < jhi:
-                    stk[4 * sp] = mid + 1
-                    stk[4 * sp + 1] = jhi
-                    stk[4 * sp + 2] = bi
-                    stk[4 * sp + 3] = ihi
-                    sp += 1
-                if jlo < mid:
-                    stk[4 * sp] = jlo
-                    stk[4 * sp + 1] = mid - 1
-                    stk[4 * sp + 2] = ilo
-                    stk[4 * sp + 3] = bi
-                    sp += 1
+            # j by strides: j + 1 an odd multiple of h, h = pw .. 1, so both neighbours j - h
+            # and j + h (multiples of 2h) are done first and bound opt_t(j) from either side
+            h = pw
+            while h >= 1:
+                for j in range(h - 1, w, 2 * h):
+                    ilo = at[j - h] if j >= h else 0
+                    top = min(at[j + h], j) if j + h < w else j
+                    # and opt_t(j) >= opt_{t-1}(j) (a last segment only shortens as segments are
+                    # added: the quadrangle inequality again)
+                    lo = min(max(ilo, arg[t - 3, j]), top)
+                    ym = y[j]
+                    b1 = p1[j + 1]
+                    k1 = b1 - np.float64(j + 1) * ym
+                    best = np.inf
+                    bi = lo
+                    for i in range(lo, top + 1):
+                        v = gg[i] + y[i] * k1 + ym * hh[i]
+                        if v < best:  # ties keep the smaller index
+                            best = v
+                            bi = i
+                    f1[j] = best + (ym * b1 - p2[j + 1])
+                    at[j] = bi
+                h >>= 1
             f0, f1 = f1, f0
         # the last layer at j = w-1 only, then back along the stored argmins
         if s == 4:  # F_2(i) + C(i, w-1); level 2 at i (its floor: layer 2's argmin at w-1)
