@@ -52,6 +52,7 @@ from ..frontend import codec
 from ..frontend.membership import membership
 from ..frontend.patterns import Pattern, choose, decide, fp32_cost, in_warmup, parse_pattern
 from ..frontend.stats import Stats
+from ..frontend.workers import Workers, resolve_threads
 from ..schemes.scheme import Scheme
 from . import checkpoint
 from .callsite import CallSite, inspect_call
@@ -82,6 +83,10 @@ class GradqCompressor:
         loss_scale: with mixed precision, a callable returning the current loss scale
             (``scaler.get_scale`` for a ``GradScaler``), so that error-feedback residuals stay
             right when the scale changes.
+        threads: worker threads that encode, start collectives and decode off the training thread
+            (:mod:`hvd_gradq.frontend.workers`); 0 runs them inline. Default: ``HVD_GRADQ_THREADS``,
+            else 1 when this rank has a spare core (cores // local_size >= 2), else 0. The bits are
+            the same whatever the count.
 
     Example::
 
@@ -100,6 +105,7 @@ class GradqCompressor:
         check_ranks: bool = True,
         process_set: Any = None,
         loss_scale: LossScale | None = None,
+        threads: int | None = None,
     ) -> None:
         if os.environ.get("HOROVOD_ELASTIC") == "1":
             raise GradqError(
@@ -134,7 +140,8 @@ class GradqCompressor:
         self._store = TensorStore()
         self.memory = Memory(TorchOps("cpu"), self._store)
         self._stats = Stats()
-        self._reducer = Reducer(scheme, seed, self.memory, self._stats)
+        self.workers = Workers(resolve_threads(threads, _local_size()))
+        self._reducer = Reducer(scheme, seed, self.memory, self._stats, self.workers)
         self._checked: set[str] = set()  # process sets whose ranks' configurations were compared
         self._decompressing = True  # the next compress() starts a new step
 
@@ -293,6 +300,14 @@ class GradqCompressor:
     def digest(self) -> str:
         h = hashlib.sha256(self.config().encode())
         return h.hexdigest()[:16]
+
+
+def _local_size() -> int:
+    """Ranks on this host (1 before ``hvd.init()``, where Horovod cannot say)."""
+    try:
+        return int(hvd.local_size())
+    except ValueError:
+        return 1
 
 
 def _tagger(name: str) -> Any:

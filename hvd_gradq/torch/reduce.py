@@ -13,8 +13,11 @@ and carries one small context from ``compress()`` to ``decompress()``:
   (:func:`hvd_gradq.frontend.patterns.reduced_scheme`; its own residual, ``<name>#reduce``) and
   allgathers it.
 
-:class:`Reducer` runs them. It only ever *starts* collectives in :meth:`Reducer.start`; second
-phases wait in :attr:`Reducer.pending` until :meth:`Reducer.flush` (see
+:class:`Reducer` runs them. It only ever *starts* collectives in :meth:`Reducer.start`: the
+gather and scatter first phases are jobs (:mod:`.jobs`: encode, then start the collective) that
+run on the compressor's worker threads or inline (:mod:`hvd_gradq.frontend.workers`), settled on
+the training thread in the order the tensors came; second phases wait in
+:attr:`Reducer.pending` until :meth:`Reducer.flush` (see
 :mod:`hvd_gradq.torch.compressor` for why no collective may block inside ``compress()``). Error
 feedback is :class:`hvd_gradq.feedback.Memory`'s: the patterns call ``compensate`` and
 ``update`` and own no residual themselves. Encoding and decoding run on the host through
@@ -24,6 +27,7 @@ the reference's.
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
@@ -37,11 +41,13 @@ from ..feedback import Memory, reduced_key
 from ..frontend import codec
 from ..frontend.patterns import Lanes, Pattern, chunk_bounds, cost, lanes_for, reduced_scheme
 from ..frontend.stats import Stats
+from ..frontend.workers import Workers
 from ..schemes.level import EvenLevelScheme
 from ..schemes.options import NonFinite
 from ..schemes.scheme import Scheme
 from ..schemes.summable import decode_codes, encode_shared, local_stats
 from ..wire.packing import pack_lanes, unpack_lanes
+from .jobs import Encoded, gather_job, scatter_job, sync
 from .ops import TorchOps
 
 _CPU = TorchOps("cpu")
@@ -81,9 +87,12 @@ class Ctx:
 @dataclass
 class GatherCtx(Ctx):
     pattern: ClassVar[Pattern] = Pattern.GATHER
+    job: Future[Encoded] | None = None  # the encode job, until settled
+    x: Any = None  # the compressed input, until settled (error feedback's update needs it)
     handle: Any = None
     own: Any = None  # this rank's decoded payload (NumPy), so it is not decoded twice
     sent: int = 0
+    decoded: Future[tuple[Any, int, int]] | None = None  # a decode job (threads > 0)
 
 
 @dataclass
@@ -102,6 +111,8 @@ class SummableCtx(Ctx):
 @dataclass
 class ScatterCtx(Ctx):
     pattern: ClassVar[Pattern] = Pattern.SCATTER
+    job: Future[Encoded] | None = None
+    x: Any = None
     bounds: list[tuple[int, int]] | None = None
     handle: Any = None  # phase 1: alltoall of per-chunk payloads
     own: Any = None  # this rank's own chunk, decoded
@@ -122,7 +133,10 @@ class Reducer:
     seed: int
     memory: Memory
     stats: Stats
+    workers: Workers = field(default_factory=lambda: Workers(0))
     pending: list[SummableCtx | ScatterCtx] = field(default_factory=list)
+    encoding: list[GatherCtx | ScatterCtx] = field(default_factory=list)  # first-phase jobs not settled
+    gathered: list[GatherCtx] = field(default_factory=list)  # settled, decode not submitted yet
 
     def start(self, ctx: Ctx, x: torch.Tensor) -> Ctx:
         """Start ``ctx``'s first phase on ``x`` (float32, flat, error feedback already added)."""
@@ -144,10 +158,17 @@ class Reducer:
         return self._scatter_finish(ctx)
 
     def flush(self) -> None:
-        """Launch the second phase of every pending tensor: called at the first ``decompress()`` of a
+        """Settle every first-phase job, launch the second phase of every pending tensor and, with
+        workers, queue the gathered tensors' decoding: called at the first ``decompress()`` of a
         step, when every ``compress()`` of that step has run on this rank."""
-        pending, self.pending = self.pending, []
+        encoding, self.encoding = self.encoding, []
         error: GradqError | None = None
+        for ectx in encoding:
+            try:
+                self._settle(ectx)
+            except GradqError as e:  # settle the others first: their collectives are out already
+                error = error or e
+        pending, self.pending = self.pending, []
         for ctx in pending:
             try:
                 if isinstance(ctx, SummableCtx):
@@ -156,37 +177,76 @@ class Reducer:
                     self._scatter_phase2(ctx)
             except GradqError as e:  # launch the others first: no rank waits for this one
                 error = error or e
+        gathered, self.gathered = self.gathered, []
+        if self.workers.threads:
+            for gctx in gathered:
+                gctx.decoded = self.workers.submit(lambda c=gctx: self._gather_decode(c))  # type: ignore[misc]
         if error is not None:
             raise error
+
+    def _submit(self, ctx: GatherCtx | ScatterCtx, job: Any) -> None:
+        """Run a first-phase job (on a worker when there are workers); settle it now if it is done
+        (always, inline), so that inline runs raise where they always did, in ``compress()``."""
+        ctx.job = self.workers.submit(job)
+        if ctx.job.done():
+            self._settle(ctx)
+        else:
+            self.encoding.append(ctx)
+
+    def _settle(self, ctx: GatherCtx | ScatterCtx) -> None:
+        """Take a first-phase job's result: error feedback's update, the byte counts, the second
+        phase queued; or, for a gradient that held NaN/Inf (nonfinite=raise), wait until the
+        poison payload has gone out, so that the other ranks raise too, then raise."""
+        assert ctx.job is not None
+        enc = ctx.job.result()  # a job's unexpected exception is raised here
+        ctx.job, x = None, ctx.x
+        ctx.x = None
+        if enc.error is not None:
+            sync(enc.handle)
+            raise enc.error
+        ctx.handle = enc.handle
+        g = ctx.group
+        if isinstance(ctx, GatherCtx):
+            ctx.own = enc.own
+            ctx.sent = enc.nbytes * (g.size - 1)
+            self.gathered.append(ctx)
+        else:
+            ctx.own = enc.own[g.rank]
+            ctx.own_bytes = enc.lens[g.rank]
+            ctx.sent = sum(n for j, n in enumerate(enc.lens) if j != g.rank)
+            self.pending.append(ctx)
+        if self.scheme.ef:
+            own = enc.own if isinstance(ctx, GatherCtx) else np.concatenate(enc.own)
+            self.memory.update(ctx.name, x, torch.from_numpy(own).to(x.device))
 
     # -- gather: allgather of payloads -------------------------------------------------------------
     def _gather_start(self, ctx: GatherCtx, x: torch.Tensor) -> GatherCtx:
         g = ctx.group
         seed = codec.draw_seed(self.seed, hvd.rank(), ctx.step, ctx.name)
-        collective = f"hvd_gradq.{g.key}g.{ctx.name}"
-        try:
-            buf, own = codec.encode(self.scheme, x.cpu().numpy(), seed, f"{ctx.name} (step {ctx.step})")
-        except NonFiniteError:
-            # Tell the other ranks before stopping, so that they raise too instead of
-            # waiting forever for this rank's payload.
-            hvd.synchronize(hvd.allgather_async(torch.from_numpy(codec.poison()), name=collective,
-                                                process_set=g.process_set))
-            raise
-        ctx.own = own
-        ctx.handle = hvd.allgather_async(torch.from_numpy(buf), name=collective, process_set=g.process_set)
-        ctx.sent = buf.shape[0] * (g.size - 1)
-        if self.scheme.ef:
-            self.memory.update(ctx.name, x, torch.from_numpy(own).to(x.device))
+        # the job reads x's values; nothing writes the gradient before the step settles the job
+        job = gather_job(self.scheme, x.cpu().numpy(), seed, f"{ctx.name} (step {ctx.step})",
+                         f"hvd_gradq.{g.key}g.{ctx.name}", g.process_set)
+        ctx.x = x
+        self._submit(ctx, job)
         return ctx
+
+    def _gather_decode(self, ctx: GatherCtx) -> tuple[Any, int, int]:
+        """The decoded sum over the group, its payload count and the bytes gathered."""
+        gathered = sync(ctx.handle)
+        total, count = codec.decode_sum(gathered.numpy(), ctx.group.rank, ctx.own, ctx.name)
+        return total, count, int(gathered.numel())
 
     def _gather_finish(self, ctx: GatherCtx) -> torch.Tensor:
         size = ctx.group.size
-        gathered = hvd.synchronize(ctx.handle)
-        total, count = codec.decode_sum(gathered.numpy(), ctx.group.rank, ctx.own, ctx.name)
+        if ctx.decoded is not None:
+            total, count, nbytes = ctx.decoded.result()
+            ctx.decoded = None
+        else:
+            total, count, nbytes = self._gather_decode(ctx)
         if count != size:
             raise RankMismatchError(f"{ctx.name}: gathered {count} payloads from {size} ranks")
         own_len = ctx.sent // max(size - 1, 1)
-        self.stats.record(ctx.name, "gather", ctx.sent, int(gathered.numel()) - own_len, ctx.fp32)
+        self.stats.record(ctx.name, "gather", ctx.sent, nbytes - own_len, ctx.fp32)
         return torch.from_numpy(total)
 
     # -- summable: shared scale (Max-allreduce), then integer lanes (Sum-allreduce) ------------------
@@ -221,7 +281,7 @@ class Reducer:
         scheme = self.scheme
         assert isinstance(scheme, EvenLevelScheme)
         g = ctx.group
-        stats = hvd.synchronize(ctx.stats_handle)
+        stats = sync(ctx.stats_handle)
         finite_rows = torch.isfinite(stats).all(dim=1)
         if not bool(finite_rows.all()):
             if scheme.nonfinite is NonFinite.RAISE:
@@ -230,7 +290,7 @@ class Reducer:
                 # leave the others waiting, and a rank that raised first must not end Horovod (its
                 # exit shuts every rank down) before the slower ranks have reached this same error
                 self._launch_lanes(ctx, torch.zeros_like(ctx.x), torch.zeros_like(stats))
-                hvd.synchronize(ctx.handle)
+                sync(ctx.handle)
                 raise NonFiniteError(
                     f"{ctx.name} (step {ctx.step}): {who} had non-finite values (NaN/Inf) in this gradient "
                     "(nonfinite=raise); the default nonfinite=propagate carries them through as Horovod does"
@@ -259,7 +319,7 @@ class Reducer:
     def _summable_finish(self, ctx: SummableCtx) -> torch.Tensor:
         scheme = self.scheme
         assert isinstance(scheme, EvenLevelScheme) and ctx.lanes is not None
-        summed = hvd.synchronize(ctx.handle)
+        summed = sync(ctx.handle)
         n = ctx.x.numel()
         codes = unpack_lanes(_CPU, summed.to(torch.int64), ctx.lanes.field_bits, ctx.lanes.fields, n)
         out: torch.Tensor = decode_codes(scheme, _CPU, codes, ctx.meta, n, count=ctx.group.size)
@@ -273,33 +333,16 @@ class Reducer:
         g = ctx.group
         xs = x.cpu().numpy()
         ctx.bounds = chunk_bounds(xs.shape[0], self.scheme.bucket, g.size)
-        bufs, owns = [], []
-        for j, (lo, hi) in enumerate(ctx.bounds):
-            seed = codec.draw_seed(self.seed, hvd.rank(), ctx.step, f"{ctx.name}#{j}")
-            try:
-                b, own = codec.encode(self.scheme, xs[lo:hi], seed, f"{ctx.name} (step {ctx.step})")
-            except NonFiniteError:
-                b, own = codec.poison(), None
-            bufs.append(b)
-            owns.append(own)
-        lens = torch.tensor([b.shape[0] for b in bufs], dtype=torch.int32)
-        ctx.handle = hvd.alltoall_async(torch.from_numpy(np.concatenate(bufs)), splits=lens,
-                                        name=f"hvd_gradq.{g.key}a.{ctx.name}", process_set=g.process_set)
-        if any(o is None for o in owns):
-            hvd.synchronize(ctx.handle)  # the others learn of it from the poison payload
-            raise NonFiniteError(f"{ctx.name} (step {ctx.step}): non-finite values (NaN/Inf) in the gradient")
-        ctx.own = owns[g.rank]
-        ctx.own_bytes = int(bufs[g.rank].shape[0])
-        ctx.sent = sum(b.shape[0] for j, b in enumerate(bufs) if j != g.rank)
-        if self.scheme.ef:
-            own = np.concatenate([o for o in owns if o is not None])
-            self.memory.update(ctx.name, x, torch.from_numpy(own).to(x.device))
-        self.pending.append(ctx)
+        seeds = [codec.draw_seed(self.seed, hvd.rank(), ctx.step, f"{ctx.name}#{j}") for j in range(len(ctx.bounds))]
+        job = scatter_job(self.scheme, xs, ctx.bounds, seeds, f"{ctx.name} (step {ctx.step})",
+                          f"hvd_gradq.{g.key}a.{ctx.name}", g.process_set)
+        ctx.x = x
+        self._submit(ctx, job)
         return ctx
 
     def _scatter_phase2(self, ctx: ScatterCtx) -> None:
         g = ctx.group
-        recv, _ = hvd.synchronize(ctx.handle)
+        recv, _ = sync(ctx.handle)
         part, _count = codec.decode_sum(recv.numpy(), g.rank, ctx.own, ctx.name)
         ctx.received = int(recv.numel()) - ctx.own_bytes
         key = reduced_key(ctx.name)
@@ -317,7 +360,7 @@ class Reducer:
 
     def _scatter_finish(self, ctx: ScatterCtx) -> torch.Tensor:
         g = ctx.group
-        gathered = hvd.synchronize(ctx.gather_handle).numpy()
+        gathered = sync(ctx.gather_handle).numpy()
         pieces = [ctx.reduced_own if r == g.rank else dequantize(p).reshape(-1) for r, p in enumerate(split(gathered))]
         sent = ctx.sent + ctx.reduced_bytes * (g.size - 1)
         received = ctx.received + int(gathered.shape[0]) - ctx.reduced_bytes

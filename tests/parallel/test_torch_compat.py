@@ -162,3 +162,35 @@ def test_quality_study_simulator_gives_the_frontends_bits(cases: dict, spec: str
         assert rep[key]["compared"] == 12 and rep[key]["differ"] == [], (r, rep[key])
     if pattern != "auto":
         assert pattern in cases[0][key]["patterns"], cases[0][key]
+
+
+# -- worker threads (hvd_gradq/frontend/workers.py): the same checks, encoding and decoding on two
+# worker threads. The bits must not change: the digests equal the inline launch's, and the
+# simulator (an oracle that runs no threads) still matches the frontend bit for bit.
+THREADED = "unused/,sim/,nonfinite,warmup/"
+
+
+@pytest.fixture(scope="module")
+def threaded() -> dict:
+    return launch("worker_torch_compat.py", np=2, args=["--mode", "cases", "--only", THREADED], timeout=420,
+                  env={"HVD_GRADQ_THREADS": "2"})
+
+
+@pytest.mark.parametrize("spec,pattern", UNUSED)
+def test_worker_threads_give_the_inline_bits(cases: dict, threaded: dict, spec: str, pattern: str) -> None:
+    key = f"unused/{spec}/{pattern}"
+    _ok(threaded, key)
+    for r in cases:
+        assert threaded[r][key]["digest"] == cases[r][key]["digest"], f"rank {r} {key}: threads changed the bits"
+
+
+def test_worker_threads_keep_the_simulator_bits_warmup_and_nonfinite(cases: dict, threaded: dict) -> None:
+    for key in [k for k in threaded[0] if k.startswith(("sim/", "warmup/"))] + ["nonfinite"]:
+        _ok(threaded, key)
+        if key.startswith("sim/"):
+            for r, rep in threaded.items():
+                assert rep[key]["compared"] == 12 and rep[key]["differ"] == [], (r, key, rep[key])
+        else:
+            for r in cases:
+                assert threaded[r][key] == cases[r][key], (r, key)
+    assert sum(k.startswith("sim/") for k in threaded[0]) == len(SIM_CASES)

@@ -23,14 +23,16 @@ HOROVOD_SHUTDOWN = ("RuntimeError: Horovod has been shut down. This was caused b
                     "or an attempt to allreduce, allgather or broadcast a tensor after one of the ranks finished")
 
 
-def test_nonfinite_on_one_rank_stops_every_rank_gather() -> None:
-    """gather (ORQ-5, pattern=auto): rank 1 meets the NaN in compress() of the first compressed
-    gradient in backward order (4.weight, 3x64), tells the others with an empty payload and
-    raises. Rank 0 is then waiting on a tensor rank 1 never sent (measured: 10 of 10 runs end with
-    Horovod's shutdown error there, never hvd_gradq's), so rank 0 must hold either hvd_gradq's
-    error naming rank 1 or Horovod's complete shutdown message, never a hang, never no error."""
+@pytest.mark.parametrize("threads", ["0", "2"])
+def test_nonfinite_on_one_rank_stops_every_rank_gather(threads: str) -> None:
+    """gather (ORQ-5, pattern=auto): rank 1 meets the NaN encoding the first compressed gradient
+    in backward order (4.weight, 3x64), tells the others with an empty payload and raises (in
+    compress() inline, at the step's first decompress() with worker threads). Rank 0 is then
+    waiting on a tensor rank 1 never sent (measured: 10 of 10 runs end with Horovod's shutdown
+    error there, never hvd_gradq's), so rank 0 must hold either hvd_gradq's error naming rank 1 or
+    Horovod's complete shutdown message, never a hang, never no error."""
     reps = launch("worker_torch_hardening.py", np=2, args=["--mode", "nonfinite"], timeout=200,
-                  env={"SPEC": "orq:levels=5,nonfinite=raise"})
+                  env={"SPEC": "orq:levels=5,nonfinite=raise", "HVD_GRADQ_THREADS": threads})
     e1 = reps[1]["error"]
     assert e1.startswith("4.weight (step 2): 192 non-finite value(s) (NaN/Inf) in the gradient"), e1
     assert "nonfinite=propagate" in e1, e1  # and what to do about it

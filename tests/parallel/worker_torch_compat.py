@@ -6,6 +6,7 @@ precision (overflow skipped everywhere, residuals rolled back, scale changes exa
 ``sparse_as_dense``, op/scale factors against stock Horovod, Adasum refused, the rank-0
 checkpoint recipe, elastic refused, non-finite values carried through.
 ``sets`` (3 ranks): a process set of ranks 0 and 1 while rank 2 does other work.
+``HVD_GRADQ_THREADS`` in the environment runs the same checks with that many worker threads.
 """
 import argparse
 import hashlib
@@ -22,7 +23,7 @@ import hvd_gradq.torch as gq
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--mode", required=True)
-ap.add_argument("--only", default="", help="run only the checks whose key starts with this (debugging)")
+ap.add_argument("--only", default="", help="run only the checks whose key starts with one of these (comma-separated)")
 args = ap.parse_args()
 hvd.init()
 torch.set_num_threads(1)
@@ -41,7 +42,7 @@ def digest(model: torch.nn.Module) -> str:
 
 def check(key: str, f, *a) -> None:
     """Run one check; record its failure instead of stopping the launch (the test reports it)."""
-    if not key.startswith(args.only):
+    if not key.startswith(tuple(args.only.split(","))):
         return
     print(f"[rank {rank}] {key}", flush=True)
     try:

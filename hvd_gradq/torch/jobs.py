@@ -1,0 +1,81 @@
+"""First-phase jobs of the PyTorch patterns: encode a gradient, then start its collective.
+
+A job is a closure over NumPy values only (no frontend state), so it may run on a worker thread
+(:mod:`hvd_gradq.frontend.workers`) while the training thread goes on with backward, or inline;
+:class:`hvd_gradq.torch.reduce.Reducer` settles its :class:`Encoded` result on the training
+thread (error feedback, byte counts, second phases), in the order the tensors came.
+A gradient that held NaN/Inf under ``nonfinite=raise`` sends the poison payload in its place
+and hands the error back instead of raising, so the collective the other ranks wait for is out.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import horovod.torch as hvd
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+from ..errors import GradqError, NonFiniteError
+from ..frontend import codec
+from ..frontend.workers import wait
+from ..schemes.scheme import Scheme
+
+
+def sync(handle: Any) -> Any:
+    """``hvd.synchronize(handle)``, waiting by polls: Horovod's own wait holds the GIL, which
+    would stall the worker threads for as long as the network takes."""
+    wait(lambda: bool(hvd.poll(handle)))
+    return hvd.synchronize(handle)
+
+
+@dataclass
+class Encoded:
+    """What a first-phase job hands back."""
+
+    handle: Any
+    own: Any  # this rank's decoded values (NumPy): the gather payload's, or each chunk's in order
+    nbytes: int = 0  # the gather payload's bytes
+    lens: list[int] = field(default_factory=list)  # scatter: each chunk's payload bytes
+    error: GradqError | None = None  # nonfinite=raise: the poison went out instead
+
+
+def gather_job(scheme: Scheme, xs: NDArray[Any], seed: int, what: str, collective: str,
+               process_set: Any) -> Callable[[], Encoded]:
+    """Encode ``xs`` and start the allgather of its payload."""
+
+    def job() -> Encoded:
+        try:
+            buf, own = codec.encode(scheme, xs, seed, what)
+        except NonFiniteError as e:  # tell the other ranks, so that they raise too
+            poison = torch.from_numpy(codec.poison())
+            return Encoded(hvd.allgather_async(poison, name=collective, process_set=process_set), None, error=e)
+        handle = hvd.allgather_async(torch.from_numpy(buf), name=collective, process_set=process_set)
+        return Encoded(handle, own, int(buf.shape[0]))
+
+    return job
+
+
+def scatter_job(scheme: Scheme, xs: NDArray[Any], bounds: list[tuple[int, int]], seeds: list[int], what: str,
+                collective: str, process_set: Any) -> Callable[[], Encoded]:
+    """Encode each chunk ``xs[lo:hi]`` of ``bounds`` and start the alltoall of the payloads."""
+
+    def job() -> Encoded:
+        bufs, owns, bad = [], [], False
+        for (lo, hi), seed in zip(bounds, seeds):
+            try:
+                b, own = codec.encode(scheme, xs[lo:hi], seed, what)
+            except NonFiniteError:  # the others learn of it from the poison payload
+                b, own, bad = codec.poison(), None, True
+            bufs.append(b)
+            owns.append(own)
+        lens = [int(b.shape[0]) for b in bufs]
+        splits = torch.tensor(lens, dtype=torch.int32)
+        handle = hvd.alltoall_async(torch.from_numpy(np.concatenate(bufs)), splits=splits, name=collective,
+                                    process_set=process_set)
+        error = NonFiniteError(f"{what}: non-finite values (NaN/Inf) in the gradient") if bad else None
+        return Encoded(handle, owns, lens=lens, error=error)
+
+    return job
