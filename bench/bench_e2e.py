@@ -17,7 +17,7 @@ with ``fp16_compress_hook`` and ``powerSGD_hook`` (rank 4), plus uncompressed ba
 ``--tta`` adds time to a target test accuracy: the same model trained on MNIST-1D with each
 scheme (Adam), evaluated every ``--tta-every`` steps, until ``--tta-target`` or ``--tta-steps``.
 The worker (one rank) is in ``e2e_worker.py``, the tables and the plot in ``e2e_report.py``.
-Writes ``results/e2e.md``, ``results/e2e_step_time.png`` and ``results/raw/e2e.json``.
+Writes ``results/e2e.md``, ``results/e2e_step_time.png`` and ``results/raw/e2e.json`` (named after ``--out``).
 """
 from __future__ import annotations
 
@@ -83,8 +83,9 @@ def run_rate(args: argparse.Namespace, rate: str, bar: Any, log: Any) -> dict[st
             "--tta-every", str(args.tta_every)]
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(BENCH)]), "OMP_NUM_THREADS": "1",
            "HVD_GRADQ_CACHE": os.environ.get("HVD_GRADQ_CACHE", str(Path.home() / ".cache" / "hvd_gradq"))}
+    cpus = [str(i) for i in range(args.hosts)] if args.pin else None
     with netemu.EmulatedCluster(args.hosts, rate=rate) as c:
-        res = c.run(argv, env=env, timeout=args.timeout, cwd=str(ROOT), echo=_Progress(bar, log))
+        res = c.run(argv, env=env, timeout=args.timeout, cwd=str(ROOT), echo=_Progress(bar, log), cpus=cpus)
     if not res.ok:
         raise SystemExit(f"bench_e2e: the run at {rate} failed: {res.error}\n{res.summary()}")
     outs = {o["rank"]: o for o in _parse_worker_out(res)}
@@ -114,7 +115,7 @@ def run_rate(args: argparse.Namespace, rate: str, bar: Any, log: Any) -> dict[st
         rows[e.label] = row
     return {"rate": rate, "rate_bps": res.rate_bps, "params": outs[0]["params"], "chatter_Bps": chatter,
             "compute_s": max(o["compute_s"] for o in outs.values()), "schemes": rows,
-            "load": os.getloadavg()}
+            "load": os.getloadavg(), "pinned": bool(args.pin)}
 
 
 def main(argv: Optional[list[str]] = None) -> int:
@@ -135,6 +136,8 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--tta-target", type=float, default=0.5)
     ap.add_argument("--tta-steps", type=int, default=150)
     ap.add_argument("--tta-every", type=int, default=10)
+    ap.add_argument("--pin", action="store_true",
+                    help="pin host i's rank to CPU i (taskset): hosts that share no CPU time (at most one per core)")
     ap.add_argument("--timeout", type=float, default=3000.0)
     ap.add_argument("--out", default=str(ROOT / "results" / "e2e.md"))
     ap.add_argument("--from-json", default="", help="only rewrite the report from this raw results file")
@@ -154,6 +157,9 @@ def main(argv: Optional[list[str]] = None) -> int:
         return 2
     if args.steps < 1 or args.hosts < 2:
         print("bench_e2e: --steps must be >= 1 and --hosts >= 2", file=sys.stderr)
+        return 2
+    if args.pin and args.hosts > (os.cpu_count() or 1):
+        print(f"bench_e2e: --pin needs a core a host; {args.hosts} hosts, {os.cpu_count()} cores", file=sys.stderr)
         return 2
     if args.from_json:  # regenerate the table and plot from an earlier run's raw results
         runs = json.loads(Path(args.from_json).read_text())
@@ -179,9 +185,19 @@ def main(argv: Optional[list[str]] = None) -> int:
                 a.tta_labels = []
             bar.set_description(f"bench_e2e {rate}")
             runs.append(run_rate(a, rate, bar, log))
-            (raw / "e2e.json").write_text(json.dumps(runs, indent=1))
+            raw_json(Path(args.out)).write_text(json.dumps(runs, indent=1))
     print(f"bench_e2e: measured in {time.monotonic() - t0:.0f} s")
     return _write(runs, args, argv)
+
+
+def figure(out: Path) -> Path:
+    """The plot beside a report: ``e2e.md`` -> ``e2e_step_time.png``."""
+    return out.with_name(f"{out.stem}_step_time.png")
+
+
+def raw_json(out: Path) -> Path:
+    """The raw results of a report: ``results/e2e.md`` -> ``results/raw/e2e.json``."""
+    return ROOT / "results" / "raw" / f"{out.stem}.json"
 
 
 def _write(runs: list[dict[str, Any]], args: argparse.Namespace, argv: Optional[list[str]]) -> int:
@@ -190,11 +206,11 @@ def _write(runs: list[dict[str, Any]], args: argparse.Namespace, argv: Optional[
              if not w.startswith("--from-json") and (i == 0 or given[i - 1] != "--from-json")]
     cmd = " ".join(["sudo .venv/bin/python bench/bench_e2e.py", *words])
     out = Path(args.out)
-    text = report(runs, args, cmd)
+    text = report(runs, args, cmd, figure(out).name)
     out.write_text(text)
-    plot(runs, out.with_name("e2e_step_time.png"))
+    plot(runs, figure(out))
     print(text)
-    print(f"bench_e2e: wrote {out} and {out.with_name('e2e_step_time.png')}")
+    print(f"bench_e2e: wrote {out} and {figure(out)}")
     return 0
 
 

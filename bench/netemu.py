@@ -273,12 +273,15 @@ class EmulatedCluster(_Links, _Rendezvous):
         cwd: Optional[str] = None,
         echo: Optional[IO[str]] = None,
         settle_s: float = 0.05,
+        cpus: Optional[Sequence[str]] = None,
     ) -> RunResult:
         """Run ``argv`` once per host (rank i on host i) and measure; never raises for a failed rank.
 
         ``env`` is added to this process's environment, then Horovod's variables on top. A rank
         that exits non-zero, ranks that disagree on a phase name, or ``timeout`` seconds kill
         every rank (process group). ``echo`` gets each output line live, prefixed ``[h<i>]``.
+        ``cpus[i]`` (a ``taskset -c`` list) pins host i's rank to those CPUs: hosts that do not
+        share CPU time, as real hosts do not.
         """
         if not self._built:
             raise NetEmuError("cluster is not built (use it as a context manager)")
@@ -297,8 +300,9 @@ class EmulatedCluster(_Links, _Rendezvous):
             e.update(env or {})
             e.update(self.rank_env(i))
             e[PHASE_ENV] = "1"
+            pin = ["taskset", "-c", cpus[i]] if cpus else []
             proc = subprocess.Popen(
-                [self._ip, "netns", "exec", self.hosts[i], *argv],
+                [self._ip, "netns", "exec", self.hosts[i], *pin, *argv],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
                 env=e, cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent,
             )

@@ -131,10 +131,13 @@ def quantize(x: Any, spec: str | Scheme, *, seed: int = 0, name: str = "tensor")
 
 
 def _scan(flat: NDArray[Any], limit: float) -> tuple[bool, bool]:
-    """(every value finite, every |value| < limit), in two passes that allocate nothing (a NaN
-    anywhere makes the min and the max NaN)."""
+    """(every value finite, every |value| < limit): one compiled pass (:func:`kernels.scan`), or
+    two NumPy passes that allocate nothing (a NaN anywhere makes the min and the max NaN)."""
     if flat.size == 0:
         return True, True
+    fast = kernels.scan(flat, limit)
+    if fast is not None:
+        return fast
     lo, hi = float(flat.min()), float(flat.max())
     finite = math.isfinite(lo) and math.isfinite(hi)
     return finite, finite and max(-lo, hi) < limit

@@ -9,7 +9,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..api import dequantize, quantize, split
+from ..api import Payload, dequantize, quantize, split
 from ..errors import NonFiniteError, RankMismatchError
 from ..schemes.scheme import Scheme
 from ..xp import stream_seed
@@ -39,14 +39,9 @@ def poison() -> NDArray[np.uint8]:
     return quantize(np.zeros(0, np.float32), "none").to_array()
 
 
-def decode_sum(
-    buf: NDArray[np.uint8], own_rank: int, own: NDArray[np.float32] | None, name: str = "tensor"
-) -> tuple[NDArray[np.float32], int]:
-    """Sum of every payload in a gathered buffer, in rank order; returns (sum, payload count).
-
-    ``own`` (this rank's decoded payload) is used in place of decoding it again: decoding is
-    deterministic, so the result is the same bits on every rank.
-    """
+def split_checked(buf: NDArray[np.uint8], name: str) -> list[Payload]:
+    """The payloads of a gathered buffer, all of one size: an empty one is a rank's poison
+    (nonfinite=raise, NonFiniteError naming the ranks), other sizes a model that differs."""
     payloads = split(buf)
     sizes = {p.n for p in payloads}
     if len(sizes) > 1:
@@ -56,6 +51,18 @@ def decode_sum(
         raise RankMismatchError(
             f"{name}: ranks sent payloads of {sorted(sizes)} elements; the model differs across ranks"
         )
+    return payloads
+
+
+def decode_sum(
+    buf: NDArray[np.uint8], own_rank: int, own: NDArray[np.float32] | None, name: str = "tensor"
+) -> tuple[NDArray[np.float32], int]:
+    """Sum of every payload in a gathered buffer, in rank order; returns (sum, payload count).
+
+    ``own`` (this rank's decoded payload) is used in place of decoding it again: decoding is
+    deterministic, so the result is the same bits on every rank.
+    """
+    payloads = split_checked(buf, name)
     total: NDArray[np.float32] | None = None
     for r, p in enumerate(payloads):
         v = own if (r == own_rank and own is not None) else dequantize(p).astype(np.float32, copy=False).reshape(-1)

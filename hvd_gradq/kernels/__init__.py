@@ -32,6 +32,7 @@ bit-identical to :mod:`hvd_gradq.wire.packing`), ``_nb_even``, ``_nb_levels`` an
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -44,7 +45,7 @@ from . import even, levels  # noqa: F401  (each registers its kernels with @kern
 from ._registry import Kernel, kernel, kernel_for, registered
 from ._switch import available, disabled
 
-__all__ = ["Kernel", "available", "decode", "disabled", "encode", "kernel", "kernel_for", "registered"]
+__all__ = ["Kernel", "available", "decode", "disabled", "encode", "kernel", "kernel_for", "registered", "scan"]
 
 Parts = dict[str, NDArray[Any]]
 
@@ -69,6 +70,20 @@ def encode(scheme: Scheme, x: NDArray[Any], seed: int | tuple[int, int], *, out:
         sa, sb = (int(seed[0]), int(seed[1])) if isinstance(seed, tuple) else seed_words(seed)
         k.encode(x, n, sa, sb, meta, codes)
     return {"meta": meta, "codes": codes}
+
+
+def scan(x: NDArray[Any], limit: float) -> tuple[bool, bool] | None:
+    """(every value finite, every |value| < ``limit``) for a flat float32 array, in one pass over
+    its bits (the largest magnitude's bits; a NaN's are larger than any), or None without the
+    kernels. The input check of :func:`hvd_gradq.quantize`, at the speed of a read."""
+    if not available():
+        return None
+    if x.shape[0] == 0:
+        return True, True
+    from ._nb_common import _maxabs  # numba: imported on first use
+
+    m = float(_maxabs(x, x.shape[0]))
+    return math.isfinite(m), math.isfinite(m) and m < limit
 
 
 def _buffer(out: Parts | None, name: str, size: int, dtype: Any) -> NDArray[Any]:

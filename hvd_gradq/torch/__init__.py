@@ -21,7 +21,8 @@ from ..spec import parse
 from .compressor import GradqCompressor
 
 # keywords of a factory that go to the compressor, not to the scheme
-_COMPRESSOR_KEYS = ("named_parameters", "seed", "pattern", "check_ranks", "process_set", "loss_scale", "threads")
+_COMPRESSOR_KEYS = ("named_parameters", "seed", "pattern", "check_ranks", "process_set", "loss_scale", "threads",
+                    "codec")
 
 
 def from_spec(

@@ -56,6 +56,7 @@ from ..frontend.workers import Workers, resolve_threads
 from ..schemes.scheme import Scheme
 from . import checkpoint
 from .callsite import CallSite, inspect_call
+from .device import resolve_codec
 from .feedback import LossScale, TensorStore, check_loss_scale, read_loss_scale
 from .ops import TorchOps
 from .reduce import Ctx, GatherCtx, Group, Pass, Reducer, ScatterCtx, SummableCtx
@@ -87,6 +88,9 @@ class GradqCompressor:
             (:mod:`hvd_gradq.frontend.workers`); 0 runs them inline. Default: ``HVD_GRADQ_THREADS``,
             else 1 when this rank has a spare core (cores // local_size >= 2), else 0. The bits are
             the same whatever the count.
+        codec: where gather encodes and decodes (:mod:`.device`): ``auto`` (on the gradient's
+            device for CUDA tensors, only payload bytes to the host; the compiled host kernels for
+            CPU tensors), ``host`` or ``device``. Default: ``HVD_GRADQ_CODEC``, else ``auto``.
 
     Example::
 
@@ -106,6 +110,7 @@ class GradqCompressor:
         process_set: Any = None,
         loss_scale: LossScale | None = None,
         threads: int | None = None,
+        codec: str | None = None,
     ) -> None:
         if os.environ.get("HOROVOD_ELASTIC") == "1":
             raise GradqError(
@@ -141,7 +146,7 @@ class GradqCompressor:
         self.memory = Memory(TorchOps("cpu"), self._store)
         self._stats = Stats()
         self.workers = Workers(resolve_threads(threads, _local_size()))
-        self._reducer = Reducer(scheme, seed, self.memory, self._stats, self.workers)
+        self._reducer = Reducer(scheme, seed, self.memory, self._stats, self.workers, resolve_codec(codec))
         self._checked: set[str] = set()  # process sets whose ranks' configurations were compared
         self._decompressing = True  # the next compress() starts a new step
 

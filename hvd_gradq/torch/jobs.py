@@ -16,12 +16,12 @@ from typing import Any
 import horovod.torch as hvd
 import numpy as np
 import torch
-from numpy.typing import NDArray
 
 from ..errors import GradqError, NonFiniteError
 from ..frontend import codec
 from ..frontend.workers import wait
 from ..schemes.scheme import Scheme
+from . import device
 
 
 def sync(handle: Any) -> Any:
@@ -42,13 +42,14 @@ class Encoded:
     error: GradqError | None = None  # nonfinite=raise: the poison went out instead
 
 
-def gather_job(scheme: Scheme, xs: NDArray[Any], seed: int, what: str, collective: str,
-               process_set: Any) -> Callable[[], Encoded]:
-    """Encode ``xs`` and start the allgather of its payload."""
+def gather_job(scheme: Scheme, x: torch.Tensor, seed: int, what: str, collective: str, process_set: Any,
+               on_device: bool) -> Callable[[], Encoded]:
+    """Encode flat float32 ``x`` (on its device when ``on_device``: :mod:`.device`; ``own`` is then
+    a tensor there) and start the allgather of its payload."""
 
     def job() -> Encoded:
         try:
-            buf, own = codec.encode(scheme, xs, seed, what)
+            buf, own = device.encode_any(scheme, x, seed, what, on_device)
         except NonFiniteError as e:  # tell the other ranks, so that they raise too
             poison = torch.from_numpy(codec.poison())
             return Encoded(hvd.allgather_async(poison, name=collective, process_set=process_set), None, error=e)
@@ -58,15 +59,17 @@ def gather_job(scheme: Scheme, xs: NDArray[Any], seed: int, what: str, collectiv
     return job
 
 
-def scatter_job(scheme: Scheme, xs: NDArray[Any], bounds: list[tuple[int, int]], seeds: list[int], what: str,
-                collective: str, process_set: Any) -> Callable[[], Encoded]:
-    """Encode each chunk ``xs[lo:hi]`` of ``bounds`` and start the alltoall of the payloads."""
+def scatter_job(scheme: Scheme, x: torch.Tensor, bounds: list[tuple[int, int]], seeds: list[int], what: str,
+                collective: str, process_set: Any, on_device: bool) -> Callable[[], Encoded]:
+    """Encode each chunk ``x[lo:hi]`` of ``bounds`` (on its device when ``on_device``) and start
+    the alltoall of the payloads."""
 
     def job() -> Encoded:
         bufs, owns, bad = [], [], False
+        xs = x if on_device else x.cpu()  # one copy to the host, not one a chunk
         for (lo, hi), seed in zip(bounds, seeds):
             try:
-                b, own = codec.encode(scheme, xs[lo:hi], seed, what)
+                b, own = device.encode_any(scheme, xs[lo:hi], seed, what, on_device)
             except NonFiniteError:  # the others learn of it from the poison payload
                 b, own, bad = codec.poison(), None, True
             bufs.append(b)

@@ -88,6 +88,9 @@ class TorchOps:
         return torch.maximum(a, b)
 
     def clip(self, x: Array, lo: Array, hi: Array) -> Array:
+        # bounds may be scalars (fp16 scales clip to a NumPy float32 limit): tensors of x's dtype
+        lo, hi = (b if isinstance(b, torch.Tensor) else torch.as_tensor(b, dtype=x.dtype, device=x.device)
+                  for b in (lo, hi))
         return torch.minimum(torch.maximum(x, lo), hi)
 
     def isfinite(self, x: Array) -> Array:

@@ -32,10 +32,9 @@ from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 import horovod.torch as hvd
-import numpy as np
 import torch
 
-from ..api import dequantize, split
+from ..api import split
 from ..errors import GradqError, NonFiniteError, RankMismatchError
 from ..feedback import Memory, reduced_key
 from ..frontend import codec
@@ -47,6 +46,7 @@ from ..schemes.options import NonFinite
 from ..schemes.scheme import Scheme
 from ..schemes.summable import decode_codes, encode_shared, local_stats
 from ..wire.packing import pack_lanes, unpack_lanes
+from . import device
 from .jobs import Encoded, gather_job, scatter_job, sync
 from .ops import TorchOps
 
@@ -92,13 +92,14 @@ class GatherCtx(Ctx):
     handle: Any = None
     own: Any = None  # this rank's decoded payload (NumPy), so it is not decoded twice
     sent: int = 0
-    decoded: Future[tuple[Any, int, int]] | None = None  # a decode job (threads > 0)
+    decoded: Future[tuple[torch.Tensor, int, int]] | None = None  # a decode job (threads > 0)
 
 
 @dataclass
 class SummableCtx(Ctx):
     pattern: ClassVar[Pattern] = Pattern.SUMMABLE
-    x: Any = None  # the compressed input (gradient + residual), CPU float32
+    x: Any = None  # the compressed input (gradient + residual), float32, where it is encoded
+    ops: Any = None  # TorchOps of that device (:mod:`.device`: only statistics and lanes cross)
     seed: int = 0
     stats_handle: Any = None  # phase 1: Max-allreduce of per-bucket statistics
     local_bad: bool = False  # nonfinite=raise and this rank held NaN/Inf
@@ -134,6 +135,7 @@ class Reducer:
     memory: Memory
     stats: Stats
     workers: Workers = field(default_factory=lambda: Workers(0))
+    codec: str = "auto"  # where gather encodes and decodes: :mod:`.device`
     pending: list[SummableCtx | ScatterCtx] = field(default_factory=list)
     encoding: list[GatherCtx | ScatterCtx] = field(default_factory=list)  # first-phase jobs not settled
     gathered: list[GatherCtx] = field(default_factory=list)  # settled, decode not submitted yet
@@ -215,25 +217,31 @@ class Reducer:
             ctx.own_bytes = enc.lens[g.rank]
             ctx.sent = sum(n for j, n in enumerate(enc.lens) if j != g.rank)
             self.pending.append(ctx)
-        if self.scheme.ef:
-            own = enc.own if isinstance(ctx, GatherCtx) else np.concatenate(enc.own)
-            self.memory.update(ctx.name, x, torch.from_numpy(own).to(x.device))
+        if self.scheme.ef:  # own values: NumPy (host kernels) or tensors (device path), per chunk
+            owns = [enc.own] if isinstance(ctx, GatherCtx) else enc.own
+            own = torch.cat([(o if isinstance(o, torch.Tensor) else torch.from_numpy(o)).to(x.device) for o in owns])
+            self.memory.update(ctx.name, x, own)
 
     # -- gather: allgather of payloads -------------------------------------------------------------
     def _gather_start(self, ctx: GatherCtx, x: torch.Tensor) -> GatherCtx:
         g = ctx.group
         seed = codec.draw_seed(self.seed, hvd.rank(), ctx.step, ctx.name)
         # the job reads x's values; nothing writes the gradient before the step settles the job
-        job = gather_job(self.scheme, x.cpu().numpy(), seed, f"{ctx.name} (step {ctx.step})",
-                         f"hvd_gradq.{g.key}g.{ctx.name}", g.process_set)
+        job = gather_job(self.scheme, x, seed, f"{ctx.name} (step {ctx.step})", f"hvd_gradq.{g.key}g.{ctx.name}",
+                         g.process_set, device.on_device(self.codec, x))
         ctx.x = x
         self._submit(ctx, job)
         return ctx
 
-    def _gather_decode(self, ctx: GatherCtx) -> tuple[Any, int, int]:
-        """The decoded sum over the group, its payload count and the bytes gathered."""
+    def _gather_decode(self, ctx: GatherCtx) -> tuple[torch.Tensor, int, int]:
+        """The decoded sum over the group (on the device that encoded), its payload count and
+        the bytes gathered."""
         gathered = sync(ctx.handle)
-        total, count = codec.decode_sum(gathered.numpy(), ctx.group.rank, ctx.own, ctx.name)
+        if isinstance(ctx.own, torch.Tensor):
+            total, count = device.decode_sum(gathered.numpy(), ctx.group.rank, ctx.own, ctx.name)
+        else:
+            host, count = codec.decode_sum(gathered.numpy(), ctx.group.rank, ctx.own, ctx.name)
+            total = torch.from_numpy(host)
         return total, count, int(gathered.numel())
 
     def _gather_finish(self, ctx: GatherCtx) -> torch.Tensor:
@@ -247,32 +255,34 @@ class Reducer:
             raise RankMismatchError(f"{ctx.name}: gathered {count} payloads from {size} ranks")
         own_len = ctx.sent // max(size - 1, 1)
         self.stats.record(ctx.name, "gather", ctx.sent, nbytes - own_len, ctx.fp32)
-        return torch.from_numpy(total)
+        return total
 
     # -- summable: shared scale (Max-allreduce), then integer lanes (Sum-allreduce) ------------------
     def _summable_start(self, ctx: SummableCtx, x: torch.Tensor) -> SummableCtx:
         scheme = self.scheme
         assert isinstance(scheme, EvenLevelScheme)
-        xc = x.cpu()
+        on_dev = device.on_device(self.codec, x)
+        xc = x if on_dev else x.cpu()
+        ops = ctx.ops = TorchOps(x.device) if on_dev else _CPU
         rows = -(-xc.numel() // scheme.bucket)
         fin = torch.isfinite(xc)
         if bool(fin.all()):
-            stats = local_stats(scheme, _CPU, xc)
+            stats = local_stats(scheme, ops, xc)
         elif scheme.nonfinite is NonFinite.RAISE:
             ctx.local_bad = True  # +inf statistics: every rank sees it in the max and stops
-            stats = torch.full((rows, scheme.meta_width), float("inf"))
+            stats = torch.full((rows, scheme.meta_width), float("inf"), device=xc.device)
         else:  # propagate: +inf statistics for the buckets holding NaN/Inf, zeros sent in them
-            pad = torch.ones(rows * scheme.bucket, dtype=torch.bool)
+            pad = torch.ones(rows * scheme.bucket, dtype=torch.bool, device=xc.device)
             pad[: xc.numel()] = fin
             bad = ~pad.reshape(rows, scheme.bucket).all(dim=1)
             xc = torch.where(fin, xc, torch.zeros_like(xc))
-            stats = local_stats(scheme, _CPU, xc)
+            stats = local_stats(scheme, ops, xc)
             stats[bad] = float("inf")
         ctx.x = xc
         ctx.seed = codec.draw_seed(self.seed, hvd.rank(), ctx.step, ctx.name)
         g = ctx.group
         ctx.stats_handle = hvd.allreduce_async(
-            stats.contiguous(), op=hvd.Max, name=f"hvd_gradq.{g.key}s.{ctx.name}", process_set=g.process_set
+            stats.cpu().contiguous(), op=hvd.Max, name=f"hvd_gradq.{g.key}s.{ctx.name}", process_set=g.process_set
         )
         self.pending.append(ctx)
         return ctx
@@ -281,7 +291,7 @@ class Reducer:
         scheme = self.scheme
         assert isinstance(scheme, EvenLevelScheme)
         g = ctx.group
-        stats = sync(ctx.stats_handle)
+        stats = sync(ctx.stats_handle).to(ctx.x.device)
         finite_rows = torch.isfinite(stats).all(dim=1)
         if not bool(finite_rows.all()):
             if scheme.nonfinite is NonFinite.RAISE:
@@ -307,22 +317,22 @@ class Reducer:
         scheme = self.scheme
         assert isinstance(scheme, EvenLevelScheme)
         g = ctx.group
-        codes, meta = encode_shared(scheme, _CPU, x, stats, ctx.seed)
+        codes, meta = encode_shared(scheme, ctx.ops, x, stats, ctx.seed)
         lay = lanes_for(scheme.symbols, g.size)
-        lanes = pack_lanes(_CPU, codes, lay.field_bits, lay.fields).to(torch.int32)
+        lanes = pack_lanes(ctx.ops, codes, lay.field_bits, lay.fields).to(torch.int32)
         ctx.meta, ctx.lanes = meta, lay
-        ctx.handle = hvd.allreduce_async(lanes, op=hvd.Sum, name=f"hvd_gradq.{g.key}l.{ctx.name}",
+        ctx.handle = hvd.allreduce_async(lanes.cpu(), op=hvd.Sum, name=f"hvd_gradq.{g.key}l.{ctx.name}",
                                          process_set=g.process_set)
-        own: torch.Tensor = decode_codes(scheme, _CPU, codes, meta, x.numel())
+        own: torch.Tensor = decode_codes(scheme, ctx.ops, codes, meta, x.numel())
         return own
 
     def _summable_finish(self, ctx: SummableCtx) -> torch.Tensor:
         scheme = self.scheme
         assert isinstance(scheme, EvenLevelScheme) and ctx.lanes is not None
-        summed = sync(ctx.handle)
+        summed = sync(ctx.handle).to(ctx.x.device)
         n = ctx.x.numel()
-        codes = unpack_lanes(_CPU, summed.to(torch.int64), ctx.lanes.field_bits, ctx.lanes.fields, n)
-        out: torch.Tensor = decode_codes(scheme, _CPU, codes, ctx.meta, n, count=ctx.group.size)
+        codes = unpack_lanes(ctx.ops, summed.to(torch.int64), ctx.lanes.field_bits, ctx.lanes.fields, n)
+        out: torch.Tensor = decode_codes(scheme, ctx.ops, codes, ctx.meta, n, count=ctx.group.size)
         if ctx.bad_rows is not None:
             bad = ctx.bad_rows.repeat_interleave(scheme.bucket)[:n]
             out = torch.where(bad, torch.full_like(out, float("nan")), out)
@@ -331,11 +341,10 @@ class Reducer:
     # -- scatter: alltoall of chunks, reduce, re-compress, allgather ----------------------------------
     def _scatter_start(self, ctx: ScatterCtx, x: torch.Tensor) -> ScatterCtx:
         g = ctx.group
-        xs = x.cpu().numpy()
-        ctx.bounds = chunk_bounds(xs.shape[0], self.scheme.bucket, g.size)
+        ctx.bounds = chunk_bounds(x.numel(), self.scheme.bucket, g.size)
         seeds = [codec.draw_seed(self.seed, hvd.rank(), ctx.step, f"{ctx.name}#{j}") for j in range(len(ctx.bounds))]
-        job = scatter_job(self.scheme, xs, ctx.bounds, seeds, f"{ctx.name} (step {ctx.step})",
-                          f"hvd_gradq.{g.key}a.{ctx.name}", g.process_set)
+        job = scatter_job(self.scheme, x, ctx.bounds, seeds, f"{ctx.name} (step {ctx.step})",
+                          f"hvd_gradq.{g.key}a.{ctx.name}", g.process_set, device.on_device(self.codec, x))
         ctx.x = x
         self._submit(ctx, job)
         return ctx
@@ -343,17 +352,17 @@ class Reducer:
     def _scatter_phase2(self, ctx: ScatterCtx) -> None:
         g = ctx.group
         recv, _ = sync(ctx.handle)
-        part, _count = codec.decode_sum(recv.numpy(), g.rank, ctx.own, ctx.name)
+        sent = device.sum_any(recv.numpy(), g.rank, ctx.own, ctx.name)  # where the chunks were encoded
         ctx.received = int(recv.numel()) - ctx.own_bytes
         key = reduced_key(ctx.name)
-        sent = torch.from_numpy(part)
         if self.scheme.ef:
             sent = self.memory.compensate(key, sent)
         seed = codec.draw_seed(self.seed, hvd.rank(), ctx.step, key)
         fine = reduced_scheme(self.scheme, g.size)  # finer: the sum's noise as one rank's
-        buf, own = codec.encode(fine, sent.numpy(), seed, f"{ctx.name} (step {ctx.step}, reduced)")
+        what = f"{ctx.name} (step {ctx.step}, reduced)"
+        buf, own = device.encode_any(fine, sent, seed, what, isinstance(ctx.own, torch.Tensor))
         if self.scheme.ef:
-            self.memory.update(key, sent, torch.from_numpy(own))
+            self.memory.update(key, sent, own if isinstance(own, torch.Tensor) else torch.from_numpy(own))
         ctx.reduced_own, ctx.reduced_bytes = own, int(buf.shape[0])
         ctx.gather_handle = hvd.allgather_async(torch.from_numpy(buf), name=f"hvd_gradq.{g.key}r.{ctx.name}",
                                                 process_set=g.process_set)
@@ -361,8 +370,9 @@ class Reducer:
     def _scatter_finish(self, ctx: ScatterCtx) -> torch.Tensor:
         g = ctx.group
         gathered = sync(ctx.gather_handle).numpy()
-        pieces = [ctx.reduced_own if r == g.rank else dequantize(p).reshape(-1) for r, p in enumerate(split(gathered))]
+        own = ctx.reduced_own
+        pieces = [own if r == g.rank else device.decode_any(p, own) for r, p in enumerate(split(gathered))]
         sent = ctx.sent + ctx.reduced_bytes * (g.size - 1)
         received = ctx.received + int(gathered.shape[0]) - ctx.reduced_bytes
         self.stats.record(ctx.name, "scatter", sent, received, ctx.fp32)
-        return torch.from_numpy(np.concatenate(pieces).astype(np.float32, copy=False))
+        return torch.cat([p if isinstance(p, torch.Tensor) else torch.from_numpy(p) for p in pieces])

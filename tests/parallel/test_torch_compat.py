@@ -194,3 +194,21 @@ def test_worker_threads_keep_the_simulator_bits_warmup_and_nonfinite(cases: dict
             for r in cases:
                 assert threaded[r][key] == cases[r][key], (r, key)
     assert sum(k.startswith("sim/") for k in threaded[0]) == len(SIM_CASES)
+
+
+# -- codec=device (hvd_gradq/torch/device.py): every pattern encodes and decodes with the scheme's
+# torch math on the tensor's device (CPU here: the path a CUDA tensor takes). Same bits as the host
+# kernels: the cases cover gather, scatter (with EF) and summable.
+@pytest.fixture(scope="module")
+def on_device() -> dict:
+    return launch("worker_torch_compat.py", np=2, args=["--mode", "cases", "--only", "unused/,sim/,nonfinite"],
+                  timeout=420, env={"HVD_GRADQ_CODEC": "device"})
+
+
+def test_device_codec_gives_the_host_bits(cases: dict, on_device: dict) -> None:
+    keys = [k for k in on_device[0] if k.startswith(("unused/", "sim/"))] + ["nonfinite"]
+    assert len(keys) == len(UNUSED) + len(SIM_CASES) + 1
+    for key in keys:
+        _ok(on_device, key)
+        for r in cases:
+            assert on_device[r][key] == cases[r][key], (r, key)

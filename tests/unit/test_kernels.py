@@ -277,3 +277,18 @@ def test_bucket_sort_is_a_sort(w, nrows):
         keys = np.where(bits < 0, -(bits & 0x7FFFFFFF) - 1, bits)  # total order: -0.0 is -1, +0.0 is 0
         assert np.all(np.diff(keys) >= 0)
         assert sorted(src.view(np.uint32).tolist()) == sorted(got.view(np.uint32).tolist())  # a permutation
+
+
+def test_input_scan_is_numpys():
+    """quantize's input check in one compiled pass (kernels.scan) against NumPy's min/max."""
+    require_numba()
+    lim = float(np.float32(2.0**126))
+    cases = [np.zeros(0), np.array([-0.0, 0.0]), np.array([1.0, np.nan, 2.0]), np.array([np.inf, 1.0]),
+             np.array([-np.inf]), np.array([lim, 0.0]), np.array([-np.nextafter(np.float32(lim), np.float32(0))]),
+             np.array([1e-45, -1e-45]), np.random.default_rng(0).standard_normal(1001) * 1e30]
+    for c in cases:
+        x = np.asarray(c, np.float32)
+        with np.errstate(invalid="ignore"):
+            want = (True, True) if x.size == 0 else (
+                bool(np.isfinite(x).all()), bool(np.isfinite(x).all() and np.abs(x).max() < lim))
+        assert kernels.scan(x, lim) == want, x[:4]

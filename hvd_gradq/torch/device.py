@@ -1,0 +1,114 @@
+"""Encoding and decoding on the gradient's own device: only payload bytes cross to the host.
+
+On a GPU the host path (:mod:`hvd_gradq.frontend.codec`: the compiled kernels) would copy every
+full-size gradient to the host, and every decoded one back. Here the scheme's own mathematics
+runs on the tensor's device through :class:`~hvd_gradq.torch.ops.TorchOps` (the same source the
+NumPy reference runs, so the same bits: ``tests/parallel/test_torch_compat.py`` trains with
+``codec=device`` on CPU tensors and compares digests with the host path), the packed sections
+(a fraction of the gradient) are copied to the host to be framed as a payload, and the gathered
+payloads go back to the device to be decoded and summed there.
+
+Every pattern takes this path: gather and scatter through :func:`encode_any`, :func:`sum_any`
+and :func:`decode_any` (which choose it from where the values are), summable by running its
+statistics, codes and lanes with the device's ``TorchOps`` (only the per-bucket statistics and
+the packed lanes cross). What still reads full buckets on the host: ORQ with 4 levels or more
+and BinGrad-pb, whose level search is a host function (``Ops.host``: the exact dynamic program
+is sequential). A
+tensor the device path cannot take as it is (NaN/Inf, or values beyond the scheme's float32
+range) goes to the host path, which applies the scheme's ``nonfinite`` policy and its errors.
+
+``codec=`` (compressor option, or ``HVD_GRADQ_CODEC``): ``auto`` (the device path for CUDA
+tensors, the host kernels for CPU ones, which are faster there), ``host`` or ``device``.
+"""
+from __future__ import annotations
+
+import os
+from typing import Any
+
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+from ..api import Payload, decode_flat
+from ..errors import GradqError
+from ..frontend import codec
+from ..schemes.scheme import Scheme
+from .ops import TorchOps
+
+#: The environment variable that sets ``codec`` when the compressor gets none.
+ENV = "HVD_GRADQ_CODEC"
+CODECS = ("auto", "host", "device")
+
+
+def resolve_codec(codec: str | None) -> str:
+    """``codec`` if given, else ``HVD_GRADQ_CODEC``, else ``auto``; a GradqError names the valid ones."""
+    value = codec if codec is not None else (os.environ.get(ENV, "").strip() or "auto")
+    if value not in CODECS:
+        where = "codec=" if codec is not None else ENV
+        raise GradqError(f"{where}: {value!r} is not a codec; use one of {', '.join(CODECS)}")
+    return value
+
+
+def on_device(codec: str, x: torch.Tensor) -> bool:
+    """Whether ``x`` is encoded on its device under ``codec``."""
+    return codec == "device" or (codec == "auto" and x.is_cuda)
+
+
+def encode(scheme: Scheme, x: torch.Tensor, seed: int) -> tuple[NDArray[np.uint8], torch.Tensor] | None:
+    """The payload bytes of flat float32 ``x`` and this rank's decoded values (on ``x``'s device),
+    or None when ``x`` holds values the device path leaves to the host path (see the docstring)."""
+    if x.numel() and not bool((x.abs() < scheme.limit).all()):  # NaN compares False: the host path
+        return None
+    ops = TorchOps(x.device)
+    parts = scheme.encode(ops, x, seed)
+    own = scheme.decode(ops, parts, x.numel())
+    host = {k: _wire(v.cpu().numpy()) for k, v in parts.items()}  # payload-sized copies
+    return Payload(scheme, (x.numel(),), "float32", host).to_array(), own
+
+
+def decode_sum(buf: NDArray[np.uint8], own_rank: int, own: torch.Tensor, name: str) -> tuple[torch.Tensor, int]:
+    """The sum over ranks, in rank order, of the payloads in a gathered buffer, decoded on
+    ``own``'s device (``own`` stands for this rank's payload); returns (sum, payload count).
+    The same checks as the host path's :func:`hvd_gradq.frontend.codec.decode_sum`."""
+    payloads = codec.split_checked(buf, name)
+    total: torch.Tensor | None = None
+    for r, p in enumerate(payloads):
+        v = own if r == own_rank else decode_any(p, own)  # check_parts: codes beyond the alphabet raise
+        total = v.clone() if total is None else total + v
+    assert total is not None
+    return total, len(payloads)
+
+
+def encode_any(scheme: Scheme, x: torch.Tensor, seed: int, what: str, device: bool) -> tuple[NDArray[np.uint8], Any]:
+    """The payload and own values of flat float32 ``x``: on its device when ``device`` (own: a
+    tensor there) and the device path takes it, else on the host (own: NumPy; the host path
+    raises NonFiniteError under nonfinite=raise)."""
+    got = encode(scheme, x, seed) if device else None
+    return got if got is not None else codec.encode(scheme, x.cpu().numpy(), seed, what)
+
+
+def sum_any(buf: NDArray[np.uint8], own_rank: int, own: Any, name: str) -> torch.Tensor:
+    """The sum of a gathered buffer's payloads where ``own`` lives (a tensor: its device; NumPy:
+    the host kernels, as a CPU tensor)."""
+    if isinstance(own, torch.Tensor):
+        return decode_sum(buf, own_rank, own, name)[0]
+    return torch.from_numpy(codec.decode_sum(buf, own_rank, own, name)[0])
+
+
+def decode_any(p: Payload, like: Any) -> torch.Tensor:
+    """One payload decoded (flat float32) where ``like`` lives, as :func:`sum_any` does."""
+    if not isinstance(like, torch.Tensor):
+        return torch.from_numpy(np.ascontiguousarray(decode_flat(p)))
+    p.scheme.check_parts(p.parts, p.n)
+    parts = {k: torch.from_numpy(_math(a)).to(like.device) for k, a in p.parts.items()}
+    out: torch.Tensor = p.scheme.decode(TorchOps(like.device), parts, p.n).reshape(-1)
+    return out
+
+
+def _wire(a: NDArray[Any]) -> NDArray[Any]:
+    return a.astype(np.uint8) if a.dtype == np.int64 else a
+
+
+def _math(a: NDArray[Any]) -> NDArray[Any]:
+    """Wire bytes back to the int64 byte values the schemes' Ops math takes."""
+    return a.astype(np.int64) if a.dtype == np.uint8 else np.ascontiguousarray(a)
