@@ -113,7 +113,7 @@ def quantize(x: Any, spec: str | Scheme, *, seed: int = 0, name: str = "tensor")
         if scheme.nonfinite is NonFinite.SKIP:
             return _skip(flat, arr.shape, dtype, seed, f"{name}: non-finite values; sent uncompressed this time")
         # propagate: the reference encoders mark such buckets (LevelScheme.encode_rows)
-        return _payload(scheme, scheme.encode(NUMPY, flat, seed), arr.shape, dtype)
+        return payload_of(scheme, scheme.encode(NUMPY, flat, seed), arr.shape, dtype)
     if not inside:
         if scheme.nonfinite is NonFinite.SKIP:
             why = f"{name}: values beyond {scheme.name}'s range; sent uncompressed"
@@ -127,7 +127,7 @@ def quantize(x: Any, spec: str | Scheme, *, seed: int = 0, name: str = "tensor")
         )
     fast = kernels.encode(scheme, flat, seed)  # the compiled fast path (bit-identical), or None
     parts = fast if fast is not None else scheme.encode(NUMPY, flat, seed)
-    return _payload(scheme, parts, arr.shape, dtype)
+    return payload_of(scheme, parts, arr.shape, dtype)
 
 
 def _scan(flat: NDArray[Any], limit: float) -> tuple[bool, bool]:
@@ -160,10 +160,11 @@ def _check_float32_range(arr: NDArray[Any], flat: NDArray[Any], name: str) -> No
 def _skip(flat: NDArray[Any], shape: tuple[int, ...], dtype: str, seed: int, why: str) -> Payload:
     warnings.warn(why, RuntimeWarning, stacklevel=3)
     plain = parse("none")
-    return _payload(plain, plain.encode(NUMPY, flat, seed), shape, dtype)
+    return payload_of(plain, plain.encode(NUMPY, flat, seed), shape, dtype)
 
 
-def _payload(scheme: Scheme, parts: dict[str, Any], shape: tuple[int, ...], dtype: str) -> Payload:
+def payload_of(scheme: Scheme, parts: dict[str, Any], shape: tuple[int, ...], dtype: str) -> Payload:
+    """A payload from a scheme's encoded sections (int64 byte values become uint8)."""
     return Payload(scheme, tuple(shape), dtype, {k: _wire(np.asarray(v)) for k, v in parts.items()})
 
 

@@ -29,7 +29,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from ..api import Payload, decode_flat
+from ..api import Payload, decode_flat, payload_of
 from ..errors import GradqError
 from ..frontend import codec
 from ..schemes.scheme import Scheme
@@ -62,8 +62,8 @@ def encode(scheme: Scheme, x: torch.Tensor, seed: int) -> tuple[NDArray[np.uint8
     ops = TorchOps(x.device)
     parts = scheme.encode(ops, x, seed)
     own = scheme.decode(ops, parts, x.numel())
-    host = {k: _wire(v.cpu().numpy()) for k, v in parts.items()}  # payload-sized copies
-    return Payload(scheme, (x.numel(),), "float32", host).to_array(), own
+    host = {k: v.cpu().numpy() for k, v in parts.items()}  # payload-sized copies
+    return payload_of(scheme, host, (x.numel(),), "float32").to_array(), own
 
 
 def decode_sum(buf: NDArray[np.uint8], own_rank: int, own: torch.Tensor, name: str) -> tuple[torch.Tensor, int]:
@@ -87,12 +87,13 @@ def encode_any(scheme: Scheme, x: torch.Tensor, seed: int, what: str, device: bo
     return got if got is not None else codec.encode(scheme, x.cpu().numpy(), seed, what)
 
 
-def sum_any(buf: NDArray[np.uint8], own_rank: int, own: Any, name: str) -> torch.Tensor:
+def sum_any(buf: NDArray[np.uint8], own_rank: int, own: Any, name: str) -> tuple[torch.Tensor, int]:
     """The sum of a gathered buffer's payloads where ``own`` lives (a tensor: its device; NumPy:
-    the host kernels, as a CPU tensor)."""
+    the host kernels, as a CPU tensor), and the payload count."""
     if isinstance(own, torch.Tensor):
-        return decode_sum(buf, own_rank, own, name)[0]
-    return torch.from_numpy(codec.decode_sum(buf, own_rank, own, name)[0])
+        return decode_sum(buf, own_rank, own, name)
+    total, count = codec.decode_sum(buf, own_rank, own, name)
+    return torch.from_numpy(total), count
 
 
 def decode_any(p: Payload, like: Any) -> torch.Tensor:
@@ -103,10 +104,6 @@ def decode_any(p: Payload, like: Any) -> torch.Tensor:
     parts = {k: torch.from_numpy(_math(a)).to(like.device) for k, a in p.parts.items()}
     out: torch.Tensor = p.scheme.decode(TorchOps(like.device), parts, p.n).reshape(-1)
     return out
-
-
-def _wire(a: NDArray[Any]) -> NDArray[Any]:
-    return a.astype(np.uint8) if a.dtype == np.int64 else a
 
 
 def _math(a: NDArray[Any]) -> NDArray[Any]:

@@ -1,6 +1,6 @@
 """First-phase jobs of the PyTorch patterns: encode a gradient, then start its collective.
 
-A job is a closure over NumPy values only (no frontend state), so it may run on a worker thread
+A job is a closure over the gradient and its seeds only (no frontend state), so it may run on a worker thread
 (:mod:`hvd_gradq.frontend.workers`) while the training thread goes on with backward, or inline;
 :class:`hvd_gradq.torch.reduce.Reducer` settles its :class:`Encoded` result on the training
 thread (error feedback, byte counts, second phases), in the order the tensors came.

@@ -237,11 +237,7 @@ class Reducer:
         """The decoded sum over the group (on the device that encoded), its payload count and
         the bytes gathered."""
         gathered = sync(ctx.handle)
-        if isinstance(ctx.own, torch.Tensor):
-            total, count = device.decode_sum(gathered.numpy(), ctx.group.rank, ctx.own, ctx.name)
-        else:
-            host, count = codec.decode_sum(gathered.numpy(), ctx.group.rank, ctx.own, ctx.name)
-            total = torch.from_numpy(host)
+        total, count = device.sum_any(gathered.numpy(), ctx.group.rank, ctx.own, ctx.name)
         return total, count, int(gathered.numel())
 
     def _gather_finish(self, ctx: GatherCtx) -> torch.Tensor:
@@ -352,7 +348,7 @@ class Reducer:
     def _scatter_phase2(self, ctx: ScatterCtx) -> None:
         g = ctx.group
         recv, _ = sync(ctx.handle)
-        sent = device.sum_any(recv.numpy(), g.rank, ctx.own, ctx.name)  # where the chunks were encoded
+        sent, _count = device.sum_any(recv.numpy(), g.rank, ctx.own, ctx.name)  # where the chunks were encoded
         ctx.received = int(recv.numel()) - ctx.own_bytes
         key = reduced_key(ctx.name)
         if self.scheme.ef:
