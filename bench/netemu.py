@@ -1,8 +1,9 @@
 """Several emulated hosts on one Linux machine, with shaped links and real byte counters.
 
-:class:`EmulatedCluster` builds ``n`` hosts out of network namespaces and runs one Horovod
-rank (Gloo controller) on each, launched the way ``horovodrun --gloo`` would, so that every
-byte between ranks crosses a veth link shaped by ``tc tbf`` and is counted by the kernel::
+:class:`EmulatedCluster` builds ``n`` hosts out of network namespaces and runs ``ranks_per_host``
+Horovod ranks (Gloo controller; default one) on each, launched the way ``horovodrun --gloo``
+would, so that every byte between hosts crosses a veth link shaped by ``tc tbf`` and is counted
+by the kernel::
 
     from netemu import EmulatedCluster  # bench/ on sys.path
 
@@ -11,6 +12,15 @@ byte between ranks crosses a veth link shaped by ``tc tbf`` and is counted by th
         res.check()                      # every rank exited 0, no timeout
         res.bytes_sent, res.bytes_recv   # per host, whole run
         res.phase_bytes("warm", "steps") # per host, between two phase marks
+
+    with EmulatedCluster(2, rate="1gbit", ranks_per_host=2) as cluster:  # 2 hosts x 2 ranks
+        res = cluster.run(argv)          # ranks 0, 1 on host 0; ranks 2, 3 on host 1
+        res.returncodes, res.stdout      # per rank; res.host_of(rank), res.ranks_on(host)
+
+Several ranks on one host reach each other at that host's own address, which the kernel
+routes over the namespace's loopback: only bytes between hosts cross (and are counted on) the
+host's ``eth0``, as on a real machine with several processes (Gloo sends over TCP even
+between ranks of one host; MPI would use shared memory).
 
 The links and their clean-up are in :mod:`netemu_links`, the counters, phase marks and results
 in :mod:`netemu_counters`, Horovod's rendezvous server in :mod:`netemu_rendezvous`; this module
@@ -107,7 +117,7 @@ _Handler = Union[Callable[[int, Optional[FrameType]], Any], int, None]
 
 @dataclass
 class _Rank:
-    index: int
+    index: int  # the Horovod rank
     proc: subprocess.Popen[str]
     stdout: list[str] = field(default_factory=list)
     stderr: list[str] = field(default_factory=list)
@@ -116,6 +126,9 @@ class _Rank:
 
 class EmulatedCluster(_Links, _Rendezvous):
     """``n`` emulated hosts, each link shaped to ``rate`` both ways; see the module docstring.
+
+    ``ranks_per_host`` (L) ranks run on each host: rank r on host r // L, with Horovod's local
+    rank r % L and cross rank r // L (what ``horovodrun -H h0:L,h1:L,...`` assigns).
 
     ``python`` runs Horovod's rendezvous server (default: this interpreter; it must import
     ``horovod.runner``). ``burst`` and ``latency`` go to ``tc tbf``. ``offload`` keeps
@@ -134,12 +147,17 @@ class EmulatedCluster(_Links, _Rendezvous):
         offload: bool = False,
         lock_timeout: float = 600.0,
         handle_signals: bool = True,
+        ranks_per_host: int = 1,
     ) -> None:
         if not 1 <= n <= MAX_HOSTS:
             raise ValueError(f"n must be in 1..{MAX_HOSTS}, not {n}")
+        if ranks_per_host < 1:
+            raise ValueError(f"ranks_per_host must be >= 1, not {ranks_per_host}")
         if delay_ms < 0:
             raise ValueError(f"delay_ms must be >= 0, not {delay_ms}")
         self.n = n
+        self.ranks_per_host = ranks_per_host
+        self.size = n * ranks_per_host  # Horovod ranks in all
         self.rate = rate
         self.rate_bps = parse_rate(rate)
         self.delay_ms = float(delay_ms)
@@ -275,19 +293,24 @@ class EmulatedCluster(_Links, _Rendezvous):
         settle_s: float = 0.05,
         cpus: Optional[Sequence[str]] = None,
     ) -> RunResult:
-        """Run ``argv`` once per host (rank i on host i) and measure; never raises for a failed rank.
+        """Run ``argv`` once per rank (rank r on host r // ``ranks_per_host``) and measure; never
+        raises for a failed rank.
 
         ``env`` is added to this process's environment, then Horovod's variables on top. A rank
         that exits non-zero, ranks that disagree on a phase name, or ``timeout`` seconds kill
-        every rank (process group). ``echo`` gets each output line live, prefixed ``[h<i>]``.
-        ``cpus[i]`` (a ``taskset -c`` list) pins host i's rank to those CPUs: hosts that do not
-        share CPU time, as real hosts do not.
+        every rank (process group). ``echo`` gets each output line live, prefixed ``[h<i>]``
+        (one rank a host) or ``[r<rank>]`` (several). ``cpus[r]`` (a ``taskset -c`` list) pins
+        rank r to those CPUs: hosts that do not share CPU time, as real hosts do not. With one
+        rank a host, rank r is host r, as before.
         """
         if not self._built:
             raise NetEmuError("cluster is not built (use it as a context manager)")
         if self._ranks:
             raise NetEmuError("a run is already in progress")
         assert self._rdv is not None and self._rdv.stdin is not None
+        size, per = self.size, self.ranks_per_host
+        if cpus is not None and len(cpus) < size:
+            raise ValueError(f"cpus has {len(cpus)} entries; one a rank is needed ({size})")
         self._rdv.stdin.write("init\n")
         self._rdv.stdin.flush()
         self._rdv_line(30.0)
@@ -295,27 +318,28 @@ class EmulatedCluster(_Links, _Rendezvous):
         echo_lock = threading.Lock()
         marks = [PhaseMark("start", 0.0, tuple(self.counters()))]
         t0 = time.monotonic()
-        for i in range(self.n):
+        for i in range(size):
             e = dict(os.environ)
             e.update(env or {})
             e.update(self.rank_env(i))
             e[PHASE_ENV] = "1"
             pin = ["taskset", "-c", cpus[i]] if cpus else []
             proc = subprocess.Popen(
-                [self._ip, "netns", "exec", self.hosts[i], *pin, *argv],
+                [self._ip, "netns", "exec", self.hosts[i // per], *pin, *argv],
                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, bufsize=1,
                 env=e, cwd=cwd, start_new_session=True, preexec_fn=_die_with_parent,
             )
             rk = _Rank(i, proc)
             self._ranks.append(rk)
+            label = f"h{i}" if per == 1 else f"r{i}"
             for stream, sink, tag in ((proc.stdout, rk.stdout, "out"), (proc.stderr, rk.stderr, "err")):
                 th = threading.Thread(
-                    target=_pump, args=(stream, sink, i, tag, events, echo, echo_lock), daemon=True,
-                    name=f"netemu-h{i}-{tag}",
+                    target=_pump, args=(stream, sink, i, tag, events, echo, echo_lock, label), daemon=True,
+                    name=f"netemu-{label}-{tag}",
                 )
                 th.start()
                 rk.threads.append(th)
-        arrived: list[list[str]] = [[] for _ in range(self.n)]
+        arrived: list[list[str]] = [[] for _ in range(size)]
         stdout_done: set[int] = set()
         error: Optional[str] = None
         timed_out = False
@@ -349,8 +373,8 @@ class EmulatedCluster(_Links, _Rendezvous):
                 if bad:
                     error = f"rank {bad[0][0]} exited with {bad[0][1]}; the others were killed"
                     break
-                waiting = [r for r in range(self.n) if len(arrived[r]) > k and codes[r] is None]
-                gone = [r for r in range(self.n) if codes[r] == 0 and r in stdout_done and len(arrived[r]) <= k]
+                waiting = [r for r in range(size) if len(arrived[r]) > k and codes[r] is None]
+                gone = [r for r in range(size) if codes[r] == 0 and r in stdout_done and len(arrived[r]) <= k]
                 if waiting and gone:
                     error = (f"ranks {gone} exited without reaching phase mark {arrived[waiting[0]][k]!r} "
                              f"that ranks {waiting} wait at")
@@ -385,6 +409,7 @@ class EmulatedCluster(_Links, _Rendezvous):
             timed_out=timed_out,
             error=error,
             rate_bps=self.rate_bps,
+            ranks_per_host=per,
         )
 
 

@@ -108,7 +108,9 @@ class PhaseMark:
 
 @dataclass
 class RunResult:
-    """What :meth:`EmulatedCluster.run` measured. Byte lists are per host (index = rank)."""
+    """What :meth:`EmulatedCluster.run` measured. Counters and byte lists are per host (the
+    kernel counts a host's link, not a process); return codes and outputs are per rank. With
+    ``ranks_per_host`` L, rank r ran on host r // L (:meth:`host_of`, :meth:`ranks_on`)."""
 
     argv: list[str]
     returncodes: list[int]
@@ -119,6 +121,20 @@ class RunResult:
     timed_out: bool = False
     error: Optional[str] = None
     rate_bps: float = 0.0
+    ranks_per_host: int = 1
+
+    @property
+    def hosts(self) -> int:
+        """Number of hosts."""
+        return len(self.phases[0].counters) if self.phases else len(self.returncodes) // self.ranks_per_host
+
+    def host_of(self, rank: int) -> int:
+        """The host that ``rank`` ran on."""
+        return rank // self.ranks_per_host
+
+    def ranks_on(self, host: int) -> list[int]:
+        """The ranks that ran on ``host``."""
+        return list(range(host * self.ranks_per_host, (host + 1) * self.ranks_per_host))
 
     @property
     def ok(self) -> bool:
@@ -166,7 +182,7 @@ class RunResult:
         if self.error:
             lines.append(f"error: {self.error}")
         for r, out in enumerate(self.outputs):
-            lines.append(f"--- rank {r} (last {tail} chars) ---\n{out[-tail:]}")
+            lines.append(f"--- rank {r} on host {self.host_of(r)} (last {tail} chars) ---\n{out[-tail:]}")
         return "\n".join(lines)
 
     def check(self) -> RunResult:
@@ -185,7 +201,9 @@ def _pump(
     events: queue.Queue[tuple[str, int, str]],
     echo: Optional[IO[str]],
     echo_lock: threading.Lock,
+    label: str = "",
 ) -> None:
+    label = label or f"h{rank}"
     if stream is None:
         return
     for line in stream:
@@ -196,7 +214,7 @@ def _pump(
                 events.put(("phase", rank, m.group(1)))
         if echo is not None:
             with echo_lock:
-                echo.write(f"[h{rank}] {line}" if line.endswith("\n") else f"[h{rank}] {line}\n")
+                echo.write(f"[{label}] {line}" if line.endswith("\n") else f"[{label}] {line}\n")
                 echo.flush()
     events.put(("eof", rank, tag))
 

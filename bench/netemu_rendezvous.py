@@ -31,6 +31,7 @@ class _Rendezvous:
     the attributes declared here."""
 
     n: int
+    ranks_per_host: int
     hosts: list[str]
     python: str
     _ip: str
@@ -39,9 +40,10 @@ class _Rendezvous:
     rendezvous_port: int
 
     def _start_rendezvous(self) -> None:
-        hosts = ",".join(f"{h}:1" for h in self.hosts)
+        hosts = ",".join(f"{h}:{self.ranks_per_host}" for h in self.hosts)
         self._rdv = subprocess.Popen(
-            [self._ip, "netns", "exec", SWITCH_NS, self.python, "-c", _RENDEZVOUS_CODE, hosts, str(self.n)],
+            [self._ip, "netns", "exec", SWITCH_NS, self.python, "-c", _RENDEZVOUS_CODE, hosts,
+             str(self.n * self.ranks_per_host)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, bufsize=1,
             start_new_session=True, preexec_fn=_die_with_parent,
         )
@@ -77,7 +79,13 @@ class _Rendezvous:
     # ----- running
 
     def rank_env(self, rank: int) -> dict[str, str]:
-        """The variables ``horovodrun --gloo`` would set for ``rank`` (one slot per host)."""
+        """The variables ``horovodrun --gloo -H h0:L,h1:L,...`` would set for ``rank``: ranks fill
+        hosts in order, so rank r runs on host r // L as local rank r % L (L = ``ranks_per_host``),
+        and its cross rank (its index among the ranks of that local rank) is its host's index."""
+        per = self.ranks_per_host
+        if not 0 <= rank < self.n * per:
+            raise ValueError(f"rank must be in 0..{self.n * per - 1}, not {rank}")
+        host, local = divmod(rank, per)
         return {
             "HOROVOD_GLOO_RENDEZVOUS_ADDR": BRIDGE_ADDR,
             "HOROVOD_GLOO_RENDEZVOUS_PORT": str(self.rendezvous_port),
@@ -85,12 +93,12 @@ class _Rendezvous:
             "HOROVOD_CPU_OPERATIONS": "gloo",
             "HOROVOD_GLOO_IFACE": HOST_IFACE,
             "NCCL_SOCKET_IFNAME": HOST_IFACE,
-            "HOROVOD_HOSTNAME": self.hosts[rank],
+            "HOROVOD_HOSTNAME": self.hosts[host],
             "HOROVOD_RANK": str(rank),
-            "HOROVOD_SIZE": str(self.n),
-            "HOROVOD_LOCAL_RANK": "0",
-            "HOROVOD_LOCAL_SIZE": "1",
-            "HOROVOD_CROSS_RANK": str(rank),
+            "HOROVOD_SIZE": str(self.n * per),
+            "HOROVOD_LOCAL_RANK": str(local),
+            "HOROVOD_LOCAL_SIZE": str(per),
+            "HOROVOD_CROSS_RANK": str(host),
             "HOROVOD_CROSS_SIZE": str(self.n),
             "PYTHONUNBUFFERED": "1",
         }

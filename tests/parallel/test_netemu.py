@@ -13,6 +13,7 @@ model x 1.0456.
 """
 from __future__ import annotations
 
+import json
 import os
 import subprocess
 import sys
@@ -128,4 +129,56 @@ def test_timeouts_failures_and_phase_mismatch_kill_all_ranks() -> None:
                            env=_env(), timeout=30).check()
         assert [m.name for m in good.phases] == ["start", "x", "end"]
         assert [o.strip().splitlines()[-1] for o in good.stdout] == ["after 0", "after 1"]
+    _assert_clean()
+
+
+_RANKS_WORKER = """
+import json, os, sys
+import horovod.torch as hvd
+import torch
+import netemu
+hvd.init()
+info = {k: getattr(hvd, k)() for k in ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")}
+info["affinity"] = sorted(os.sched_getaffinity(0))
+x = torch.full((NUMEL,), float(hvd.rank() + 1))
+hvd.allreduce(x, op=hvd.Sum, name="warm")
+netemu.phase("a")
+ok = all(bool(torch.all(hvd.allreduce(x, op=hvd.Sum, name="step") == hvd.size() * (hvd.size() + 1) / 2))
+         for _ in range(STEPS))
+netemu.phase("b")
+info["correct"] = ok
+print("RANKS " + json.dumps(info), flush=True)
+hvd.shutdown()
+"""
+
+
+@pytest.mark.timeout(120)
+def test_two_ranks_per_host_env_pinning_and_only_inter_host_bytes() -> None:
+    """2 hosts x 2 ranks: Horovod's local/cross ranks as horovodrun sets them, cpus= per rank, and
+    a ring allreduce in rank order crosses each host's link once (ranks 1->2 and 3->0), so a host
+    moves one rank's ring bytes, not two: the intra-host edges go over the namespace's loopback."""
+    _require_root()
+    import netbench
+
+    hosts, per = 2, 2
+    ncpu = os.cpu_count() or 1
+    cpus = [str(r % ncpu) for r in range(hosts * per)]
+    code = _RANKS_WORKER.replace("NUMEL", str(NUMEL)).replace("STEPS", str(STEPS))
+    with netemu.EmulatedCluster(hosts, rate="1gbit", ranks_per_host=per) as cluster:
+        assert cluster.size == 4 and cluster.rank_env(3)["HOROVOD_HOSTNAME"] == netemu.host_ns(1)
+        res = cluster.run([sys.executable, "-c", code], env=_env(), timeout=90, cpus=cpus)
+    res.check()
+    assert len(res.returncodes) == 4 and res.hosts == 2 and res.ranks_on(1) == [2, 3] and res.host_of(1) == 0
+    infos = [json.loads(next(ln for ln in out.splitlines() if ln.startswith("RANKS "))[6:]) for out in res.stdout]
+    for r, info in enumerate(infos):
+        assert info == {"rank": r, "size": 4, "local_rank": r % per, "local_size": per, "cross_rank": r // per,
+                        "cross_size": hosts, "affinity": [r % ncpu], "correct": True}, info
+    model = netbench.ring_bytes(hosts * per, NUMEL * 4) * STEPS  # one ring edge leaves each host, one enters
+    sent, recv = res.phase_bytes("a", "b")
+    for h in range(hosts):
+        for what, b in (("sent", sent[h]), ("received", recv[h])):
+            assert model <= b <= model * (1 + PHASE_SLACK) + PHASE_CONST, (
+                f"host {h} {what} {b} B; one cross-host ring edge is {model:.0f} B (ratio {b / model:.3f}; "
+                "2.0 would mean the intra-host edge crossed the link too)"
+            )
     _assert_clean()
