@@ -21,10 +21,11 @@ time (slowest rank, median over the timed steps); and for ``auto`` the patterns 
 (``stats()``: tensors and bytes per pattern) and whether that pattern is the measured fastest of
 the forced ones or within 10% of it.
 
-The model (per host, per step): the sum over the host's ranks and the model's tensors of
-``patterns.cost(scheme, n, ndim, N, p)``, p = ``patterns.decide(scheme, n, ndim, N, requested)``
-(``fp32_cost`` where p is fp32), with ``local=L`` when there are L > 1 ranks a host and the
-library takes it. Horovod's baselines: its ring over the N ranks in rank order, 2(N-1)/N x 4 (fp32)
+The model (per host, per step): the sum over the model's tensors of ``patterns.cost(scheme, n,
+ndim, N, p, local=L)``, p = ``patterns.decide(scheme, n, ndim, N, requested, local=L,
+link_gbps=rate)`` (``fp32_cost`` where p is fp32): ``cost`` with ``local`` is what one host's link
+carries; a library whose ``cost`` takes no ``local`` gives a rank's bytes, summed over the host's
+L ranks. Horovod's baselines: its ring over the N ranks in rank order, 2(N-1)/N x 4 (fp32)
 or 2 (fp16) bytes an element a rank, where only ring edges between hosts cost link bytes (one
 leaves and one enters each host). With L > 1 a second column, the *wire model*, follows Gloo's
 algorithms over the rank ring for the flat patterns: allreduce and allgather are rings (one edge
