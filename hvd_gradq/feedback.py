@@ -35,6 +35,7 @@ from typing import Any, Protocol
 from .xp import Array, Ops
 
 REDUCED = "#reduce"
+HOST = "#host"
 
 
 def reduced_key(name: str) -> str:
@@ -42,9 +43,18 @@ def reduced_key(name: str) -> str:
     return name + REDUCED
 
 
+def host_key(name: str) -> str:
+    """The key of the hierarchical pattern's residual of the piece of the host's sum of ``name``
+    this rank owns (its scatter part's reduced chunk is ``reduced_key(host_key(name))``)."""
+    return name + HOST
+
+
 def parameter_of(key: str) -> str:
-    """The parameter a residual key belongs to (itself, or the name before ``#reduce``)."""
-    return key[: -len(REDUCED)] if key.endswith(REDUCED) else key
+    """The parameter a residual key belongs to (itself, or the name before ``#host``/``#reduce``)."""
+    for suffix in (REDUCED, HOST):
+        if key.endswith(suffix):
+            key = key[: -len(suffix)]
+    return key
 
 
 class Store(Protocol):

@@ -13,6 +13,21 @@
   and an allgather spreads the N reduced chunks. About 2(N-1)/N payloads a rank, whatever N, at
   the price of a second quantization of the sum, made finer by :func:`reduced_scheme` so that
   it adds no more noise than the first.
+* ``hierarchical``: with several ranks a host (``local`` > 1, hosts alike), the way Horovod's
+  hierarchical allreduce splits the work: the host's ranks first reduce-scatter the fp32 tensor
+  among themselves (exact; over loopback or shared memory, never the host's link), each owns
+  1/local of the host's sum and reduces it with the ranks that own the same piece on the other
+  hosts by ``gather`` or ``scatter`` (:func:`hier_cross`), compressed, then hands the result to
+  the host's other ranks. Only 1/local of the tensor a rank crosses hosts, and each host's sum
+  is quantized once, not each rank's gradient.
+
+**Cost.** :func:`cost` is the bytes one host's link carries each way for one tensor, assuming
+Horovod's collectives as they run over Gloo and MPI: allgather and allreduce are rings in rank
+order (ranks of a host are consecutive, so a ring crosses each host's link once each way),
+alltoall is pairwise. :func:`seconds` adds what encoding and decoding cost a rank
+(:mod:`.cpu_cost`, a measured table) to that link time at an assumed rate (``link_gbps``,
+default :data:`DEFAULT_LINK_GBPS`; the frontends read ``HVD_GRADQ_LINK_GBPS``). ``auto`` takes
+the fastest pattern by that sum.
 The choice reads the scheme's declaration (``combine``) and the bytes a rank would move, never
 a scheme's name: a ring allreduce of B bytes sends about 2(N-1)/N x B a rank, an allgather of
 payloads of C bytes receives (N-1) x C, so gather beats an fp32 allreduce while C < 2B/N.
@@ -30,6 +45,7 @@ from ..schemes.level import EvenLevelScheme
 from ..schemes.options import NonFinite
 from ..schemes.scheme import Combine, Scheme
 from ..wire.payload import header_size
+from .cpu_cost import ADD_NS, ns_per_element
 
 
 class Pattern(enum.Enum):
@@ -37,11 +53,15 @@ class Pattern(enum.Enum):
     GATHER = "gather"
     SUMMABLE = "summable"
     SCATTER = "scatter"
+    HIERARCHICAL = "hierarchical"
     FP32 = "fp32"  # a decision, not a request: Horovod's own allreduce of the tensor, exactly
 
 
-REQUESTABLE = (Pattern.AUTO, Pattern.GATHER, Pattern.SUMMABLE, Pattern.SCATTER)
-EVERY = frozenset({Pattern.GATHER, Pattern.SUMMABLE, Pattern.SCATTER})
+REQUESTABLE = (Pattern.AUTO, Pattern.GATHER, Pattern.SUMMABLE, Pattern.SCATTER, Pattern.HIERARCHICAL)
+EVERY = frozenset({Pattern.GATHER, Pattern.SUMMABLE, Pattern.SCATTER, Pattern.HIERARCHICAL})
+CROSS = frozenset({Pattern.GATHER, Pattern.SCATTER})  # how a hierarchical piece crosses hosts
+#: The link rate the cost model assumes when nobody says (Gbit/s): a common data-centre NIC.
+DEFAULT_LINK_GBPS = 10.0
 
 
 def parse_pattern(value: str | Pattern) -> Pattern:
@@ -90,12 +110,17 @@ def fp32_cost(n: int, nranks: int) -> Cost:
 
 
 @functools.lru_cache(maxsize=8192)
-def cost(scheme: Scheme, n: int, shape_ndim: int, nranks: int, pattern: Pattern) -> Cost:
-    """Bytes a rank moves for one tensor of ``n`` elements (cached: asked every step for every tensor)."""
-    if pattern is Pattern.GATHER:
+def cost(scheme: Scheme, n: int, shape_ndim: int, nranks: int, pattern: Pattern, local: int = 1,
+         link_gbps: float = DEFAULT_LINK_GBPS) -> Cost:
+    """Bytes one host's link carries each way for one tensor of ``n`` elements, ``nranks`` ranks
+    in all, ``local`` of them a host (cached: asked every step for every tensor). With one rank a
+    host this is what the rank sends and receives. (``link_gbps``: the hierarchical pattern's
+    cross-host part is chosen at that rate.)"""
+    hosts = nranks // local
+    if pattern is Pattern.GATHER:  # ring allgather: N-1 payloads over each host's link
         c = header_size(scheme.spec, shape_ndim) + scheme.nbytes(n)
         return Cost((nranks - 1) * c, (nranks - 1) * c)
-    if pattern is Pattern.SUMMABLE:
+    if pattern is Pattern.SUMMABLE:  # ring allreduces of statistics and lanes
         assert isinstance(scheme, EvenLevelScheme)
         lanes = lanes_for(scheme.symbols, nranks).lanes(n)
         nb = -(-n // scheme.bucket)
@@ -107,11 +132,59 @@ def cost(scheme: Scheme, n: int, shape_ndim: int, nranks: int, pattern: Pattern)
         fine = reduced_scheme(scheme, nranks)
         sizes = [header_size(scheme.spec, 1) + scheme.nbytes(k) for k in chunks]
         reduced = [header_size(fine.spec, 1) + fine.nbytes(k) for k in chunks]
-        # alltoall: send the others' chunks, receive N-1 of mine; allgather: my reduced chunk to
-        # N-1 ranks, theirs from them (the largest chunk stands for mine)
-        return Cost(sum(sizes) - max(sizes) + (nranks - 1) * max(reduced),
-                    (nranks - 1) * max(sizes) + sum(reduced) - max(reduced))
+        # alltoall: each of the host's ranks sends the chunks of the ranks on other hosts (the
+        # largest chunk stands for its own); allgather (a ring): N-1 reduced chunks over the link
+        remote = (nranks - local) / max(nranks - 1, 1)
+        a2a = round(local * remote * (sum(sizes) - max(sizes)))
+        return Cost(a2a + (nranks - 1) * max(reduced), a2a + (nranks - 1) * max(reduced))
+    if pattern is Pattern.HIERARCHICAL:  # every owner's piece, reduced among the hosts
+        if hosts <= 1:
+            return Cost(0, 0)
+        cross = hier_cross(scheme, n, nranks, local, link_gbps)
+        parts = [cost(scheme, hi - lo, 1, hosts, cross) for lo, hi in chunk_bounds(n, scheme.bucket, local)]
+        return Cost(sum(c.sent for c in parts), sum(c.received for c in parts))
     raise ValueError(pattern)
+
+
+def cpu_seconds(scheme: Scheme, n: int, nranks: int, pattern: Pattern, local: int = 1,
+                link_gbps: float = DEFAULT_LINK_GBPS) -> float:
+    """What encoding, decoding and summing cost one rank for one tensor (:mod:`.cpu_cost`)."""
+    enc, dec = ns_per_element(scheme)
+    if pattern is Pattern.GATHER:
+        ns = enc * n + (dec + ADD_NS) * (nranks - 1) * n
+    elif pattern is Pattern.SUMMABLE:
+        ns = (enc + dec + 2 * ADD_NS) * n  # plus packing and unpacking the lanes
+    elif pattern is Pattern.SCATTER:
+        fenc, fdec = ns_per_element(reduced_scheme(scheme, nranks))
+        k = n / nranks
+        ns = enc * n + (dec + ADD_NS) * (nranks - 1) * k + fenc * k + fdec * (nranks - 1) * k
+    elif pattern is Pattern.HIERARCHICAL:
+        hosts = nranks // local
+        piece = -(-n // local)
+        cross = cpu_seconds(scheme, piece, hosts, hier_cross(scheme, n, nranks, local, link_gbps)) if hosts > 1 else 0.0
+        return 2 * ADD_NS * n * 1e-9 + cross  # the host's sum and the copy back, then the cross-host part
+    else:
+        ns = 0.0
+    return ns * 1e-9
+
+
+def seconds(scheme: Scheme, n: int, shape_ndim: int, nranks: int, pattern: Pattern, local: int = 1,
+            link_gbps: float = DEFAULT_LINK_GBPS) -> float:
+    """The model's time for one tensor: the busier direction of the host's link at ``link_gbps``
+    plus the rank's CPU. No overlap and no latency term: it ranks patterns, it is not a forecast."""
+    c = fp32_cost(n, nranks) if pattern is Pattern.FP32 else cost(scheme, n, shape_ndim, nranks, pattern, local,
+                                                                    link_gbps)
+    return max(c.sent, c.received) * 8 / (link_gbps * 1e9) + cpu_seconds(scheme, n, nranks, pattern, local, link_gbps)
+
+
+@functools.lru_cache(maxsize=4096)
+def hier_cross(scheme: Scheme, n: int, nranks: int, local: int, link_gbps: float = DEFAULT_LINK_GBPS) -> Pattern:
+    """How the hierarchical pattern reduces a host's piece among the hosts: ``gather`` or
+    ``scatter``, as :func:`choose` would for the piece over that many ranks."""
+    hosts = nranks // local
+    if hosts <= 1:
+        return Pattern.GATHER
+    return choose(scheme, -(-n // local), 1, hosts, Pattern.AUTO, CROSS, 1, link_gbps)
 
 
 @functools.lru_cache(maxsize=1024)
@@ -144,11 +217,13 @@ def chunk_bounds(n: int, bucket: int, nranks: int) -> list[tuple[int, int]]:
 
 @functools.lru_cache(maxsize=8192)
 def choose(
-    scheme: Scheme, n: int, shape_ndim: int, nranks: int, requested: Pattern, offered: frozenset[Pattern] = EVERY
+    scheme: Scheme, n: int, shape_ndim: int, nranks: int, requested: Pattern, offered: frozenset[Pattern] = EVERY,
+    local: int = 1, link_gbps: float = DEFAULT_LINK_GBPS,
 ) -> Pattern:
-    """The pattern for one tensor: the requested one if the scheme allows it, else the cheapest
-    of those the frontend ``offered`` (a pattern must save 10% over gather to be taken: gather
-    quantizes once and is the simplest on the wire)."""
+    """The pattern for one tensor: the requested one if the scheme allows it, else the fastest by
+    :func:`seconds` of those the frontend ``offered`` (a pattern must be 10% faster than gather to
+    be taken: gather quantizes once and is the simplest on the wire). ``hierarchical`` needs
+    several ranks a host; with one it is its cross-host part, which is then all of it."""
     can_sum = scheme.combine is Combine.SUMMABLE and isinstance(scheme, EvenLevelScheme)
     if requested is Pattern.SUMMABLE:
         if not can_sum:
@@ -157,46 +232,52 @@ def choose(
                 "this scheme declares gather. Valid here: gather, auto"
             )
         return Pattern.SUMMABLE
-    if requested in (Pattern.GATHER, Pattern.SCATTER):
+    if requested is Pattern.HIERARCHICAL and local <= 1:
+        return choose(scheme, n, shape_ndim, nranks, Pattern.AUTO, CROSS, 1, link_gbps)
+    if requested in (Pattern.GATHER, Pattern.SCATTER, Pattern.HIERARCHICAL):
         return requested
-    options = [p for p in (Pattern.GATHER, Pattern.SCATTER, Pattern.SUMMABLE) if p in offered]
-    options = [p for p in options if p is not Pattern.SUMMABLE or can_sum]
-    best, best_cost = Pattern.GATHER, cost(scheme, n, shape_ndim, nranks, Pattern.GATHER).received
-    for p in options[1:]:
+    options = [p for p in (Pattern.GATHER, Pattern.SCATTER, Pattern.SUMMABLE, Pattern.HIERARCHICAL) if p in offered]
+    options = [p for p in options if (p is not Pattern.SUMMABLE or can_sum) and (p is not Pattern.HIERARCHICAL
+                                                                               or local > 1)]
+    times = {}
+    for p in options:
         try:
-            c = cost(scheme, n, shape_ndim, nranks, p).received
-        except SpecError:
+            times[p] = seconds(scheme, n, shape_ndim, nranks, p, local, link_gbps)
+        except SpecError:  # summable lanes that do not fit at this N
             continue
-        if c < 0.9 * best_cost:  # a clear win only: gather quantizes once
-            best, best_cost = p, c
+    best = min(times, key=lambda p: times[p])
+    if times[best] >= 0.9 * times[Pattern.GATHER]:  # a clear win only: gather quantizes once
+        best = Pattern.GATHER
     return best
 
 
 @functools.lru_cache(maxsize=8192)
 def decide(
-    scheme: Scheme, n: int, shape_ndim: int, nranks: int, requested: Pattern, offered: frozenset[Pattern] = EVERY
+    scheme: Scheme, n: int, shape_ndim: int, nranks: int, requested: Pattern, offered: frozenset[Pattern] = EVERY,
+    local: int = 1, link_gbps: float = DEFAULT_LINK_GBPS,
 ) -> Pattern:
     """The pattern and pass-through policy, for both frontends (as PyTorch's ``_should_compress``
-    decides for its DDP hooks): how one tensor of ``n`` elements is reduced over ``nranks`` ranks.
+    decides for its DDP hooks): how one tensor of ``n`` elements is reduced over ``nranks`` ranks,
+    ``local`` of them a host, on links of ``link_gbps``.
 
     * :attr:`Pattern.FP32` (Horovod's own allreduce, exact) when ``requested`` is ``auto`` and the
       compressed traffic would not be smaller than an fp32 ring allreduce: tiny tensors (biases),
       where a payload header outweighs the values. An explicit pattern is always honoured.
+      (Bytes, not time: a user who asked for compression gets it wherever it saves bytes.)
     * Otherwise :func:`choose` among the patterns the frontend ``offered``.
-    * ``summable`` with ``nonfinite=skip`` becomes ``gather``: skip changes a rank's payload on
-      its own, which a shared-scale sum cannot carry.
+    * ``summable`` and ``hierarchical`` with ``nonfinite=skip`` become ``gather``: skip changes a
+      rank's payload on its own, which a shared-scale sum or a host's sum cannot carry.
 
     A frontend's one-rank reductions are its own call (PyTorch passes them through exactly;
     TensorFlow's single-process runs compress, which its unit tests rely on).
     """
-    p = choose(scheme, n, shape_ndim, nranks, requested, offered)
+    p = choose(scheme, n, shape_ndim, nranks, requested, offered, local, link_gbps)
     if requested is Pattern.AUTO and nranks > 1:
-        if cost(scheme, n, shape_ndim, nranks, p).received >= fp32_cost(n, nranks).received:
+        if cost(scheme, n, shape_ndim, nranks, p, local, link_gbps).received >= fp32_cost(n, nranks).received:
             return Pattern.FP32
-    if p is Pattern.SUMMABLE and scheme.nonfinite is NonFinite.SKIP:
+    if p in (Pattern.SUMMABLE, Pattern.HIERARCHICAL) and scheme.nonfinite is NonFinite.SKIP:
         return Pattern.GATHER
     return p
-
 
 
 def in_warmup(scheme: Scheme, step: int) -> bool:

@@ -48,18 +48,21 @@ import torch
 
 from ..errors import GradqError
 from ..feedback import Memory
-from ..frontend import codec
+from ..frontend import codec, hosts
+from ..frontend.hosts import Hosts
 from ..frontend.membership import membership
-from ..frontend.patterns import Pattern, choose, decide, fp32_cost, in_warmup, parse_pattern
+from ..frontend.patterns import Pattern, choose, decide, fp32_cost, hier_cross, in_warmup, parse_pattern
 from ..frontend.stats import Stats
 from ..frontend.workers import Workers, resolve_threads
 from ..schemes.scheme import Scheme
 from . import checkpoint
 from .callsite import CallSite, inspect_call
+from .context import Ctx, Group, Pass
 from .device import resolve_codec
 from .feedback import LossScale, TensorStore, check_loss_scale, read_loss_scale
+from .hier import HierCtx
 from .ops import TorchOps
-from .reduce import Ctx, GatherCtx, Group, Pass, Reducer, ScatterCtx, SummableCtx
+from .reduce import GatherCtx, Reducer, ScatterCtx, SummableCtx
 
 TAG = "_hvd_gradq_name"
 
@@ -76,7 +79,10 @@ class GradqCompressor:
             are used where Horovod calls the compressor; these let ``load_state_dict`` check a
             checkpoint against the model, and name gradients compressed outside Horovod's optimizer.
         seed: base seed of the rounding noise; draws differ across ranks, steps and tensors.
-        pattern: ``auto`` (cost model), ``gather``, ``summable`` or ``scatter``.
+        pattern: ``auto`` (cost model), ``gather``, ``summable``, ``scatter`` or ``hierarchical``
+            (:mod:`hvd_gradq.frontend.patterns`).
+        link_gbps: the link rate (Gbit/s) the cost model weighs bytes with against encoding and
+            decoding time under ``auto``. Default: ``HVD_GRADQ_LINK_GBPS``, else 10.
         check_ranks: at the first step, allgather the configuration and stop every rank with an
             error naming the ranks and the difference if they disagree.
         process_set: the Horovod process set of the reductions; by default the one Horovod's call
@@ -111,6 +117,7 @@ class GradqCompressor:
         loss_scale: LossScale | None = None,
         threads: int | None = None,
         codec: str | None = None,
+        link_gbps: float | None = None,
     ) -> None:
         if os.environ.get("HOROVOD_ELASTIC") == "1":
             raise GradqError(
@@ -123,6 +130,8 @@ class GradqCompressor:
         self.scheme = scheme
         self.seed = seed
         self.pattern = parse_pattern(pattern)
+        self.link_gbps = hosts.link_gbps(link_gbps)
+        self._local: int | None = None  # ranks a host (frontend/hosts.py), asked of Horovod once
         if self.pattern is Pattern.SUMMABLE:
             choose(scheme, 1, 1, 2, Pattern.SUMMABLE)  # refuse now, not at the first step
         self.check_ranks = check_ranks
@@ -176,7 +185,10 @@ class GradqCompressor:
                 )
             ps = self.process_set
         if ps is None or ps == hvd.global_process_set:
-            return Group(hvd.global_process_set, hvd.rank(), hvd.size(), "")
+            if self._local is None:
+                self._local = hosts.ranks_per_host(hvd.size(), hvd.rank(), hvd.local_size(), hvd.local_rank(),
+                                                   hvd.cross_rank(), bool(mpi_ops._basics.is_homogeneous()))
+            return Group(hvd.global_process_set, hvd.rank(), hvd.size(), "", self._local)
         member = membership(mpi_ops._basics, ps)
         if not member.included:
             raise GradqError(f"this rank ({hvd.rank()}) is not in {ps}, the process set of this reduction")
@@ -217,7 +229,8 @@ class GradqCompressor:
         self._checked.add(group.key)
         if not self.check_ranks or group.size == 1:
             return
-        block = torch.from_numpy(codec.config_block(self.config()))
+        layout = f"|hosts={group.size // group.local}x{group.local}|link={self.link_gbps:g}"
+        block = torch.from_numpy(codec.config_block(self.config() + layout))
         gathered = hvd.allgather(block, name=f"hvd_gradq.{group.key}config", process_set=group.process_set)
         codec.check_config_blocks(gathered.numpy())
 
@@ -240,7 +253,8 @@ class GradqCompressor:
             name = f"noname.{next(_UNNAMED)}"
         n = tensor.numel()
         # one-rank sets pass through exactly; otherwise the shared policy (frontend/patterns.py)
-        pattern = decide(self.scheme, n, tensor.dim(), group.size, self.pattern) if group.size > 1 else Pattern.FP32
+        pattern = Pattern.FP32 if group.size == 1 else decide(
+            self.scheme, n, tensor.dim(), group.size, self.pattern, local=group.local, link_gbps=self.link_gbps)
         step = self._steps.get(name, 0)
         if pattern is not Pattern.FP32:
             self._steps[name] = step + 1
@@ -256,7 +270,11 @@ class GradqCompressor:
             x = self.memory.compensate(name, x)
         fp32 = fp32_cost(n, group.size).sent
         base = (name, step, tensor.shape, tensor.dtype, tensor.device, group, fp32)
-        ctx = {Pattern.GATHER: GatherCtx, Pattern.SUMMABLE: SummableCtx, Pattern.SCATTER: ScatterCtx}[pattern](*base)
+        ctx = {Pattern.GATHER: GatherCtx, Pattern.SUMMABLE: SummableCtx, Pattern.SCATTER: ScatterCtx,
+               Pattern.HIERARCHICAL: HierCtx}[pattern](*base)
+        if isinstance(ctx, HierCtx):
+            ctx.hosts = Hosts(group.size, group.local, group.rank)
+            ctx.cross = hier_cross(self.scheme, n, group.size, group.local, self.link_gbps)
         self._reducer.start(ctx, x)
         return torch.ones(1, dtype=torch.float32), ctx
 

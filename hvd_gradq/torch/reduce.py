@@ -47,41 +47,12 @@ from ..schemes.scheme import Scheme
 from ..schemes.summable import decode_codes, encode_shared, local_stats
 from ..wire.packing import pack_lanes, unpack_lanes
 from . import device
+from .context import Ctx
+from .hier import Hierarchy, HierCtx
 from .jobs import Encoded, gather_job, scatter_job, sync
 from .ops import TorchOps
 
 _CPU = TorchOps("cpu")
-
-
-@dataclass(frozen=True)
-class Group:
-    """The ranks a reduction runs on: Horovod's process set, this rank's place and their count."""
-
-    process_set: Any
-    rank: int
-    size: int
-    key: str  # part of collective names: ranks of two process sets never share a name
-
-
-@dataclass
-class Pass:
-    """A tensor handed to Horovod's own allreduce, exactly (tiny tensors, one-rank sets)."""
-
-    name: str
-    dtype: torch.dtype
-
-
-@dataclass
-class Ctx:
-    """What every compressed tensor carries from ``compress()`` to ``decompress()``."""
-
-    name: str
-    step: int
-    shape: torch.Size
-    dtype: torch.dtype
-    device: torch.device
-    group: Group
-    fp32: int  # bytes an fp32 ring allreduce would move (for stats)
 
 
 @dataclass
@@ -139,6 +110,10 @@ class Reducer:
     pending: list[SummableCtx | ScatterCtx] = field(default_factory=list)
     encoding: list[GatherCtx | ScatterCtx] = field(default_factory=list)  # first-phase jobs not settled
     gathered: list[GatherCtx] = field(default_factory=list)  # settled, decode not submitted yet
+    staged: list[HierCtx] = field(default_factory=list)  # hierarchical tensors whose last phase is not out
+
+    def __post_init__(self) -> None:
+        self.hier = Hierarchy(self.scheme, self.seed, self.memory, self.stats)
 
     def start(self, ctx: Ctx, x: torch.Tensor) -> Ctx:
         """Start ``ctx``'s first phase on ``x`` (float32, flat, error feedback already added)."""
@@ -146,6 +121,10 @@ class Reducer:
             return self._gather_start(ctx, x)
         if isinstance(ctx, SummableCtx):
             return self._summable_start(ctx, x)
+        if isinstance(ctx, HierCtx):
+            self.hier.start(ctx, x)
+            self.staged.append(ctx)
+            return ctx
         assert isinstance(ctx, ScatterCtx)
         return self._scatter_start(ctx, x)
 
@@ -156,6 +135,8 @@ class Reducer:
             return self._gather_finish(ctx)
         if isinstance(ctx, SummableCtx):
             return self._summable_finish(ctx)
+        if isinstance(ctx, HierCtx):
+            return self.hier.finish(ctx)
         assert isinstance(ctx, ScatterCtx)
         return self._scatter_finish(ctx)
 
@@ -179,6 +160,9 @@ class Reducer:
                     self._scatter_phase2(ctx)
             except GradqError as e:  # launch the others first: no rank waits for this one
                 error = error or e
+        staged, self.staged = self.staged, []
+        while staged:  # one phase of every tensor is out before any waits for the next
+            staged = [c for c in staged if self.hier.advance(c)]
         gathered, self.gathered = self.gathered, []
         if self.workers.threads:
             for gctx in gathered:

@@ -40,8 +40,10 @@ def launch(
     args: list[str] | None = None,
     timeout: float = 300.0,
     env: dict[str, str] | None = None,
+    per_host: int = 0,
 ) -> dict[int, dict[str, Any]]:
-    """Run ``script`` on ``np`` ranks with ``controller`` (gloo or mpi); return each rank's report."""
+    """Run ``script`` on ``np`` ranks with ``controller`` (gloo or mpi); return each rank's report.
+    ``per_host`` > 0 makes Horovod see np/per_host hosts of that many ranks (:mod:`fake_hosts`, Gloo)."""
     if controller not in ("gloo", "mpi"):
         raise ValueError(f"controller must be gloo or mpi, not {controller!r}")
     script = Path(script)
@@ -68,6 +70,9 @@ def launch(
         if env:
             e.update(env)
         cmd = [horovodrun(), f"--{controller}", "-np", str(np), "-H", f"localhost:{np}"]
+        if per_host:
+            hosts = ",".join(f"h{i}:{per_host}" for i in range(np // per_host))
+            cmd = [sys.executable, str(Path(__file__).parent / "fake_hosts.py"), "--gloo", "-np", str(np), "-H", hosts]
         cmd += [sys.executable, str(script)] + list(args or [])
         t0 = time.monotonic()
         proc = subprocess.Popen(

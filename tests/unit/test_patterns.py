@@ -6,7 +6,17 @@ import pytest
 
 import hvd_gradq
 from hvd_gradq.errors import SpecError
-from hvd_gradq.frontend.patterns import EVERY, Pattern, decide, fp32_cost, parse_pattern
+from hvd_gradq.frontend.patterns import (
+    EVERY,
+    Pattern,
+    choose,
+    cpu_seconds,
+    decide,
+    fp32_cost,
+    hier_cross,
+    parse_pattern,
+    seconds,
+)
 
 TF = frozenset({Pattern.GATHER, Pattern.SUMMABLE})
 
@@ -22,16 +32,83 @@ def test_tiny_tensors_go_fp32_only_under_auto() -> None:
 
 
 def test_offered_patterns_bound_the_choice() -> None:
-    # QSGD-4 at 64 ranks: gather receives 63 payloads; scatter and summable stay ~2 payloads
+    # on a slow link bytes decide. QSGD-4 at 64 ranks: gather receives 63 payloads; scatter and
+    # summable stay ~2 payloads
     q = hvd_gradq.parse("qsgd:levels=4")
     n = 1 << 20
-    assert decide(q, n, 1, 64, Pattern.AUTO, EVERY) in (Pattern.SCATTER, Pattern.SUMMABLE)
-    assert decide(q, n, 1, 64, Pattern.AUTO, TF) is Pattern.SUMMABLE
+    slow = {"link_gbps": 0.1}
+    assert decide(q, n, 1, 64, Pattern.AUTO, EVERY, **slow) in (Pattern.SCATTER, Pattern.SUMMABLE)
+    assert decide(q, n, 1, 64, Pattern.AUTO, TF, **slow) is Pattern.SUMMABLE
     orq = hvd_gradq.parse("orq:levels=3")  # not summable: with scatter gone, gather is left
-    assert decide(orq, n, 1, 8, Pattern.AUTO, EVERY) is Pattern.SCATTER
-    assert decide(orq, n, 1, 8, Pattern.AUTO, TF) is Pattern.GATHER  # 7 x 1.6 bits < 2 x 7/8 x 32
+    assert decide(orq, n, 1, 8, Pattern.AUTO, EVERY, **slow) is Pattern.SCATTER
+    assert decide(orq, n, 1, 8, Pattern.AUTO, TF, **slow) is Pattern.GATHER  # 7 x 1.6 bits < 2 x 7/8 x 32
     # at 64 ranks gather would receive 63 x 1.6 bits an element, more than fp32's 2 x 63/64 x 32
-    assert decide(orq, n, 1, 64, Pattern.AUTO, TF) is Pattern.FP32
+    assert decide(orq, n, 1, 64, Pattern.AUTO, TF, **slow) is Pattern.FP32
+
+
+@pytest.mark.parametrize("spec", ["orq:levels=3", "orq:levels=5", "orq:levels=9", "qsgd:levels=4", "bingrad", "sign",
+                                  "terngrad", "uniform:bits=4"])
+@pytest.mark.parametrize("nranks,local", [(2, 1), (8, 1), (64, 1), (8, 2), (64, 8)])
+@pytest.mark.parametrize("gbps", [0.1, 10.0, 1000.0])
+def test_auto_takes_the_fastest_by_the_model(spec: str, nranks: int, local: int, gbps: float) -> None:
+    """``auto`` is gather unless another offered pattern's modelled time is 10% lower, then the
+    fastest of those; written out here over the model's own times."""
+    scheme = hvd_gradq.parse(spec)
+    n = 3 << 20
+    t = {p: seconds(scheme, n, 2, nranks, p, local, gbps) for p in (Pattern.GATHER, Pattern.SCATTER,
+                                                                      Pattern.HIERARCHICAL, Pattern.SUMMABLE)
+         if (p is not Pattern.SUMMABLE or scheme.combine.value == "summable") and (p is not Pattern.HIERARCHICAL
+                                                                                    or local > 1)}
+    got = choose(scheme, n, 2, nranks, Pattern.AUTO, EVERY, local, gbps)
+    fastest = min(t, key=lambda p: t[p])
+    expected = fastest if t[fastest] < 0.9 * t[Pattern.GATHER] else Pattern.GATHER
+    assert got is expected, t
+
+
+def test_cpu_decides_on_fast_links_and_bytes_on_slow_ones() -> None:
+    """ORQ-5 at 8 ranks: on a 0.1 Gbit/s link scatter's fewer bytes win; at 1,000 Gbit/s the wire
+    is free and gather, which quantizes once with ORQ-5 instead of re-quantizing with ORQ-11,
+    costs less CPU (the table's ORQ encode grows with the levels)."""
+    orq = hvd_gradq.parse("orq:levels=5")
+    n = 1 << 22
+    assert decide(orq, n, 2, 8, Pattern.AUTO, link_gbps=0.1) is Pattern.SCATTER
+    assert decide(orq, n, 2, 8, Pattern.AUTO, link_gbps=1000.0) is Pattern.GATHER
+    assert cpu_seconds(orq, n, 8, Pattern.SCATTER) > cpu_seconds(orq, n, 8, Pattern.GATHER)
+
+
+def test_hierarchical_moves_one_piece_a_rank_across_hosts() -> None:
+    """2 hosts x 2 ranks, 16 buckets a piece: each rank owns half the host's sum and sends its
+    ORQ-3 payload to the one rank that owns the same half on the other host; the host's link
+    carries both owners' payloads, one way each."""
+    from hvd_gradq.frontend.patterns import cost
+    from hvd_gradq.wire.payload import header_size
+
+    orq3 = hvd_gradq.parse("orq:levels=3")
+    n = 2 * 512 * 16
+    piece = header_size(orq3.spec, 1) + orq3.nbytes(n // 2)
+    c = cost(orq3, n, 1, 4, Pattern.HIERARCHICAL, local=2)
+    assert (c.sent, c.received) == (2 * piece, 2 * piece)
+    # the flat gather over the same 4 ranks: a ring allgather carries 3 whole payloads a link
+    whole = header_size(orq3.spec, 1) + orq3.nbytes(n)
+    assert cost(orq3, n, 1, 4, Pattern.GATHER, local=2).sent == 3 * whole
+    assert cost(orq3, n, 1, 2, Pattern.HIERARCHICAL, local=2) == cost(orq3, n, 1, 2, Pattern.HIERARCHICAL, local=2)
+    assert cost(orq3, n, 1, 2, Pattern.HIERARCHICAL, local=2).sent == 0  # one host: nothing crosses
+
+
+def test_hierarchical_wins_with_several_ranks_a_host_and_means_its_cross_part_without() -> None:
+    orq = hvd_gradq.parse("orq:levels=3")
+    n = 1 << 22
+    assert decide(orq, n, 2, 64, Pattern.AUTO, local=8, link_gbps=1.0) is Pattern.HIERARCHICAL
+    assert decide(orq, n, 2, 8, Pattern.HIERARCHICAL, local=1) in (Pattern.GATHER, Pattern.SCATTER)
+    assert decide(orq, n, 2, 8, Pattern.AUTO, local=1) is not Pattern.HIERARCHICAL
+    # the cross-host part is what auto would choose for the piece among the hosts
+    for nranks, local, gbps in ((4, 2, 0.01), (4, 2, 100.0), (1024, 8, 10.0), (64, 4, 1.0)):
+        want = decide(orq, n // local, 1, nranks // local, Pattern.AUTO, frozenset({Pattern.GATHER, Pattern.SCATTER}),
+                      link_gbps=gbps)
+        assert hier_cross(orq, n, nranks, local, gbps) is want
+    assert hier_cross(orq, n, 4, 2, 0.01) is Pattern.GATHER  # 2 hosts: the finer second pass costs more
+    assert hier_cross(orq, n, 8, 2, 0.01) is Pattern.SCATTER  # 4 hosts, a slow link: bytes decide
+    assert hier_cross(orq, n, 1024, 8) is Pattern.SCATTER  # 128 hosts: gather would decode 127 pieces
 
 
 def test_skip_never_sums_and_summable_needs_even_levels() -> None:
@@ -42,7 +119,7 @@ def test_skip_never_sums_and_summable_needs_even_levels() -> None:
 
 
 def test_fp32_is_a_decision_not_a_request() -> None:
-    with pytest.raises(SpecError, match="valid: auto, gather, summable, scatter"):
+    with pytest.raises(SpecError, match="valid: auto, gather, summable, scatter, hierarchical"):
         parse_pattern("fp32")
     assert parse_pattern("Gather") is Pattern.GATHER
 

@@ -1,0 +1,51 @@
+"""What encoding and decoding cost a rank, per element: the CPU term of the pattern cost model.
+
+The figures are a measured table (:mod:`.cpu_table`, written by ``bench/calibrate_cpu.py``), not
+a probe at start-up: every rank must choose the same pattern for a tensor, and a per-rank timing
+would differ between ranks (and between runs) and split a collective. A scheme the table lacks
+is interpolated in its level count (ORQ's search grows about linearly in the levels past 5;
+QSGD and uniform barely move), and a scheme family it lacks gets :data:`UNKNOWN`, a cost on the
+slow side so that such a scheme is not sent down a pattern that multiplies its decoding.
+"""
+
+from __future__ import annotations
+
+import bisect
+import functools
+
+from ..schemes.scheme import Scheme
+from .cpu_table import NS_PER_ELEMENT
+
+UNKNOWN = (10.0, 2.0)
+#: Adding one float32 array into another, a rank's share of summing decoded payloads (ns an element).
+ADD_NS = 0.6
+
+
+def table_key(scheme: Scheme) -> str:
+    """The table's key for a scheme: its name and the one option that changes its speed."""
+    if scheme.name == "uniform":
+        return f"uniform:{scheme.bits}"  # type: ignore[attr-defined]
+    if scheme.name in ("qsgd", "orq"):
+        return f"{scheme.name}:{scheme.levels}"  # type: ignore[attr-defined]
+    if scheme.name == "bingrad":
+        return f"bingrad:{scheme.variant.value}"  # type: ignore[attr-defined]
+    return scheme.name
+
+
+@functools.lru_cache(maxsize=1024)
+def ns_per_element(scheme: Scheme) -> tuple[float, float]:
+    """(encode, decode) nanoseconds an element for ``scheme`` on one core."""
+    key = table_key(scheme)
+    if key in NS_PER_ELEMENT:
+        return NS_PER_ELEMENT[key]
+    family, _, arg = key.partition(":")
+    points = sorted((int(k.partition(":")[2]), v) for k, v in NS_PER_ELEMENT.items()
+                    if k.partition(":")[0] == family and k.partition(":")[2].isdigit())
+    if not arg.isdigit() or len(points) < 2:
+        return UNKNOWN
+    x = int(arg)
+    xs = [p[0] for p in points]
+    i = min(max(bisect.bisect_left(xs, x), 1), len(points) - 1)  # the segment around x, or the last one
+    (x0, (e0, d0)), (x1, (e1, d1)) = points[i - 1], points[i]
+    t = (x - x0) / (x1 - x0)
+    return max(e0 + t * (e1 - e0), 0.1), max(d0 + t * (d1 - d0), 0.1)

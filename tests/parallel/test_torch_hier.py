@@ -1,0 +1,31 @@
+"""The hierarchical pattern (PyTorch): 2 hosts x 2 ranks (the cross-host part gathers) and
+3 hosts x 2 ranks on a slow modelled link (the cross-host part scatters), against a NumPy oracle
+of the pattern; see worker_torch_hier.py."""
+from __future__ import annotations
+
+import pytest
+from harness import assert_ranks_equal, launch
+
+
+@pytest.mark.parametrize("np_,per_host,link,cross", [(4, 2, 10.0, "gather"), (6, 2, 0.01, "scatter")])
+def test_hierarchical(np_: int, per_host: int, link: float, cross: str) -> None:
+    reports = launch("worker_torch_hier.py", np=np_, per_host=per_host, args=["--link", str(link)], timeout=600,
+                     env={"HVD_GRADQ_LINK_GBPS": str(link)})
+    for r, rep in reports.items():
+        failed = {k: v for k, v in rep.items() if isinstance(v, str) and v.startswith("FAILED")}
+        assert not failed, f"rank {r}: {failed}"
+        assert rep["layout"] == [r, r % per_host, per_host, r // per_host, np_ // per_host]
+    for key in [k for k in reports[0] if k.startswith("oracle|")]:
+        for r, rep in reports.items():
+            case = rep[key]
+            assert case["bad"] == [], f"rank {r} {key}: steps {case['bad']} differ from the oracle"
+            assert case["ctx"] == ["HierCtx"], (key, case)
+            assert case["sent"] == case["exact_sent"] > 0, (r, key, case)
+            assert abs(case["model_sent"] - case["sent"]) <= (case["slack"] if cross == "scatter" else 0), (r, key, case)
+        assert_ranks_equal({r: {"d": rep[key]["digests"]} for r, rep in reports.items()}, "d")
+    assert {rep["oracle|orq:levels=5|big|Average"]["cross"] for rep in reports.values()} == {cross}
+    assert_ranks_equal({r: {"d": rep["auto"]["digest"]} for r, rep in reports.items()}, "d")
+    auto = reports[0]["auto"]
+    assert auto["want"] == "hierarchical" and "hierarchical" in auto["patterns"], auto
+    for r, rep in reports.items():
+        assert rep["nonfinite"] == f"raised:{np_}:True", (r, rep["nonfinite"])

@@ -1,0 +1,194 @@
+"""The hierarchical pattern on several "hosts" of several ranks (launched by fake_hosts.py).
+
+Every check runs in one launch; the test reads each rank's report. The oracle allgathers every
+rank's raw gradient and recomputes the pattern in NumPy from its description (host sums in local
+rank order, each owner's piece quantized with its own seed and residual, summed in host order;
+with the cross-host scatter, sub-pieces, their sums re-quantized finer with their own residual),
+with the NumPy reference codec (numba kernels off), so neither the pattern's code nor the
+kernels can agree with themselves.
+"""
+import argparse
+import hashlib
+import traceback
+
+import horovod.torch as hvd
+import numpy as np
+import torch
+from harness import report
+
+import hvd_gradq
+import hvd_gradq.torch as gq
+from hvd_gradq import kernels
+from hvd_gradq.frontend import codec
+from hvd_gradq.frontend.patterns import Pattern, chunk_bounds, cost, decide, hier_cross, reduced_scheme
+from hvd_gradq.wire.payload import header_size
+
+ap = argparse.ArgumentParser()
+ap.add_argument("--link", type=float, required=True)
+args = ap.parse_args()
+hvd.init()
+torch.set_num_threads(1)
+rank, size, L = hvd.rank(), hvd.size(), hvd.local_size()
+H = size // L
+out: dict = {"layout": [rank, hvd.local_rank(), L, hvd.cross_rank(), hvd.cross_size()]}
+
+
+def check(key: str, f, *a) -> None:
+    print(f"[rank {rank}] {key}", flush=True)
+    try:
+        out[key] = f(*a)
+    except Exception:
+        out[key] = "FAILED: " + traceback.format_exc()[-2500:]
+
+
+def encode(scheme, x: np.ndarray, owner: int, step: int, key: str) -> np.ndarray:
+    with kernels.disabled():
+        _, own = codec.encode(scheme, x, codec.draw_seed(0, owner, step, key), "oracle")
+    return own
+
+
+def oracle(scheme, name: str, grads: np.ndarray, step: int, res: dict) -> np.ndarray:
+    """The sum over every rank as the hierarchical pattern defines it (``res``: residuals by owner)."""
+    n = grads.shape[1]
+    cross = hier_cross(scheme, n, size, L, args.link)
+    key = name + "#host"
+    outs = []
+    for i, (lo, hi) in enumerate(chunk_bounds(n, scheme.bucket, L)):
+        host_sums = []
+        for h in range(H):
+            t = grads[h * L, lo:hi].copy()
+            for j in range(1, L):
+                t = t + grads[h * L + j, lo:hi]
+            host_sums.append(t)
+
+        def quantize(sch, x, owner, k):
+            if scheme.ef:
+                x = x + res.get((owner, k), 0)
+            own = encode(sch, x, owner, step, k)
+            if scheme.ef:
+                res[(owner, k)] = x - own
+            return own
+
+        if cross is Pattern.GATHER:
+            owns = [quantize(scheme, host_sums[h], h * L + i, key) for h in range(H)]
+            total = owns[0].copy()
+            for o in owns[1:]:
+                total = total + o
+        else:
+            subs = chunk_bounds(hi - lo, scheme.bucket, H)
+            owns = []
+            for h in range(H):  # the owner's residual covers its whole piece, one key
+                owner = h * L + i
+                x = host_sums[h] + res.get((owner, key), 0) if scheme.ef else host_sums[h]
+                owns.append([encode(scheme, x[a:b], owner, step, f"{key}#{k}") for k, (a, b) in enumerate(subs)])
+                if scheme.ef:
+                    res[(owner, key)] = x - np.concatenate(owns[-1])
+            parts = []
+            for k in range(H):
+                p = owns[0][k].copy()
+                for h in range(1, H):
+                    p = p + owns[h][k]
+                parts.append(quantize(reduced_scheme(scheme, H), p, k * L + i, key + "#reduce"))
+            total = np.concatenate(parts)
+        outs.append(total)
+    return np.concatenate(outs), cross
+
+
+def reduce_once(comp, name: str, g: torch.Tensor, op) -> tuple[torch.Tensor, object]:
+    g = g.clone()
+    g._hvd_gradq_name = name
+    dummy, ctx = comp.compress(g)
+    dummy = hvd.allreduce(dummy, op=op, name=f"dummy.{name}")
+    return comp.decompress(dummy, ctx), ctx
+
+
+def oracle_case(spec: str, n: int, op=hvd.Sum) -> dict:
+    scheme = hvd_gradq.parse(spec)
+    name = f"t.{spec}.{n}"
+    comp = gq.from_spec(spec, named_parameters=[(name, torch.nn.Parameter(torch.zeros(n)))], pattern="hierarchical")
+    res: dict = {}
+    bad, digests, used = [], [], set()
+    for step in range(3):
+        g = torch.from_numpy(np.random.default_rng(1000 * step + rank).standard_t(3, n).astype(np.float32))
+        got, ctx = reduce_once(comp, name, g, op)
+        used.add(type(ctx).__name__)
+        allg = hvd.allgather(g[None], name=f"x.{name}.{step}").numpy()
+        want, cross = oracle(scheme, name, allg, step, res)
+        if op == hvd.Average:
+            want = want / size
+        if not np.array_equal(got.numpy(), want.astype(np.float32)):
+            bad.append(step)
+        digests.append(hashlib.sha256(got.numpy().tobytes()).hexdigest()[:16])
+    # bytes this rank sent to other hosts, from the payload format's sizes: its whole piece to
+    # H-1 hosts (gather), or its sub-pieces to their owners and its finer reduced sub-piece to
+    # H-1 hosts (scatter); the model's figure for its piece (the largest sub-piece standing
+    # for its own) is within one bucket's payload of that
+    lo, hi = chunk_bounds(n, scheme.bucket, L)[hvd.local_rank()]
+    if cross is Pattern.GATHER:
+        exact = (H - 1) * (header_size(scheme.spec, 1) + scheme.nbytes(hi - lo))
+    else:
+        subs = [b - a for a, b in chunk_bounds(hi - lo, scheme.bucket, H)]
+        fine = reduced_scheme(scheme, H)
+        me = hvd.cross_rank()
+        exact = sum(header_size(scheme.spec, 1) + scheme.nbytes(k) for j, k in enumerate(subs) if j != me)
+        exact += (H - 1) * (header_size(fine.spec, 1) + fine.nbytes(subs[me]))
+    sent = comp.stats()["last_step"]["hierarchical"]["sent"]
+    model = cost(scheme, hi - lo, 1, H, cross).sent
+    # the model's error: each of the H-1 reduced payloads and the alltoall's largest-for-own
+    # substitution are off by at most one bucket's payload
+    slack = H * (scheme.nbytes(scheme.bucket) + reduced_scheme(scheme, H).nbytes(scheme.bucket))
+    return {"bad": bad, "digests": digests, "ctx": sorted(used), "cross": cross.value, "sent": sent,
+            "exact_sent": exact, "model_sent": model, "slack": slack}
+
+
+SPECS = ["orq:levels=5", "orq:levels=3,ef=true", "bingrad", "qsgd:levels=4,ef=true", "uniform:bits=4", "terngrad",
+         "none"]
+for spec in SPECS:
+    check(f"oracle|{spec}", oracle_case, spec, 5000)
+check("oracle|orq:levels=5|big|Average", oracle_case, "orq:levels=5", 40000, hvd.Average)
+
+
+def auto_case() -> dict:
+    """pattern=auto takes hierarchical where the model says so; a training run stays identical."""
+    model = torch.nn.Sequential(torch.nn.Linear(64, 300), torch.nn.ReLU(), torch.nn.Linear(300, 10))
+    extra = torch.nn.Linear(5, 5)  # never used: no gradient on any rank
+    named = list(model.named_parameters()) + [("extra." + k, v) for k, v in extra.named_parameters()]
+    hvd.broadcast_parameters(dict(named), root_rank=0)
+    comp = gq.from_spec("orq:levels=5,ef=true", named_parameters=named)
+    params = list(model.parameters()) + list(extra.parameters())
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(params, lr=0.05), named_parameters=named, compression=comp)
+    rng = np.random.default_rng(rank)
+    for _ in range(3):
+        x = torch.from_numpy(rng.standard_normal((16, 64)).astype(np.float32))
+        opt.zero_grad()
+        model(x).pow(2).mean().backward()
+        opt.step()
+    h = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in params)).hexdigest()[:16]
+    want = decide(hvd_gradq.parse("orq:levels=5,ef=true"), 64 * 300, 2, size, Pattern.AUTO, local=L,
+                  link_gbps=args.link)
+    patterns = sorted(k for k in comp.stats()["last_step"] if k != "all")
+    return {"digest": h, "want": want.value, "patterns": patterns}
+
+
+check("auto", auto_case)
+
+
+def nonfinite_case() -> str:
+    """nonfinite=raise: NaN on one rank stops every rank with the error, and nobody waits."""
+    name = "t.nan"
+    comp = gq.from_spec("orq:levels=5,nonfinite=raise", named_parameters=[(name, torch.nn.Parameter(torch.zeros(3000)))],
+                        pattern="hierarchical")
+    g = torch.ones(3000)
+    if rank == size - 1:
+        g[2999] = float("nan")
+    try:
+        reduce_once(comp, name, g, hvd.Sum)
+    except hvd_gradq.NonFiniteError as e:
+        # the next reduction still works: the failed one left no collective half-joined
+        t = hvd.allreduce(torch.ones(1), op=hvd.Sum, name="after.nan")
+        return f"raised:{int(t.item())}:{'non-finite' in str(e)}"
+    return "no error"
+
+
+check("nonfinite", nonfinite_case)
+report(rank, out)
