@@ -1,20 +1,23 @@
 #!/usr/bin/env python3
-"""Bytes a rank moves per step at 2 ... 1,024 workers, from the library's own cost model.
+"""Bytes a host's link carries per step at 2 ... 1,024 workers, and the modelled step time, from
+the library's own cost model.
 
     .venv/bin/python bench/scale_model.py            # writes results/scale.md and results/scale.png
 
-For every scheme and every worker count N, each tensor of a model is reduced with the pattern
-``hvd_gradq.frontend.patterns.decide`` picks (what a run with ``pattern=auto`` does), and with
-each pattern forced; a rank's bytes are the larger of what it sends and receives (links are full
-duplex), summed over the tensors. Baselines: Horovod's fp32 and fp16 ring allreduce, 2(N-1)/N
-times the tensor. The implied communication time at 10, 25 and 100 Gbit/s is bytes x 8 / rate
-(no overlap with compute, no latency term: a lower bound on what the wire costs).
+For every scheme, worker count N and topology (one rank a host, or 8 ranks a host as on GPU
+servers), each tensor of a model is reduced with the pattern ``hvd_gradq.frontend.patterns.decide``
+picks (what a run with ``pattern=auto`` does at that link rate: bytes at the rate plus the
+measured encode/decode CPU, ``frontend/cpu_table.py``), and with each pattern forced. A host's
+bytes are the larger of what its link sends and receives, summed over the tensors. Baselines:
+Horovod's fp32 and fp16 ring allreduce (2(N-1)/N times the tensor over each host's link,
+whatever the ranks a host). Step time = link time + encode/decode CPU, no overlap with compute
+and no latency term: a model for ranking, not a forecast.
 
 The model is GPT-2 small's parameter list (124M, 148 tensors), the size where compression is
 asked for; the per-tensor policy matters because its biases and LayerNorm weights (768 floats)
 go fp32. Where the numbers come from: ``cost`` is checked against the bytes that crossed each
-emulated link (``results/e2e.md``, ``results/e2e_pinned.md``: within 5% for most schemes at 2
-and 4 hosts); larger N are modelled, not measured.
+emulated link at 2, 4 and 8 hosts and 2 hosts x 2 ranks (``results/scale_emulated.md``); larger
+N are modelled, not measured.
 
 Target (issue 16): for every N, every scheme below 4 bits moves at most 1/4 of fp16 ring
 allreduce with the chosen pattern. The report says where it does not.
@@ -26,16 +29,19 @@ from pathlib import Path
 from typing import Any
 
 from hvd_gradq import parse
-from hvd_gradq.frontend.patterns import EVERY, Pattern, cost, decide, fp32_cost
+from hvd_gradq.frontend.patterns import EVERY, Pattern, cost, decide, fp32_cost, seconds
 
 ROOT = Path(__file__).resolve().parents[1]
 NS = [2 ** k for k in range(1, 11)]
-RATES = {"10 Gbit/s": 10e9, "25 Gbit/s": 25e9, "100 Gbit/s": 100e9}
+RATES = {"1 Gbit/s": 1.0, "10 Gbit/s": 10.0, "25 Gbit/s": 25.0, "100 Gbit/s": 100.0}
+MAIN_RATE = 10.0
+TOPOLOGIES = {1: "1 rank a host", 8: "8 ranks a host"}
 SCHEMES = ["orq:levels=3", "orq:levels=5", "orq:levels=9", "bingrad", "sign", "qsgd:levels=4", "terngrad",
            "uniform:bits=4"]
 LABELS = {"orq:levels=3": "ORQ-3", "orq:levels=5": "ORQ-5", "orq:levels=9": "ORQ-9", "bingrad": "BinGrad+EF",
           "sign": "sign", "qsgd:levels=4": "QSGD-4", "terngrad": "TernGrad", "uniform:bits=4": "uniform-4"}
 BELOW_4_BITS = {"orq:levels=3", "orq:levels=5", "orq:levels=9", "bingrad", "sign", "qsgd:levels=4", "terngrad"}
+FORCED = (Pattern.GATHER, Pattern.SCATTER, Pattern.SUMMABLE, Pattern.HIERARCHICAL)
 
 
 def gpt2_small() -> list[tuple[int, ...]]:
@@ -54,17 +60,26 @@ def numel(shape: tuple[int, ...]) -> int:
     return n
 
 
-def rank_bytes(spec: str, shapes: list[tuple[int, ...]], nranks: int, pattern: Pattern) -> tuple[int, dict[str, int]]:
-    """(bytes a rank moves: max of sent and received, summed over tensors; tensors per pattern)."""
+def local_of(nranks: int, per_host: int) -> int:
+    """Ranks a host as the frontends see it: one host (N <= per_host) counts as one a host."""
+    return per_host if nranks > per_host else 1
+
+
+def host_bytes(spec: str, shapes: list[tuple[int, ...]], nranks: int, per_host: int, pattern: Pattern,
+               gbps: float) -> tuple[int, float, dict[str, int]]:
+    """(bytes a host's link moves: max of sent and received, summed over tensors; modelled
+    seconds; tensors per pattern)."""
     scheme = parse(spec)
-    total, used = 0, {}
+    local = local_of(nranks, per_host)
+    total, secs, used = 0, 0.0, {}
     for shape in shapes:
         n, nd = numel(shape), len(shape)
-        p = decide(scheme, n, nd, nranks, pattern, EVERY)
-        c = fp32_cost(n, nranks) if p is Pattern.FP32 else cost(scheme, n, nd, nranks, p)
+        p = decide(scheme, n, nd, nranks, pattern, EVERY, local, gbps)
+        c = fp32_cost(n, nranks) if p is Pattern.FP32 else cost(scheme, n, nd, nranks, p, local, gbps)
         total += max(c.sent, c.received)
+        secs += seconds(scheme, n, nd, nranks, p, local, gbps)
         used[p.value] = used.get(p.value, 0) + 1
-    return total, used
+    return total, secs, used
 
 
 def ring(shapes: list[tuple[int, ...]], nranks: int, bytes_per: int) -> int:
@@ -78,71 +93,86 @@ def model(shapes: list[tuple[int, ...]]) -> dict[str, Any]:
         rows["fp16"][n] = {"bytes": ring(shapes, n, 2)}
     for spec in SCHEMES:
         rows[spec] = {}
-        for n in NS:
-            b, used = rank_bytes(spec, shapes, n, Pattern.AUTO)
-            forced = {}
-            for p in (Pattern.GATHER, Pattern.SCATTER, Pattern.SUMMABLE):
-                try:
-                    forced[p.value] = rank_bytes(spec, shapes, n, p)[0]
-                except Exception:  # summable: not for this scheme
-                    continue
-            rows[spec][n] = {"bytes": b, "patterns": used, "forced": forced}
+        for per_host in TOPOLOGIES:
+            for n in NS:
+                row: dict[str, Any] = {"rates": {}}
+                for gbps in RATES.values():
+                    b, t, used = host_bytes(spec, shapes, n, per_host, Pattern.AUTO, gbps)
+                    row["rates"][gbps] = {"bytes": b, "seconds": t, "patterns": used}
+                row["forced"] = {}
+                for p in FORCED:
+                    if p is Pattern.HIERARCHICAL and local_of(n, per_host) == 1:
+                        continue
+                    try:
+                        row["forced"][p.value] = host_bytes(spec, shapes, n, per_host, p, MAIN_RATE)[0]
+                    except Exception:  # summable: not for this scheme, or lanes that do not fit
+                        continue
+                rows[spec][(per_host, n)] = row
     return rows
 
 
 def report(rows: dict[str, Any], shapes: list[tuple[int, ...]]) -> str:
     params = sum(numel(s) for s in shapes)
-    out = ["# Scale: bytes a rank moves per step, 2 to 1,024 workers (modelled)", "",
+    head = " | ".join(f"N={n}" for n in NS)
+    out = ["# Scale: bytes over a host's link per step, 2 to 1,024 workers (modelled)", "",
            f"GPT-2 small's parameters ({params:,} in {len(shapes)} tensors), every tensor reduced with the "
-           "pattern `pattern=auto` picks (`hvd_gradq/frontend/patterns.py::decide`: gather, scatter or summable; "
-           "small tensors fp32). A rank's bytes are max(sent, received) per tensor, summed; fp32/fp16 are "
-           "Horovod's ring allreduce. Generated by `.venv/bin/python bench/scale_model.py`; the model's bytes "
-           "were checked against the emulated links at 2 and 4 hosts (`results/e2e*.md`), beyond that modelled.",
-           "", "## The chosen pattern's bytes as a fraction of fp16 ring allreduce (target: <= 0.25 below 4 bits)", "",
-           "| scheme | " + " | ".join(f"N={n}" for n in NS) + " | met? |",
-           "|---|" + "---:|" * len(NS) + "---|"]
+           "pattern `pattern=auto` picks at the link rate (`hvd_gradq/frontend/patterns.py::decide`: link bytes "
+           "plus the measured encode/decode CPU of `frontend/cpu_table.py`; small tensors fp32). Two topologies: "
+           "one rank a host, and 8 ranks a host (N <= 8 is then one host, where the frontends do not use "
+           "`hierarchical`). A host's bytes are max(sent, received) over its link per tensor, summed; fp32/fp16 are "
+           "Horovod's ring allreduce. Generated by `.venv/bin/python bench/scale_model.py`; the model's bytes were "
+           "checked on emulated links at 2, 4, 8 hosts and 2 hosts x 2 ranks (`results/scale_emulated.md`), "
+           "beyond that modelled.", ""]
     misses = []
+    for gbps in (1.0, MAIN_RATE, 100.0):
+        out += [f"## Chosen pattern's bytes as a fraction of fp16 ring allreduce, auto at {gbps:g} Gbit/s "
+                "(target: <= 0.25 below 4 bits)", "", f"| scheme | topology | {head} | met? |",
+                "|---|---|" + "---:|" * len(NS) + "---|"]
+        for spec in SCHEMES:
+            for per_host, tname in TOPOLOGIES.items():
+                fr = [rows[spec][(per_host, n)]["rates"][gbps]["bytes"] / rows["fp16"][n]["bytes"] for n in NS]
+                ok = max(fr) <= 0.25
+                if spec in BELOW_4_BITS and not ok:
+                    misses.append((LABELS[spec], tname, gbps, [n for n, f in zip(NS, fr) if f > 0.25], max(fr)))
+                met = ("yes" if ok else "**no**") if spec in BELOW_4_BITS else "(4 bits: not a target)"
+                out.append(f"| {LABELS[spec]} | {tname} | " + " | ".join(f"{f:.3f}" for f in fr) + f" | {met} |")
+        out.append("")
+    out += [f"## The pattern `auto` picks at {MAIN_RATE:g} Gbit/s (tensors per pattern, of {len(shapes)})", "",
+            f"| scheme | topology | {head} |", "|---|---|" + "---|" * len(NS)]
     for spec in SCHEMES:
-        fr = [rows[spec][n]["bytes"] / rows["fp16"][n]["bytes"] for n in NS]
-        ok = max(fr) <= 0.25
-        if spec in BELOW_4_BITS and not ok:
-            misses.append((LABELS[spec], [n for n, f in zip(NS, fr) if f > 0.25], max(fr)))
-        met = ("yes" if ok else "**no**") if spec in BELOW_4_BITS else "(4 bits: not a target)"
-        out.append(f"| {LABELS[spec]} | " + " | ".join(f"{f:.3f}" for f in fr) + f" | {met} |")
-    out += ["", "## The pattern `auto` picks (tensors per pattern, of " + str(len(shapes)) + ")", "",
-            "| scheme | " + " | ".join(f"N={n}" for n in NS) + " |", "|---|" + "---|" * len(NS)]
-    for spec in SCHEMES:
-        cells = [", ".join(f"{k} {v}" for k, v in sorted(rows[spec][n]["patterns"].items())) for n in NS]
-        out.append(f"| {LABELS[spec]} | " + " | ".join(cells) + " |")
-    out += ["", "## Each pattern forced (MB a rank moves per step)", "",
-            "| scheme | pattern | " + " | ".join(f"N={n}" for n in NS) + " |", "|---|---|" + "---:|" * len(NS)]
+        for per_host, tname in TOPOLOGIES.items():
+            cells = [", ".join(f"{k} {v}" for k, v in sorted(rows[spec][(per_host, n)]["rates"][MAIN_RATE]["patterns"]
+                                                            .items())) for n in NS]
+            out.append(f"| {LABELS[spec]} | {tname} | " + " | ".join(cells) + " |")
+    out += ["", "## Each pattern forced (MB over a host's link per step)", "",
+            f"| scheme | topology | pattern | {head} |", "|---|---|---|" + "---:|" * len(NS)]
     for base in ("fp32", "fp16"):
-        out.append(f"| Horovod {base} | ring | " + " | ".join(f"{rows[base][n]['bytes'] / 1e6:.1f}" for n in NS) + " |")
+        out.append(f"| Horovod {base} | any | ring | " + " | ".join(
+            f"{rows[base][n]['bytes'] / 1e6:.1f}" for n in NS) + " |")
     for spec in SCHEMES:
-        for p in ("gather", "scatter", "summable"):
-            if p in rows[spec][NS[0]]["forced"]:
-                out.append(f"| {LABELS[spec]} | {p} | " + " | ".join(
-                    f"{rows[spec][n]['forced'][p] / 1e6:.1f}" for n in NS) + " |")
-    out += ["", "## Implied communication time per step, ms (bytes x 8 / rate, chosen pattern)", ""]
-    for rname, rate in RATES.items():
-        out += [f"**{rname}**", "", "| scheme | " + " | ".join(f"N={n}" for n in NS) + " |",
-                "|---|" + "---:|" * len(NS)]
-        for spec in ["fp32", "fp16"] + SCHEMES:
-            label = f"Horovod {spec}" if spec in ("fp32", "fp16") else LABELS[spec]
-            out.append(f"| {label} | " + " | ".join(
-                f"{rows[spec][n]['bytes'] * 8 / rate * 1e3:.1f}" for n in NS) + " |")
+        for per_host, tname in TOPOLOGIES.items():
+            for p in FORCED:
+                cells = [rows[spec][(per_host, n)]["forced"].get(p.value) for n in NS]
+                if any(c is not None for c in cells):
+                    out.append(f"| {LABELS[spec]} | {tname} | {p.value} | " + " | ".join(
+                        "–" if c is None else f"{c / 1e6:.1f}" for c in cells) + " |")
+    out += ["", "## Modelled step time of the reduction against Horovod fp16 (fp16 time / scheme time; "
+            "> 1 is faster; link time + encode/decode CPU, no overlap)", ""]
+    for rname, gbps in RATES.items():
+        out += [f"**{rname}**", "", f"| scheme | topology | {head} |", "|---|---|" + "---:|" * len(NS)]
+        for spec in SCHEMES:
+            for per_host, tname in TOPOLOGIES.items():
+                cells = [rows["fp16"][n]["bytes"] * 8 / (gbps * 1e9)
+                         / rows[spec][(per_host, n)]["rates"][gbps]["seconds"] for n in NS]
+                out.append(f"| {LABELS[spec]} | {tname} | " + " | ".join(f"{c:.2f}" for c in cells) + " |")
         out.append("")
     out += ["## Where the target is missed", ""]
-    if misses:
-        for label, ns, worst in misses:
-            out.append(f"- {label}: above 1/4 of fp16 at N = {', '.join(map(str, ns))} (worst {worst:.3f}).")
-        out += ["", "The scatter pattern's second phase re-quantizes each reduced chunk with a scheme sqrt(N) "
-                "times finer (`reduced_scheme`, for accuracy: results/quality.md), so its bytes grow like "
-                "log2(sqrt(N)) bits an element; hierarchical reduction (fewer hosts than ranks) or a capped "
-                "refinement would hold them (issue 16)."]
-    else:
+    for label, tname, gbps, ns, worst in misses:
+        out.append(f"- {label}, {tname}, auto at {gbps:g} Gbit/s: above 1/4 of fp16 at N = "
+                   f"{', '.join(map(str, ns))} (worst {worst:.3f}).")
+    if not misses:
         out.append("- none")
-    out += ["", "![bytes a rank moves per step](scale.png)", ""]
+    out += ["", "![bytes over a host's link per step](scale.png)", ""]
     return "\n".join(out)
 
 
@@ -152,19 +182,21 @@ def plot(rows: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5.5))
-    for base, style in (("fp32", "k-"), ("fp16", "k--")):
-        ax.plot(NS, [rows[base][n]["bytes"] / 1e6 for n in NS], style, label=f"Horovod {base} ring", lw=2)
-    ax.plot(NS, [rows["fp16"][n]["bytes"] / 4e6 for n in NS], "k:", label="1/4 of fp16 (target)")
-    for spec in SCHEMES:
-        ax.plot(NS, [rows[spec][n]["bytes"] / 1e6 for n in NS], "o-", ms=3, label=LABELS[spec])
-    ax.set_xscale("log", base=2)
-    ax.set_yscale("log")
-    ax.set_xlabel("workers N")
-    ax.set_ylabel("MB a rank moves per step (max of sent, received)")
-    ax.set_title("GPT-2 small (124M), pattern=auto")
-    ax.legend(fontsize=8, ncol=2)
-    ax.grid(True, which="both", alpha=0.3)
+    fig, axes = plt.subplots(1, 2, figsize=(13, 5.5), sharey=True)
+    for ax, (per_host, tname) in zip(axes, TOPOLOGIES.items()):
+        for base, style in (("fp32", "k-"), ("fp16", "k--")):
+            ax.plot(NS, [rows[base][n]["bytes"] / 1e6 for n in NS], style, label=f"Horovod {base} ring", lw=2)
+        ax.plot(NS, [rows["fp16"][n]["bytes"] / 4e6 for n in NS], "k:", label="1/4 of fp16 (target)")
+        for spec in SCHEMES:
+            ax.plot(NS, [rows[spec][(per_host, n)]["rates"][MAIN_RATE]["bytes"] / 1e6 for n in NS], "o-", ms=3,
+                    label=LABELS[spec])
+        ax.set_xscale("log", base=2)
+        ax.set_yscale("log")
+        ax.set_xlabel("workers N")
+        ax.set_title(f"GPT-2 small (124M), {tname}, auto at {MAIN_RATE:g} Gbit/s")
+        ax.grid(True, which="both", alpha=0.3)
+    axes[0].set_ylabel("MB over a host's link per step (max of sent, received)")
+    axes[1].legend(fontsize=8, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=110)
 

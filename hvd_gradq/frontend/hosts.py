@@ -50,8 +50,10 @@ class Hosts:
 
 
 def ranks_per_host(size: int, rank: int, local_size: int, local_rank: int, cross_rank: int, homogeneous: bool) -> int:
-    """``local_size`` where hosts are alike and ranks are numbered host by host, else 1."""
-    if local_size <= 1 or size % local_size or not homogeneous:
+    """``local_size`` where there are several hosts, alike, with ranks numbered host by host;
+    else 1. One host counts as one rank a host: no link between hosts to save, and a user who
+    asked for compression on one machine keeps it (the model knows nothing of intra-host links)."""
+    if local_size <= 1 or size % local_size or not homogeneous or size == local_size:
         return 1
     if rank != cross_rank * local_size + local_rank:
         return 1

@@ -129,6 +129,25 @@ def test_process_sets_use_their_own_ranks() -> None:
     assert "process_set" in res0["mismatch"], res0["mismatch"]
 
 
+def test_hierarchical_hosts_with_unused_parameters_and_a_process_set() -> None:
+    """2 hosts x 2 ranks: rank-dependent and unused parameters with pattern=hierarchical (and auto,
+    which takes it for large tensors here); a process set of one rank a host that asks for it
+    gets the flat pattern its one-rank-a-host layout means, never a collective of the others."""
+    reps = launch("worker_torch_compat.py", np=4, per_host=2, args=["--mode", "hosts"], timeout=400,
+                  env={"HOROVOD_DYNAMIC_PROCESS_SETS": "1"})
+    for spec in ("orq:levels=5,ef=true", "qsgd:levels=4", "bingrad", "orq:levels=3"):
+        key = f"unused/{spec}/{'auto' if spec == 'orq:levels=3' else 'hierarchical'}"
+        _ok(reps, key)
+        assert_ranks_equal({r: {"d": rep[key]["digest"]} for r, rep in reps.items()}, "d")
+        assert reps[0][key]["finite"] and "hierarchical" in reps[0][key]["patterns"], reps[0][key]
+    assert reps[1]["sets"] == reps[3]["sets"] == "idle"
+    for spec, res in reps[0]["sets"].items():
+        assert res["digest"] == reps[2]["sets"][spec]["digest"], spec
+        assert "hierarchical" not in res["patterns"] and set(res["patterns"]) & {"gather", "scatter"}, res
+        if spec == "none":  # lossless: exactly the average over the set
+            assert res["rel_err"] < 1e-6, res
+
+
 @pytest.mark.parametrize("spec,pattern", [("orq:levels=3,ef=true,warmup=2", "scatter"),
                                           ("bingrad:ef=true,warmup=2", "gather"), ("qsgd:levels=4,warmup=2", "summable")])
 def test_warmup_steps_are_exact_then_compressed(cases: dict, spec: str, pattern: str) -> None:

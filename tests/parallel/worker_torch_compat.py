@@ -6,6 +6,8 @@ precision (overflow skipped everywhere, residuals rolled back, scale changes exa
 ``sparse_as_dense``, op/scale factors against stock Horovod, Adasum refused, the rank-0
 checkpoint recipe, elastic refused, non-finite values carried through.
 ``sets`` (3 ranks): a process set of ranks 0 and 1 while rank 2 does other work.
+``hosts`` (2 hosts x 2 ranks, fake_hosts.py): unused parameters with the hierarchical pattern, and
+a process set of one rank a host (ranks 0 and 2) asking for it, while ranks 1 and 3 work alone.
 ``HVD_GRADQ_THREADS`` in the environment runs the same checks with that many worker threads.
 """
 import argparse
@@ -365,6 +367,38 @@ if args.mode == "cases":
         check(f"warmup/{spec}/{pattern}", warmup, spec, pattern)
     for spec, pattern in SIM_CASES:
         check(f"sim/{spec}/{pattern}", simulator, spec, pattern)
+elif args.mode == "hosts":
+    for spec in ("orq:levels=5,ef=true", "qsgd:levels=4", "bingrad"):
+        check(f"unused/{spec}/hierarchical", unused_params, spec, "hierarchical")
+    check("unused/orq:levels=3/auto", unused_params, "orq:levels=3", "auto")
+    across = hvd.add_process_set([0, 2])
+    alone = [hvd.add_process_set([1]), hvd.add_process_set([3])]
+    if rank in (0, 2):
+        res = {}
+        for spec in ("orq:levels=5,ef=true", "none"):
+            torch.manual_seed(0)
+            model = torch.nn.Sequential(torch.nn.Linear(16, 700), torch.nn.Tanh(), torch.nn.Linear(700, 3))
+            comp = gq.from_spec(spec, named_parameters=model.named_parameters(), seed=4, pattern="hierarchical")
+            opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05),
+                                           named_parameters=model.named_parameters(), compression=comp,
+                                           process_set=across)
+            x, y = data(0)
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            local = [p.grad.clone() for p in model.parameters()]
+            opt.synchronize()
+            mean = [hvd.allreduce(g, op=hvd.Average, name=f"ref.{spec}.{i}", process_set=across)
+                    for i, g in enumerate(local)]
+            err = max(float((p.grad - m).abs().max() / m.abs().max()) for p, m in zip(model.parameters(), mean))
+            with opt.skip_synchronize():
+                opt.step()
+            res[spec] = {"digest": digest(model), "rel_err": err,
+                         "patterns": sorted(k for k in comp.stats()["total"] if k != "all")}
+        out["sets"] = res
+    else:
+        out["sets"] = "idle"
+        hvd.allreduce(torch.ones(10), name="alone", process_set=alone[rank // 2])
+    hvd.barrier()
 elif args.mode == "sets":
     # ranks 0 and 1 train on a process set; rank 2 is busy elsewhere (a hang if any collective
     # of the compressor used the global set). Adding a process set is collective: every rank adds both.
