@@ -1,4 +1,5 @@
-"""The two patterns' collectives: what ``compress()`` starts and ``decompress()`` finishes.
+"""The gather and summable patterns' collectives: what ``compress()`` starts and ``decompress()``
+finishes (the scatter pattern's: :mod:`.scatter`).
 
 Horovod splits a reduction into ``compress()`` (before its allreduce of our ``[1.0]``) and
 ``decompress()`` (after it), and our own collectives have to be issued in between from the
@@ -52,7 +53,7 @@ class Ctx:
     pattern: Pattern | None
     size: int = 1
     rank: int = 0
-    result: Any = None  # gathered bytes (gather) or summed int32 lanes (summable)
+    result: Any = None  # gathered bytes (gather), summed int32 lanes (summable), this rank's chunks (scatter)
     meta: Any = None  # the shared meta (summable)
     x: Any = None  # the compressed input g + e (gather with ef: the residual is set in decompress)
     slot: Slot | None = None
@@ -62,6 +63,7 @@ class Ctx:
     warm: Any = None  # warmup > 0: whether this step was a warm-up step (a bool tensor) ...
     total: Any = None  # ... the sum over ranks either way ...
     own: Any = None  # ... and what error feedback subtracts (x itself on warm steps: no change)
+    scatter: Any = None  # the scatter pattern's phase-2 facts (:class:`.scatter.Phase2`)
 
 
 def nonfinite_message(ctx: Ctx) -> str:

@@ -18,10 +18,12 @@ every rank; ``<name>`` is ``name=`` or ``c<k>`` for the k-th compressor this pro
 which the one-time configuration check (an eager allgather on the process set) compares.
 
 **Patterns.** ``gather`` (the payload made on the host and ``hvd.allgather`` ed; every rank
-decodes every payload in rank order; ``ef`` sets the residual in ``decompress``) and ``summable``
+decodes every payload in rank order; ``ef`` sets the residual in ``decompress``), ``summable``
 (evenly spaced levels: a shared table agreed by a Max-allreduce, int32 code lanes Sum-allreduced)
-are started in ``compress`` and finished in ``decompress`` by :mod:`.collectives`; this module
-keeps the rest, error feedback included. Horovod's own allreduce carries a float32 ``[1.0]``
+and ``scatter`` (PyTorch's scatter-reduce: per-chunk payloads alltoall'ed, each rank's chunk
+summed, re-encoded finer with its own residual ``<key>#reduce`` and allgathered) are started in
+``compress`` and finished in ``decompress`` by :mod:`.collectives` and :mod:`.scatter`; this
+module keeps the rest, error feedback included. Horovod's own allreduce carries a float32 ``[1.0]``
 that comes back as ``v = post * pre * N`` (Sum) or ``post * pre`` (Average), so the result is
 ``sum_of_decoded * v / N`` (computed as ``/ N`` when ``v == 1`` and as is when ``v == N``).
 Under ``pattern=auto``, a tensor whose compressed traffic would not be below a plain fp32 ring
@@ -30,7 +32,7 @@ gradient whose shape is not static and whose variable's shape is unknown too (wi
 ``sparse_as_dense`` the variable's static shape is used). Horovod's tensor fusion makes such a
 sum's order (and so its bits, beyond 2 ranks) depend on what it fused: set
 ``HOROVOD_FUSION_THRESHOLD=0`` or ``pattern=gather`` where runs must reproduce bit for bit
-(ranks agree either way). The PyTorch frontend's scatter-reduce pattern is not implemented here.
+(ranks agree either way).
 
 **Warm-up** (``warmup=K``): the first K steps of each variable's gradient are an exact fp32
 sum (``hvd.allreduce``, named ``w<i>``) chosen by a ``tf.cond`` on the slot's step counter
@@ -40,8 +42,8 @@ has no step of its own and is never warm.
 **Not compressed.** ``tf.IndexedSlices`` (embeddings) never reach ``compress()``: Horovod
 allgathers their values and indices itself, unless ``sparse_as_dense=True``.
 **Non-finite values.** ``nonfinite=propagate`` (as Horovod carries infs through): in level
-schemes a bucket holding NaN/Inf on any rank decodes to NaN on every rank (gather: its scale is
-sent as NaN; summable: the rank sends +inf statistics for it in the Max-allreduce); ``none`` and
+schemes a bucket holding NaN/Inf on any rank decodes to NaN on every rank (gather and scatter:
+its scale is sent as NaN; summable: the rank sends +inf statistics for it in the Max-allreduce); ``none`` and
 ``fp16`` carry the values themselves; other schemes (Top-K) make Horovod's ``[1.0]`` NaN, which
 turns the whole tensor NaN. Error feedback keeps its previous residual wherever the result is
 not finite, so training recovers after a skipped step (``loss_scale=`` keeps residuals in
@@ -68,7 +70,7 @@ import numpy as np
 import tensorflow as tf
 
 from ..errors import GradqError
-from ..feedback import Memory
+from ..feedback import Memory, reduced_key
 from ..frontend.membership import membership
 from ..frontend.patterns import Pattern, choose, cost, decide, fp32_cost, parse_pattern
 from ..schemes.level import LevelScheme
@@ -77,18 +79,19 @@ from ..schemes.plain import FP16Scheme, NoneScheme
 from ..schemes.scheme import Scheme
 from ..wire.payload import DTYPE_CODES, MAX_NDIM
 from ..xp import stream_seed
-from . import collectives
+from . import codec, collectives
 from .callsite import check_op, function_graph, horovod_call_site, resolve_process_set, set_suffix
 from .collectives import Ctx
 from .handshake import check_configs
 from .ops import TF, step_words
+from .scatter import scatter_finish, scatter_start, server_residual
 from .state import Bookkeeping, Slot, SlotStore, byte_stats, check_slot, describe, make_variables, variable_key
 
 _COUNTER = itertools.count()
 _NAME_OK = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _F = TypeVar("_F", bound=Callable[..., Any])
 
-TF_PATTERNS = frozenset({Pattern.GATHER, Pattern.SUMMABLE})  # no scatter-reduce in this frontend
+TF_PATTERNS = frozenset({Pattern.GATHER, Pattern.SUMMABLE, Pattern.SCATTER})
 
 
 def _no_convert(f: _F) -> _F:
@@ -102,7 +105,7 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
     Args:
         scheme: the scheme (``hvd_gradq.parse("orq:levels=5")``).
         seed: base seed of the rounding noise; draws differ across ranks, steps and tensors.
-        pattern: ``auto`` (cost model), ``gather`` or ``summable``.
+        pattern: ``auto`` (cost model), ``gather``, ``summable`` or ``scatter``.
         check_ranks: at the first trace, allgather the configuration (eagerly) and raise
             RankMismatchError on every rank if they disagree.
         name: the collectives' name prefix (letters, digits, ``_.-``); default ``c<k>`` for the
@@ -151,11 +154,6 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         self.pattern = parse_pattern(pattern)
         if self.pattern is Pattern.SUMMABLE:
             choose(scheme, 1, 1, 2, Pattern.SUMMABLE)  # refuse now, not at the first step
-        if self.pattern is Pattern.SCATTER:
-            raise GradqError(
-                "pattern=scatter (scatter-reduce + allgather) is implemented by hvd_gradq.torch only; "
-                "valid in hvd_gradq.tensorflow: auto, gather, summable"
-            )
         self.check_ranks = check_ranks
         self.cid = cid
         self.steps: dict[str, Any] = {}  # tracked: checkpoint keys steps/<variable name>
@@ -181,8 +179,7 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
     # -- identity ------------------------------------------------------------------------------
     def _pattern_for(self, n: int, ndim: int, size: int) -> Pattern | None:
         """The pattern of a tensor of ``n`` elements (the policy both frontends share,
-        :func:`hvd_gradq.frontend.patterns.decide`); None: Horovod's own allreduce, exactly.
-        This frontend offers gather and summable only (:data:`TF_PATTERNS`)."""
+        :func:`hvd_gradq.frontend.patterns.decide`); None: Horovod's own allreduce, exactly."""
         p = decide(self.scheme, n, ndim, size, self.pattern, TF_PATTERNS)
         return None if p is Pattern.FP32 else p
 
@@ -208,6 +205,9 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         if residual is not None:
             self.residuals[key] = residual
             self.owners[key] = owner
+            if pattern is Pattern.SCATTER:  # and the scatter side's, for the chunk this rank reduces
+                rk, res, own = server_residual(key, n, self.scheme.bucket, size, hvd.rank())
+                self.residuals[rk], self.owners[rk] = res, own
         slot = Slot(len(h.slots), key, ident, shape, dtype, n, size, pattern, step, residual, owner,
                     c.sent, c.received, fp32_cost(n, size).sent)
         h.slots[key] = slot
@@ -297,6 +297,9 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         ctx.x = x
         if pattern is Pattern.GATHER:
             collectives.gather_start(self.scheme, self._math, self.cid, x, words, key, ctx, ps)
+        elif pattern is Pattern.SCATTER:
+            own = ctx.slot is not None and ctx.slot.residual is not None
+            scatter_start(self.scheme, self._math, self.cid, x, stream, step, key, ctx, ps, own)
         else:
             own = collectives.summable_start(self._math, self.cid, x, words, key, ctx, ps)
             if ctx.slot is not None and ctx.slot.residual is not None:
@@ -354,14 +357,12 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         if ctx.n == 0:
             return tf.zeros(ctx.shape, ctx.dtype)
         if ctx.warm is not None:  # summable wrote its residual inside the branch already
-            out, own = ctx.total, ctx.own if ctx.pattern is Pattern.GATHER else None
+            out, own = ctx.total, ctx.own if ctx.pattern is not Pattern.SUMMABLE else None
         else:
             out, own = self._finish(ctx)
         # Horovod's [1.0] came back as v = post * op(pre * 1): the result is out * v / N, written
         # as out / N (v == 1) and out (v == N) so that the plain cases keep their bits.
-        v = tf.reshape(tensor, (-1,))[0]
-        nf = tf.constant(float(ctx.size), tf.float32)
-        out = tf.where(tf.equal(v, 1.0), out / nf, tf.where(tf.equal(v, nf), out, out * (v / nf)))
+        out = codec.final_scale(ctx.n, ctx.size)(out, tf.reshape(tensor, (-1,))[0])
         if own is not None and ctx.slot is not None and ctx.slot.residual is not None:
             bad = tf.logical_not(tf.math.is_finite(out))
             self._store_residual(ctx, own, bad if ctx.warm is None else tf.logical_or(bad, ctx.warm))
@@ -372,6 +373,11 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         if ctx.pattern is Pattern.GATHER:
             out, own = collectives.gather_finish(ctx)
             return out, own
+        if ctx.pattern is Pattern.SCATTER:  # the reduced chunk's residual is written here
+            server = ctx.slot is not None and reduced_key(ctx.slot.key) in self.residuals
+            if server:
+                self.memory.begin_step(self._loss_scale())
+            return scatter_finish(self.scheme, self._math, ctx, self.memory if server else None)
         return collectives.summable_finish(self._math, ctx), None
 
     # -- state and accounting ----------------------------------------------------------------------

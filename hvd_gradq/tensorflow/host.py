@@ -1,6 +1,6 @@
-"""The gather pattern's payloads, made and read on the host by the code PyTorch uses.
+"""The gather and scatter patterns' payloads, made and read on the host by the code PyTorch uses.
 
-Every gathered payload of the TensorFlow frontend is encoded and decoded here, through
+Every gathered or scattered payload of the TensorFlow frontend is encoded and decoded here, through
 ``tf.numpy_function``: the bytes come from :func:`hvd_gradq.api.quantize`'s own pieces (the
 compiled kernels of every level scheme, or the NumPy reference where the input holds NaN/Inf, a
 value beyond ``scheme.limit``, or the scheme has no kernel) and :class:`hvd_gradq.Payload`'s
@@ -36,8 +36,8 @@ import tensorflow as tf
 from numpy.typing import NDArray
 
 from .. import kernels
-from ..api import Payload, decode_flat, split
-from ..errors import NonFiniteError
+from ..api import Payload, decode_flat, payload_of, split
+from ..errors import NonFiniteError, RankMismatchError
 from ..schemes.level import LevelScheme
 from ..schemes.scheme import Scheme
 from ..wire.payload import MAGIC, header_size
@@ -57,6 +57,13 @@ def _parts(math: Scheme, x: NDArray[np.float32], a: int, b: int) -> dict[str, An
         return dict(math.encode(NUMPY, x, words))
 
 
+def _payload(scheme: Scheme, math: Scheme, shape: tuple[int, ...], dtype: str, x: NDArray[Any], a: int,
+             b: int) -> Payload:
+    """The payload of flat ``x``: ``math`` encodes, the header names ``scheme``."""
+    parts = _parts(math, np.ascontiguousarray(x, np.float32).reshape(-1), a, b)
+    return payload_of(scheme, parts, shape, dtype)
+
+
 @cache
 def payload_encoder(scheme: Scheme, math: Scheme, shape: tuple[int, ...], dtype: str, n: int) -> Any:
     """(x f32[n], a, b) -> the whole payload, uint8[total]: ``math`` encodes, the header names
@@ -64,9 +71,7 @@ def payload_encoder(scheme: Scheme, math: Scheme, shape: tuple[int, ...], dtype:
     total = header_size(scheme.spec, len(shape)) + scheme.nbytes(n)
 
     def host(x: NDArray[np.float32], a: np.int64, b: np.int64) -> NDArray[np.uint8]:
-        parts = _parts(math, np.ascontiguousarray(x, np.float32).reshape(-1), int(a), int(b))
-        wire = {k: (v.astype(np.uint8) if v.dtype == np.int64 else v) for k, v in parts.items()}
-        return Payload(scheme, shape, dtype, wire).to_array()
+        return _payload(scheme, math, shape, dtype, x, int(a), int(b)).to_array()
 
     def encode(x: Any, a: Any, b: Any) -> Any:
         out = tf.numpy_function(host, [x, a, b], tf.uint8, stateful=False, name="hvd_gradq_encode")
@@ -102,5 +107,52 @@ def gathered_decoder(n: int, size: int, rank: int, poison_message: str | None) -
         out, own = tf.numpy_function(host, [rows], (tf.float32, tf.float32), stateful=False,
                                      name="hvd_gradq_decode")
         return tf.ensure_shape(out, (n,)), tf.ensure_shape(own, (n,))
+
+    return decode
+
+
+@cache
+def chunk_encoder(scheme: Scheme, math: Scheme, bounds: tuple[tuple[int, int], ...], own: bool) -> Any:
+    """The scatter pattern's first phase: (x f32[n], a int64[N], b int64[N]) -> (the payloads of
+    the chunks ``x[lo:hi]`` of ``bounds``, chunk j drawn with words (a[j], b[j]), concatenated
+    in chunk order, uint8[total]; with ``own`` this rank's decoded chunks concatenated, f32[n],
+    else f32[0]). Each chunk's payload is a flat float32 tensor of its own, as PyTorch's."""
+    sizes = [header_size(scheme.spec, 1) + scheme.nbytes(hi - lo) for lo, hi in bounds]
+    n = bounds[-1][1] if own else 0
+
+    def host(x: NDArray[np.float32], a: NDArray[np.int64],
+             b: NDArray[np.int64]) -> tuple[NDArray[np.uint8], NDArray[np.float32]]:
+        flat = np.ascontiguousarray(x, np.float32).reshape(-1)
+        ps = [_payload(scheme, math, (hi - lo,), "float32", flat[lo:hi], int(a[j]), int(b[j]))
+              for j, (lo, hi) in enumerate(bounds)]
+        mine = np.concatenate([decode_flat(p) for p in ps]) if own else np.zeros(0, np.float32)
+        return np.concatenate([p.to_array() for p in ps]), mine
+
+    def encode(x: Any, a: Any, b: Any) -> Any:
+        buf, mine = tf.numpy_function(host, [x, a, b], (tf.uint8, tf.float32), stateful=False,
+                                      name="hvd_gradq_encode_chunks")
+        return tf.ensure_shape(buf, (sum(sizes),)), tf.ensure_shape(mine, (n,))
+
+    return encode
+
+
+@cache
+def chunks_decoder(sizes: tuple[int, ...], rank: int) -> Any:
+    """The scatter pattern's last step: gathered uint8 (one payload a rank, in rank order, of
+    ``sizes[r]`` elements) -> (every payload decoded, concatenated in rank order, f32[sum];
+    payload ``rank`` decoded, f32[sizes[rank]]). Every rank runs it on the same bytes."""
+
+    def host(buf: NDArray[np.uint8]) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
+        payloads = split(np.ascontiguousarray(buf).reshape(-1))
+        got = tuple(p.n for p in payloads)
+        if got != sizes:
+            raise RankMismatchError(f"reduced chunks of {list(got)} elements; this rank expects {list(sizes)}")
+        pieces = [decode_flat(p) for p in payloads]
+        return np.concatenate(pieces), pieces[rank]
+
+    def decode(buf: Any) -> Any:
+        out, own = tf.numpy_function(host, [buf], (tf.float32, tf.float32), stateful=False,
+                                     name="hvd_gradq_decode_chunks")
+        return tf.ensure_shape(out, (sum(sizes),)), tf.ensure_shape(own, (sizes[rank],))
 
     return decode

@@ -15,9 +15,10 @@ tracing one function graph (``#0``, ``#1``...), as before.
 later trace, a new training function after ``compile()``, still works): ``steps[key]`` (int64,
 the random stream's position), and with ``ef`` ``residuals[key]`` (float32, in *unscaled* units
 when the compressor has a ``loss_scale``) and ``owners[key]`` (int64, the rank whose residual it
-is). They live in dicts tracked by the ``tf.Module``, so ``tf.train.Checkpoint`` saves them under
-the variable's name and restores them when the slot is created (restore before the first trace)
-or at once (restore later).
+is), under the scatter pattern also those two for its reduced chunk (``<key>#reduce``). They
+live in dicts tracked by the ``tf.Module``, so ``tf.train.Checkpoint`` saves them under the
+variable's name and restores them when the slot is created (restore before the first trace) or
+at once (restore later).
 
 **Checkpoints and ranks.** Horovod's recipe saves on rank 0 and restores on every rank. A
 residual is one rank's own rounding error: a rank that restores another rank's residual (its
@@ -135,15 +136,23 @@ class SlotStore:
         raise GradqError("a TensorFlow graph cannot undo a residual; Memory(undo=False) never asks")
 
 
+def _safe(key: str) -> str:
+    return "".join(c if c.isalnum() or c in "_.-" else "_" for c in key)
+
+
 def make_variables(key: str, n: int, ef: bool, rank: int) -> tuple[Any, Any, Any]:
     """(step, residual, owner) for a new slot, created outside any graph being traced."""
-    safe = "".join(c if c.isalnum() or c in "_.-" else "_" for c in key)
-    step = _variable(np.int64(0), f"hvd_gradq_step_{safe}")
+    step = _variable(np.int64(0), f"hvd_gradq_step_{_safe(key)}")
     if not ef:
         return step, None, None
-    residual = _variable(np.zeros((n,), np.float32), f"hvd_gradq_residual_{safe}")
-    owner = _variable(np.int64(rank), f"hvd_gradq_owner_{safe}")
-    return step, residual, owner
+    return (step, *make_residual(key, n, rank))
+
+
+def make_residual(key: str, n: int, rank: int) -> tuple[Any, Any]:
+    """(residual, owner) of ``n`` elements: a slot's, or the scatter pattern's reduced chunk's
+    (key ``<key>#reduce``, :func:`hvd_gradq.feedback.reduced_key`)."""
+    residual = _variable(np.zeros((n,), np.float32), f"hvd_gradq_residual_{_safe(key)}")
+    return residual, _variable(np.int64(rank), f"hvd_gradq_owner_{_safe(key)}")
 
 
 def check_slot(slot: Slot, key: str, shape: tuple[int, ...], dtype: str, size: int) -> None:

@@ -6,6 +6,7 @@ A non-zero exit fails with every rank's output; a launch that outlives ``timeout
 """
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import signal
@@ -13,8 +14,11 @@ import subprocess
 import sys
 import tempfile
 import time
+import traceback
 from pathlib import Path
 from typing import Any
+
+import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
 OUT_ENV = "HVD_GRADQ_TEST_OUT"
@@ -122,3 +126,31 @@ def assert_ranks_equal(reports: dict[int, dict[str, Any]], key: str) -> None:
     if bad:
         detail = "\n".join(f"  rank {r}: {reports[r][key]!r}" for r in sorted(reports))
         raise LaunchError(f"ranks {bad} differ from rank 0 in {key!r}:\n{detail}")
+
+
+def sections(only: set[str], out: dict[str, Any], rank: int) -> Any:
+    """A worker's section decorator: ``@section("name")`` runs the function at once if ``only``
+    is empty or names it, and stores its result, or its error as text (so that one broken
+    section does not hide the others), under ``out[name]``."""
+
+    def section(name: str) -> Any:
+        def wrap(f: Any) -> Any:
+            if only and name not in only:
+                return f
+            print(f"[{rank}] section {name}", flush=True)
+            try:
+                out[name] = f()
+            except Exception as e:  # reported, checked by the test
+                out[name] = {"error": f"{type(e).__name__}: {e}"[:3000], "trace": traceback.format_exc()[-3000:]}
+            return f
+        return wrap
+
+    return section
+
+
+def digest(arrays: Any) -> str:
+    """SHA-256 of the bytes of a sequence of arrays (anything ``np.asarray`` takes)."""
+    h = hashlib.sha256()
+    for a in arrays:
+        h.update(np.asarray(a).tobytes())
+    return h.hexdigest()

@@ -8,16 +8,14 @@ runs a comma-separated subset. Errors inside a section are reported as text, not
 one broken section does not hide the others.
 """
 import argparse
-import hashlib
 import os
 import tempfile
-import traceback
 
 import horovod.tensorflow as hvd
 import horovod.tensorflow.keras as hvdk
 import numpy as np
 import tensorflow as tf
-from harness import report
+from harness import digest, report, sections
 
 import hvd_gradq.tensorflow as gq
 from hvd_gradq.errors import GradqError
@@ -37,27 +35,7 @@ tf.config.threading.set_inter_op_parallelism_threads(2)
 tf.config.threading.set_intra_op_parallelism_threads(1)
 rank, size = hvd.rank(), hvd.size()
 out: dict = {"size": size}
-
-
-def section(name):
-    """Decorator: run the section if wanted; record its result or its error text."""
-    def wrap(f):
-        if only and name not in only:
-            return f
-        print(f"[{rank}] section {name}", flush=True)
-        try:
-            out[name] = f()
-        except Exception as e:  # reported, checked by the test
-            out[name] = {"error": f"{type(e).__name__}: {e}"[:3000], "trace": traceback.format_exc()[-3000:]}
-        return f
-    return wrap
-
-
-def digest(arrays) -> str:
-    h = hashlib.sha256()
-    for a in arrays:
-        h.update(np.asarray(a).tobytes())
-    return h.hexdigest()
+section = sections(only, out, rank)  # run a section if wanted; record its result or its error text
 
 
 def err_text(f) -> str:
