@@ -262,6 +262,8 @@ def run_topology(args: argparse.Namespace, topo: str, bar: Any, log: Any) -> dic
             "--idle", str(args.idle), "--entries", json.dumps([asdict(e) for e in entries])]
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(BENCH)]), "OMP_NUM_THREADS": "1",
            "HVD_GRADQ_LINK_GBPS": f"{gbps:g}",
+           # Gloo's 30 s default for one transfer is too short for 8 ranks sharing 2 cores
+           "HOROVOD_GLOO_TIMEOUT_SECONDS": "600",
            "HVD_GRADQ_CACHE": os.environ.get("HVD_GRADQ_CACHE", str(Path.home() / ".cache" / "hvd_gradq"))}
     ncpu = os.cpu_count() or 1
     cpus = [str(r % ncpu) for r in range(nranks)] if args.pin else None

@@ -124,3 +124,19 @@ def final_scale(n: int, size: int) -> Any:
         return tf.where(tf.equal(v, 1.0), out / nf, tf.where(tf.equal(v, nf), out, out * (v / nf)))
 
     return _fn(scale, tf.TensorSpec((n,), tf.float32), tf.TensorSpec((), tf.float32))
+
+
+@cache
+def host_sum(local: int, m: int) -> Any:
+    """The hierarchical pattern's first sum: rows f32[local, m + 1] (each of the host's ranks'
+    piece and its NaN flag) -> (the pieces' sum in local rank order, f32[m]; whether any flag is
+    set): exact here, where an inlined chain of adds joined the residual's into an ``AddN`` of
+    another order (measured: one ulp off in a third of the owners' residuals)."""
+
+    def add(rows: Any) -> Any:
+        total = rows[0, :m]
+        for i in range(1, local):
+            total = total + rows[i, :m]
+        return total, tf.reduce_any(rows[:, m] != 0.0)
+
+    return _fn(add, tf.TensorSpec((local, m + 1), tf.float32))

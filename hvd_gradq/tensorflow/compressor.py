@@ -20,9 +20,12 @@ which the one-time configuration check (an eager allgather on the process set) c
 **Patterns.** ``gather`` (the payload made on the host and ``hvd.allgather`` ed; every rank
 decodes every payload in rank order; ``ef`` sets the residual in ``decompress``), ``summable``
 (evenly spaced levels: a shared table agreed by a Max-allreduce, int32 code lanes Sum-allreduced)
-and ``scatter`` (PyTorch's scatter-reduce: per-chunk payloads alltoall'ed, each rank's chunk
-summed, re-encoded finer with its own residual ``<key>#reduce`` and allgathered) are started in
-``compress`` and finished in ``decompress`` by :mod:`.collectives` and :mod:`.scatter`; this
+``scatter`` (PyTorch's scatter-reduce: per-chunk payloads alltoall'ed, each rank's chunk
+summed, re-encoded finer with its own residual ``<key>#reduce`` and allgathered) and
+``hierarchical`` (several ranks a host: fp32 pieces summed inside the host, each owner's piece
+reduced among the hosts, :mod:`.hier`) are started in ``compress`` and finished in
+``decompress`` by :mod:`.collectives`, :mod:`.scatter` and :mod:`.hier`; ``auto`` weighs link
+bytes at ``link_gbps`` against the encoding CPU (:func:`hvd_gradq.frontend.patterns.decide`); this
 module keeps the rest, error feedback included. Horovod's own allreduce carries a float32 ``[1.0]``
 that comes back as ``v = post * pre * N`` (Sum) or ``post * pre`` (Average), so the result is
 ``sum_of_decoded * v / N`` (computed as ``/ N`` when ``v == 1`` and as is when ``v == N``).
@@ -58,9 +61,6 @@ from __future__ import annotations
 
 import dataclasses
 import hashlib
-import itertools
-import os
-import re
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -70,28 +70,26 @@ import numpy as np
 import tensorflow as tf
 
 from ..errors import GradqError
-from ..feedback import Memory, reduced_key
+from ..feedback import Memory, host_key, reduced_key
+from ..frontend.hosts import link_gbps as link_rate
 from ..frontend.membership import membership
-from ..frontend.patterns import Pattern, choose, cost, decide, fp32_cost, parse_pattern
+from ..frontend.patterns import EVERY, Pattern, choose, decide, fp32_cost, parse_pattern
 from ..schemes.level import LevelScheme
 from ..schemes.options import NonFinite
 from ..schemes.plain import FP16Scheme, NoneScheme
 from ..schemes.scheme import Scheme
 from ..wire.payload import DTYPE_CODES, MAX_NDIM
 from ..xp import stream_seed
-from . import codec, collectives
+from . import codec, collectives, hier
 from .callsite import check_op, function_graph, horovod_call_site, resolve_process_set, set_suffix
 from .collectives import Ctx
-from .handshake import check_configs
+from .handshake import check_arguments, check_configs
 from .ops import TF, step_words
 from .scatter import scatter_finish, scatter_start, server_residual
 from .state import Bookkeeping, Slot, SlotStore, byte_stats, check_slot, describe, make_variables, variable_key
 
-_COUNTER = itertools.count()
-_NAME_OK = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _F = TypeVar("_F", bound=Callable[..., Any])
 
-TF_PATTERNS = frozenset({Pattern.GATHER, Pattern.SUMMABLE, Pattern.SCATTER})
 
 
 def _no_convert(f: _F) -> _F:
@@ -105,7 +103,9 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
     Args:
         scheme: the scheme (``hvd_gradq.parse("orq:levels=5")``).
         seed: base seed of the rounding noise; draws differ across ranks, steps and tensors.
-        pattern: ``auto`` (cost model), ``gather``, ``summable`` or ``scatter``.
+        pattern: ``auto`` (cost model), ``gather``, ``summable``, ``scatter`` or ``hierarchical``.
+        link_gbps: the link rate (Gbit/s) ``auto`` weighs bytes with against encoding and decoding
+            time. Default: ``HVD_GRADQ_LINK_GBPS``, else 10.
         check_ranks: at the first trace, allgather the configuration (eagerly) and raise
             RankMismatchError on every rank if they disagree.
         name: the collectives' name prefix (letters, digits, ``_.-``); default ``c<k>`` for the
@@ -126,32 +126,15 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         name: str | None = None,
         process_set: Any = None,
         loss_scale: Any = None,
+        link_gbps: float | None = None,
     ) -> None:
         super().__init__(name="hvd_gradq_compressor")
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise GradqError(f"seed must be an integer, not {type(seed).__name__}")
-        if os.environ.get("HOROVOD_ELASTIC", "0") not in ("", "0"):
-            raise GradqError(
-                "hvd_gradq.tensorflow does not support elastic Horovod (HOROVOD_ELASTIC is set): a worker that "
-                "joins later would run the one-time rank check alone, and error-feedback state is per rank. "
-                "Run without elastic mode (horovodrun without --min-np/--max-np/--host-discovery-script)")
-        if scheme.nonfinite is NonFinite.SKIP:
-            raise GradqError(
-                f"{scheme.name}: nonfinite=skip is not supported by hvd_gradq.tensorflow: it changes a "
-                "payload's size at run time, and a TF graph's allgather sizes are fixed when it is traced. "
-                "Valid here: nonfinite=propagate (NaN results, as Horovod) or nonfinite=raise (the step fails)"
-            )
-        if loss_scale is not None and not (callable(loss_scale) or isinstance(loss_scale, tf.Variable)):
-            raise GradqError(f"loss_scale must be a callable or a tf.Variable, not {type(loss_scale).__name__}")
-        if process_set is not None and not hasattr(process_set, "process_set_id"):
-            raise GradqError(f"process_set must be a horovod ProcessSet, not {type(process_set).__name__}")
-        cid = name if name is not None else f"c{next(_COUNTER)}"
-        if not _NAME_OK.match(cid):
-            raise GradqError(f"name={cid!r} is not valid: 1-64 letters, digits, '_', '.' or '-'")
+        cid = check_arguments(scheme, seed, loss_scale, process_set, name)
         self.scheme = scheme
         self._math = scheme.replace(ef=False) if scheme.ef else scheme  # what the encoders depend on
         self.seed = seed
         self.pattern = parse_pattern(pattern)
+        self.link_gbps = link_rate(link_gbps)
         if self.pattern is Pattern.SUMMABLE:
             choose(scheme, 1, 1, 2, Pattern.SUMMABLE)  # refuse now, not at the first step
         self.check_ranks = check_ranks
@@ -174,16 +157,18 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
     def _check_ranks(self, ps: Any) -> None:
         self._host.checked.add(ps.process_set_id)
         if self.check_ranks and membership(mpi_ops._basics, ps).size > 1:
-            check_configs(self.config(), ps, set_suffix(ps))
+            local = hier.ranks_per_host_of(ps)
+            layout = f"|hosts={hvd.size() // local}x{local}|link={self.link_gbps:g}"
+            check_configs(self.config() + layout, ps, set_suffix(ps))
 
     # -- identity ------------------------------------------------------------------------------
-    def _pattern_for(self, n: int, ndim: int, size: int) -> Pattern | None:
+    def _pattern_for(self, n: int, ndim: int, size: int, local: int) -> Pattern | None:
         """The pattern of a tensor of ``n`` elements (the policy both frontends share,
         :func:`hvd_gradq.frontend.patterns.decide`); None: Horovod's own allreduce, exactly."""
-        p = decide(self.scheme, n, ndim, size, self.pattern, TF_PATTERNS)
+        p = decide(self.scheme, n, ndim, size, self.pattern, EVERY, local, self.link_gbps)
         return None if p is Pattern.FP32 else p
 
-    def _slot(self, shape: tuple[int, ...], dtype: str, variable: Any, size: int) -> Slot:
+    def _slot(self, shape: tuple[int, ...], dtype: str, variable: Any, size: int, local: int) -> Slot:
         """The slot of this gradient: by its variable, else by its position in this trace."""
         h = self._host
         if variable is not None:
@@ -198,15 +183,19 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
             check_slot(slot, key, shape, dtype, size)
             return slot
         n = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        pattern = self._pattern_for(n, len(shape), size)
-        c = cost(self.scheme, n, len(shape), size, pattern) if size > 1 and pattern else fp32_cost(n, size)
+        pattern = self._pattern_for(n, len(shape), size, local)
+        c = hier.slot_cost(self.scheme, n, len(shape), size, local, pattern, self.link_gbps)
         step, residual, owner = make_variables(key, n, self.scheme.ef, hvd.rank())
         self.steps[key] = step
         if residual is not None:
             self.residuals[key] = residual
             self.owners[key] = owner
-            if pattern is Pattern.SCATTER:  # and the scatter side's, for the chunk this rank reduces
-                rk, res, own = server_residual(key, n, self.scheme.bucket, size, hvd.rank())
+            extra = []
+            if pattern is Pattern.SCATTER:
+                extra = [server_residual(key, n, self.scheme.bucket, size, hvd.rank())]
+            elif pattern is Pattern.HIERARCHICAL:
+                extra = hier.residuals(self.scheme, key, n, size, local, self.link_gbps)
+            for rk, res, own in extra:  # the scatter side's, or the hierarchical owner's pieces
                 self.residuals[rk], self.owners[rk] = res, own
         slot = Slot(len(h.slots), key, ident, shape, dtype, n, size, pattern, step, residual, owner,
                     c.sent, c.received, fp32_cost(n, size).sent)
@@ -259,10 +248,10 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
             step: Any = self._host.eager_calls
             self._host.eager_calls += 1
             n = int(np.prod(shape, dtype=np.int64)) if shape else 1
-            pattern = self._pattern_for(n, len(shape), size)
+            pattern = self._pattern_for(n, len(shape), size, hier.ranks_per_host_of(ps))
             index, stream = -1, stream_seed(self.seed, hvd.rank(), 1 << 40)
         else:
-            slot = self._slot(shape, dtype, site.variable, size)
+            slot = self._slot(shape, dtype, site.variable, size, hier.ranks_per_host_of(ps))
             key, n, pattern, index = f"{slot.index}", slot.n, slot.pattern, slot.index
             step = slot.step.assign_add(1, read_value=True) - 1
             stream = stream_seed(self.seed, hvd.rank(), slot.index)
@@ -297,6 +286,9 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         ctx.x = x
         if pattern is Pattern.GATHER:
             collectives.gather_start(self.scheme, self._math, self.cid, x, words, key, ctx, ps)
+        elif pattern is Pattern.HIERARCHICAL:
+            hier.hier_start(self.scheme, x, ctx, hier.ranks_per_host_of(ps), self.link_gbps, stream, step,
+                            f"hvd_gradq.{self.cid}.h", f"{key}{set_suffix(ps)}")
         elif pattern is Pattern.SCATTER:
             own = ctx.slot is not None and ctx.slot.residual is not None
             scatter_start(self.scheme, self._math, self.cid, x, stream, step, key, ctx, ps, own)
@@ -373,10 +365,13 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         if ctx.pattern is Pattern.GATHER:
             out, own = collectives.gather_finish(ctx)
             return out, own
-        if ctx.pattern is Pattern.SCATTER:  # the reduced chunk's residual is written here
-            server = ctx.slot is not None and reduced_key(ctx.slot.key) in self.residuals
+        if ctx.pattern in (Pattern.SCATTER, Pattern.HIERARCHICAL):  # their own residuals are written here
+            key = reduced_key(ctx.slot.key) if ctx.slot is not None else ""
+            server = ctx.slot is not None and (key in self.residuals or host_key(ctx.slot.key) in self.residuals)
             if server:
                 self.memory.begin_step(self._loss_scale())
+            if ctx.pattern is Pattern.HIERARCHICAL:
+                return hier.hier_finish(self.scheme, self._math, ctx, self.memory if server else None), None
             return scatter_finish(self.scheme, self._math, ctx, self.memory if server else None)
         return collectives.summable_finish(self._math, ctx), None
 

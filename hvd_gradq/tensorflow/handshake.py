@@ -1,4 +1,6 @@
-"""The one-time check that every rank built the same compressor, before its first collective.
+"""What the TensorFlow compressor checks before it runs: its arguments, at construction
+(:func:`check_arguments`), and, once, that every rank built the same compressor, before its first
+collective (:func:`check_configs`).
 
 Ranks that disagree (another spec, seed, pattern or name) would otherwise send payloads that
 decode to garbage or wait in collectives the others never start. At the first trace over a
@@ -10,12 +12,47 @@ collective can run, and the check is skipped.
 """
 from __future__ import annotations
 
+import itertools
+import os
+import re
 from typing import Any
 
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from ..errors import GradqError
 from ..frontend.codec import check_config_blocks, config_block
+from ..schemes.options import NonFinite
+from ..schemes.scheme import Scheme
+
+_COUNTER = itertools.count()
+_NAME_OK = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
+
+
+def check_arguments(scheme: Scheme, seed: Any, loss_scale: Any, process_set: Any, name: str | None) -> str:
+    """Refuse what this frontend cannot serve, with what to use instead; returns the collectives'
+    name prefix (``name``, or ``c<k>`` for the k-th compressor built in this process)."""
+    if isinstance(seed, bool) or not isinstance(seed, int):
+        raise GradqError(f"seed must be an integer, not {type(seed).__name__}")
+    if os.environ.get("HOROVOD_ELASTIC", "0") not in ("", "0"):
+        raise GradqError(
+            "hvd_gradq.tensorflow does not support elastic Horovod (HOROVOD_ELASTIC is set): a worker that "
+            "joins later would run the one-time rank check alone, and error-feedback state is per rank. "
+            "Run without elastic mode (horovodrun without --min-np/--max-np/--host-discovery-script)")
+    if scheme.nonfinite is NonFinite.SKIP:
+        raise GradqError(
+            f"{scheme.name}: nonfinite=skip is not supported by hvd_gradq.tensorflow: it changes a "
+            "payload's size at run time, and a TF graph's allgather sizes are fixed when it is traced. "
+            "Valid here: nonfinite=propagate (NaN results, as Horovod) or nonfinite=raise (the step fails)"
+        )
+    if loss_scale is not None and not (callable(loss_scale) or isinstance(loss_scale, tf.Variable)):
+        raise GradqError(f"loss_scale must be a callable or a tf.Variable, not {type(loss_scale).__name__}")
+    if process_set is not None and not hasattr(process_set, "process_set_id"):
+        raise GradqError(f"process_set must be a horovod ProcessSet, not {type(process_set).__name__}")
+    cid = name if name is not None else f"c{next(_COUNTER)}"
+    if not _NAME_OK.match(cid):
+        raise GradqError(f"name={cid!r} is not valid: 1-64 letters, digits, '_', '.' or '-'")
+    return cid
 
 
 def check_configs(config: str, ps: Any, suffix: str) -> None:

@@ -40,7 +40,6 @@ import hvd_gradq.tensorflow as gq
 from hvd_gradq.api import Payload
 from hvd_gradq.frontend import codec
 from hvd_gradq.frontend.patterns import Pattern, chunk_bounds, cost, decide, reduced_scheme
-from hvd_gradq.tensorflow.compressor import TF_PATTERNS
 from hvd_gradq.tensorflow.ops import step_words
 from hvd_gradq.xp import NUMPY, stream_seed
 
@@ -317,7 +316,7 @@ def _auto():
         comp = gq.from_spec(spec, name=f"au{i}")
         step = var_step(comp, tf.Variable(tf.zeros((300, 200)), name=f"au{i}"))
         g = step(tf.constant(grad_of(rank, 0, (300, 200)))).numpy()
-        want = decide(hvd_gradq.parse(spec), 60000, 2, size, Pattern.AUTO, TF_PATTERNS).value
+        want = decide(hvd_gradq.parse(spec), 60000, 2, size, Pattern.AUTO).value
         res[spec] = {"picked": comp.slots()[0]["pattern"], "decide": want, "digest": digest([g]),
                      "finite": bool(np.isfinite(g).all())}
     return res

@@ -1,0 +1,197 @@
+"""The hierarchical pattern in graph ops: PyTorch's (:mod:`hvd_gradq.torch.hier`), the same
+phases and bytes, with the host work in :mod:`.host`'s ``numpy_function`` s.
+
+Every collective is ``hvd.alltoall`` on the global process set with zero split sizes for the
+ranks outside a phase's group (the host's ranks, or the ranks that own the same piece on every
+host), each sending to itself too, so what comes back is every member's part in member order:
+
+1. ``h1`` (in ``compress``): this rank's input cut into the host's pieces
+   (``chunk_bounds(n, bucket, local)``), each with one more float, this rank's "my input held
+   NaN/Inf" flag (``nonfinite=raise``), to the host's ranks.
+2. ``h2`` (in ``decompress``): the owner sums the host's rows in local rank order, adds its
+   ``#host`` residual (with ``ef``), and sends its piece quantized to its cross peers, whole
+   (cross ``gather``) or one sub-piece a host (cross ``scatter``; then ``h3``: each owner sums
+   its sub-piece over the hosts, adds its ``#host#reduce`` residual, re-encodes it with
+   ``reduced_scheme(scheme, hosts)`` and sends it to every host). A raised flag on the host makes
+   the owner send the all-zero poison instead, so every owner on every host fails at its next
+   decode with the same message, and no rank waits for one that failed.
+3. last: the reduced piece to the host's ranks; concatenated in local rank order, what comes
+   back is the whole tensor's sum.
+
+Draws: the ``#host`` tag's stream (sub-piece k: ``#host#k``; the finer pass: ``#host#reduce``),
+as PyTorch's keys. Residuals (:mod:`.state`): as wide as the widest piece (sub-piece) on any
+rank, this rank's zero-padded, like the scatter pattern's, so a checkpoint restores anywhere.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any
+
+import horovod.tensorflow as hvd
+import horovod.tensorflow.mpi_ops as mpi_ops
+import tensorflow as tf
+
+from ..feedback import Memory, host_key, reduced_key
+from ..frontend.codec import tensor_key
+from ..frontend.hosts import Hosts, ranks_per_host
+from ..frontend.patterns import Cost, Pattern, chunk_bounds, cost, fp32_cost, hier_cross, reduced_scheme
+from ..schemes.scheme import Scheme
+from ..wire.payload import header_size
+from ..xp import stream_seed
+from . import codec, host
+from .collectives import Ctx, nonfinite_message
+from .ops import TF, step_words
+from .state import make_residual
+
+
+@dataclass
+class Hier:
+    """What ``decompress()`` needs from ``compress()`` (``Ctx.scatter`` of a hierarchical tensor)."""
+
+    hosts: Hosts
+    cross: Pattern
+    pieces: list[tuple[int, int]]
+    stream: int
+    step: Any
+    name: str  # collective names: ``hvd_gradq.<cid>.h`` + phase + ``tag``
+    tag: str  # the slot's part of collective names (as the other patterns')
+
+    def collective(self, phase: int) -> str:
+        return f"{self.name}{phase}{self.tag}"
+
+
+def widths(n: int, bucket: int, hosts: Hosts) -> tuple[int, int]:
+    """(the widest piece, the widest sub-piece): the widths of the two residuals."""
+    pieces = [hi - lo for lo, hi in chunk_bounds(n, bucket, hosts.local)]
+    subs = [hi - lo for m in pieces for lo, hi in chunk_bounds(m, bucket, hosts.count)]
+    return max(pieces), max(subs)
+
+
+def ranks_per_host_of(ps: Any) -> int:
+    """Ranks a host for the cost model and this pattern (:mod:`hvd_gradq.frontend.hosts`), asked of
+    Horovod; 1 for any process set but the global one."""
+    if ps.process_set_id != hvd.global_process_set.process_set_id:
+        return 1
+    return ranks_per_host(hvd.size(), hvd.rank(), hvd.local_size(), hvd.local_rank(), hvd.cross_rank(),
+                          bool(mpi_ops._basics.is_homogeneous()))
+
+
+def slot_cost(scheme: Scheme, n: int, ndim: int, size: int, local: int, pattern: Pattern | None,
+              link_gbps: float) -> Cost:
+    """What this rank sends and receives per step, for ``stats()``: hierarchical, the payloads of
+    its own piece that cross hosts (exact, from the payload sizes, as PyTorch counts them);
+    the other patterns, :func:`~hvd_gradq.frontend.patterns.cost`."""
+    if size <= 1 or pattern is None:
+        return fp32_cost(n, size)
+    if pattern is not Pattern.HIERARCHICAL:
+        return cost(scheme, n, ndim, size, pattern)
+    h = Hosts(size, local, hvd.rank())
+    lo, hi = chunk_bounds(n, scheme.bucket, local)[h.local_rank]
+    others = h.count - 1
+    if hier_cross(scheme, n, size, local, link_gbps) is Pattern.GATHER:
+        c = header_size(scheme.spec, 1) + scheme.nbytes(hi - lo)
+        return Cost(others * c, others * c)
+    fine = reduced_scheme(scheme, h.count)
+    subs = [b - a for a, b in chunk_bounds(hi - lo, scheme.bucket, h.count)]
+    first = [header_size(scheme.spec, 1) + scheme.nbytes(k) for k in subs]
+    second = [header_size(fine.spec, 1) + fine.nbytes(k) for k in subs]
+    me = h.host
+    return Cost(sum(first) - first[me] + others * second[me], others * first[me] + sum(second) - second[me])
+
+
+def residuals(scheme: Scheme, key: str, n: int, size: int, local: int, link_gbps: float) -> list[tuple[str, Any, Any]]:
+    """(key, residual, owner) of the ``tf.Variable`` s a hierarchical slot keeps with ``ef``."""
+    hosts = Hosts(size, local, hvd.rank())
+    piece, sub = widths(n, scheme.bucket, hosts)
+    cross = hier_cross(scheme, n, size, local, link_gbps)
+    out = [(host_key(key), *make_residual(host_key(key), piece, hosts.rank))]
+    if cross is Pattern.SCATTER:
+        rk = reduced_key(host_key(key))
+        out.append((rk, *make_residual(rk, sub, hosts.rank)))
+    return out
+
+
+def _words(stream: int, step: Any, tag: str) -> tuple[Any, Any]:
+    return step_words(TF, stream_seed(stream, tensor_key(tag)), step)
+
+
+def _send(t: Any, peers: list[int], sizes: list[int], nranks: int, name: str) -> Any:
+    """``t`` cut into ``sizes`` for ``peers`` (in order) through the global alltoall."""
+    splits = [0] * nranks
+    for r, k in zip(peers, sizes):
+        splits[r] = k
+    out, _ = hvd.alltoall(t, splits=tf.constant(splits, tf.int32), name=name, ignore_name_scope=True)
+    return out
+
+
+def hier_start(scheme: Scheme, x: Any, ctx: Ctx, local: int, link_gbps: float, stream: int, step: Any,
+               name: str, tag: str) -> None:
+    """Phase 1: this rank's pieces and its NaN flag to the host's ranks (into ``ctx.result``)."""
+    hosts = Hosts(ctx.size, local, hvd.rank())
+    cross = hier_cross(scheme, ctx.n, ctx.size, local, link_gbps)
+    pieces = chunk_bounds(ctx.n, scheme.bucket, hosts.local)
+    flag = tf.zeros((1,), tf.float32) if ctx.finite is None else 1.0 - tf.cast(tf.reshape(ctx.finite, (1,)),
+                                                                               tf.float32)
+    send = tf.concat([part for lo, hi in pieces for part in (x[lo:hi], flag)], 0)
+    hi_ = Hier(hosts, cross, pieces, stream, step, name, tag)
+    ctx.result = _send(send, hosts.local_peers(), [hi - lo + 1 for lo, hi in pieces], hosts.nranks, hi_.collective(1))
+    ctx.scatter = hi_
+
+
+def hier_finish(scheme: Scheme, math: Scheme, ctx: Ctx, memory: Memory | None) -> Any:
+    """The sum over every rank, f32[n]: the owner's phases, then the pieces from the host's ranks."""
+    hi_ = ctx.scatter
+    assert isinstance(hi_, Hier) and (memory is None or ctx.slot is not None)
+    h, key = hi_.hosts, ctx.slot.key if ctx.slot is not None else ""
+    lo, hi = hi_.pieces[h.local_rank]
+    m = hi - lo
+    total, flagged = codec.host_sum(h.local, m)(tf.reshape(ctx.result, (h.local, m + 1)))  # local rank order
+    poison = None
+    bad = None
+    if ctx.finite is not None:  # nonfinite=raise: a flag from any rank of the host poisons my payloads
+        bad = flagged
+        poison = nonfinite_message(ctx)
+        total = tf.where(bad, tf.zeros_like(total), total)
+    piece_w, sub_w = widths(ctx.n, scheme.bucket, h)
+    hk = host_key(key)
+    if memory is not None:
+        sent = memory.compensate(hk, tf.pad(total, [[0, piece_w - m]]))
+        total = sent[:m]
+
+    def poisoned(buf: Any) -> Any:
+        return buf if bad is None else tf.where(bad, tf.zeros_like(buf), buf)
+
+    if hi_.cross is Pattern.GATHER:
+        a, b = _words(hi_.stream, hi_.step, "#host")
+        buf = poisoned(host.payload_encoder(scheme, math, (m,), "float32", m)(total, a, b))
+        size = header_size(scheme.spec, 1) + scheme.nbytes(m)
+        got = _send(tf.tile(buf, [h.count]), h.cross_peers(), [size] * h.count, h.nranks, hi_.collective(2))
+        piece, own = host.gathered_decoder(m, h.count, h.host, poison)(tf.reshape(got, (h.count, size)))
+        if memory is not None:
+            memory.update(hk, sent, tf.pad(own, [[0, piece_w - m]]))
+    else:
+        subs = chunk_bounds(m, scheme.bucket, h.count)
+        words = [_words(hi_.stream, hi_.step, f"#host#{k}") for k in range(h.count)]
+        a, b = tf.stack([w[0] for w in words]), tf.stack([w[1] for w in words])
+        buf, mine = host.chunk_encoder(scheme, math, tuple(subs), memory is not None)(total, a, b)
+        buf = poisoned(buf)
+        sizes = [header_size(scheme.spec, 1) + scheme.nbytes(e - s) for s, e in subs]
+        got = _send(buf, h.cross_peers(), sizes, h.nranks, hi_.collective(2))
+        s0, s1 = subs[h.host]
+        k = s1 - s0
+        part, _ = host.gathered_decoder(k, h.count, h.host, poison)(tf.reshape(got, (h.count, sizes[h.host])))
+        if memory is not None:
+            memory.update(hk, sent, tf.pad(mine, [[0, piece_w - m]]))
+            rk = reduced_key(hk)
+            psent = memory.compensate(rk, tf.pad(part, [[0, sub_w - k]]))
+            part = psent[:k]
+        fine, fine_math = reduced_scheme(scheme, h.count), reduced_scheme(math, h.count)
+        a, b = _words(hi_.stream, hi_.step, "#host#reduce")
+        rbuf = host.payload_encoder(fine, fine_math, (k,), "float32", k)(part, a, b)
+        rsize = header_size(fine.spec, 1) + fine.nbytes(k)
+        got = _send(tf.tile(rbuf, [h.count]), h.cross_peers(), [rsize] * h.count, h.nranks, hi_.collective(3))
+        piece, rmine = host.chunks_decoder(tuple(e - s for s, e in subs), h.host)(got)
+        if memory is not None:
+            memory.update(reduced_key(hk), psent, tf.pad(rmine, [[0, sub_w - k]]))
+    out = _send(tf.tile(piece, [h.local]), h.local_peers(), [m] * h.local, h.nranks, hi_.collective(4))
+    return tf.ensure_shape(out, (ctx.n,))

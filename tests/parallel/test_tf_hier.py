@@ -1,0 +1,29 @@
+"""The hierarchical pattern (TensorFlow): 2 hosts x 2 ranks (cross-host gather) and 3 hosts x 2
+ranks on a slow modelled link (cross-host scatter), against a NumPy simulation of every rank;
+see worker_tf_hier.py."""
+from __future__ import annotations
+
+import pytest
+from harness import assert_ranks_equal, launch
+
+
+@pytest.mark.parametrize("np_,per_host,link,cross", [(4, 2, 10.0, "gather"), (6, 2, 0.01, "scatter")])
+def test_hierarchical(np_: int, per_host: int, link: float, cross: str) -> None:
+    reports = launch("worker_tf_hier.py", np=np_, per_host=per_host, args=["--link", str(link)], timeout=900,
+                     env={"HVD_GRADQ_LINK_GBPS": str(link)})
+    for r, rep in reports.items():
+        assert rep["layout"] == [r, r % per_host, per_host, r // per_host, np_ // per_host]
+        for sec in ("oracle", "auto"):
+            assert "error" not in rep[sec], (r, sec, rep[sec])
+        for spec, case in rep["oracle"].items():
+            assert all(case["equal"]) and len(case["equal"]) == 9, (r, spec, case["equal"])
+            assert case["cross"]["c"] == cross, (spec, case["cross"])  # the largest: as the set-up means
+            assert case["patterns"] == ["hierarchical"], (spec, case)
+            assert case["bytes_ok"], (r, spec)
+            if "ef=true" in spec:
+                assert case["residuals_equal"] and all(case["residuals_equal"]), (r, spec, case["residuals_equal"])
+        assert rep["nonfinite"] == "raised:True", (r, rep["nonfinite"])
+        assert rep["auto"]["want"] == "hierarchical" and rep["auto"]["got"] == ["hierarchical"], rep["auto"]
+    for spec in reports[0]["oracle"]:
+        assert_ranks_equal({r: {"d": rep["oracle"][spec]["digest"]} for r, rep in reports.items()}, "d")
+    assert_ranks_equal({r: {"d": rep["auto"]["digest"]} for r, rep in reports.items()}, "d")
