@@ -221,8 +221,9 @@ def choose(
     local: int = 1, link_gbps: float = DEFAULT_LINK_GBPS,
 ) -> Pattern:
     """The pattern for one tensor: the requested one if the scheme allows it, else the fastest by
-    :func:`seconds` of those the frontend ``offered`` (a pattern must be 10% faster than gather to
-    be taken: gather quantizes once and is the simplest on the wire). ``hierarchical`` needs
+    :func:`seconds` of those the frontend ``offered`` that move fewer bytes than an fp32 allreduce
+    (all of them if none does; a pattern must be 10% faster than gather to be taken: gather
+    quantizes once and is the simplest on the wire). ``hierarchical`` needs
     several ranks a host; with one it is its cross-host part, which is then all of it."""
     can_sum = scheme.combine is Combine.SUMMABLE and isinstance(scheme, EvenLevelScheme)
     if requested is Pattern.SUMMABLE:
@@ -245,9 +246,15 @@ def choose(
             times[p] = seconds(scheme, n, shape_ndim, nranks, p, local, link_gbps)
         except SpecError:  # summable lanes that do not fit at this N
             continue
+    # compression was asked for: among the patterns that move fewer bytes than an fp32 allreduce
+    # (if any does), the fastest; so a CPU-cheap pattern never wins by sending more than fp32
+    fp32 = fp32_cost(n, nranks).received
+    smaller = {p: t for p, t in times.items()
+               if cost(scheme, n, shape_ndim, nranks, p, local, link_gbps).received < fp32}
+    times = smaller or times
     best = min(times, key=lambda p: times[p])
-    if times[best] >= 0.9 * times[Pattern.GATHER]:  # a clear win only: gather quantizes once
-        best = Pattern.GATHER
+    if Pattern.GATHER in times and times[best] >= 0.9 * times[Pattern.GATHER]:  # a clear win only: gather
+        best = Pattern.GATHER  # quantizes once
     return best
 
 
