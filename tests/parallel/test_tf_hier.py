@@ -23,6 +23,8 @@ def test_hierarchical(np_: int, per_host: int, link: float, cross: str) -> None:
             if "ef=true" in spec:
                 assert case["residuals_equal"] and all(case["residuals_equal"]), (r, spec, case["residuals_equal"])
         assert rep["nonfinite"] == "raised:True", (r, rep["nonfinite"])
+        ps = rep["psets"]
+        assert ps == {"member": False} if r not in (0, 2) else (ps["exact"] and ps["patterns"] in (["gather"], ["scatter"])), (r, ps)
         assert rep["auto"]["want"] == "hierarchical" and rep["auto"]["got"] == ["hierarchical"], rep["auto"]
     for spec in reports[0]["oracle"]:
         assert_ranks_equal({r: {"d": rep["oracle"][spec]["digest"]} for r, rep in reports.items()}, "d")
