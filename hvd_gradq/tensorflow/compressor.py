@@ -89,6 +89,9 @@ from .scatter import scatter_finish, scatter_start, server_residual
 from .state import Bookkeeping, Slot, SlotStore, byte_stats, check_slot, describe, make_variables, variable_key
 
 _F = TypeVar("_F", bound=Callable[..., Any])
+#: Patterns with collectives started in ``decompress()``, after a decode that may raise: not
+#: with ``nonfinite=raise`` (see ``GradqCompressor.__init__``).
+LATE_PHASES = frozenset({Pattern.SCATTER, Pattern.HIERARCHICAL})
 
 
 
@@ -137,6 +140,12 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         self.link_gbps = link_rate(link_gbps)
         if self.pattern is Pattern.SUMMABLE:
             choose(scheme, 1, 1, 2, Pattern.SUMMABLE)  # refuse now, not at the first step
+        if scheme.nonfinite is NonFinite.RAISE and self.pattern in LATE_PHASES:
+            raise GradqError(
+                f"nonfinite=raise with pattern={self.pattern.value} is not supported by hvd_gradq.tensorflow: its "
+                "later phases start in decompress(), and a step that stops on one tensor's NaN could leave another "
+                "tensor's later phase started on some ranks only (a TF graph cannot hold back its other ops). "
+                "Use nonfinite=propagate (the default) or pattern=gather / summable / auto")
         self.check_ranks = check_ranks
         self.cid = cid
         self.steps: dict[str, Any] = {}  # tracked: checkpoint keys steps/<variable name>
@@ -165,7 +174,8 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
     def _pattern_for(self, n: int, ndim: int, size: int, local: int) -> Pattern | None:
         """The pattern of a tensor of ``n`` elements (the policy both frontends share,
         :func:`hvd_gradq.frontend.patterns.decide`); None: Horovod's own allreduce, exactly."""
-        p = decide(self.scheme, n, ndim, size, self.pattern, EVERY, local, self.link_gbps)
+        offered = EVERY - LATE_PHASES if self.scheme.nonfinite is NonFinite.RAISE else EVERY
+        p = decide(self.scheme, n, ndim, size, self.pattern, offered, local, self.link_gbps)
         return None if p is Pattern.FP32 else p
 
     def _slot(self, shape: tuple[int, ...], dtype: str, variable: Any, size: int, local: int) -> Slot:

@@ -22,7 +22,9 @@ def test_hierarchical(np_: int, per_host: int, link: float, cross: str) -> None:
             assert case["bytes_ok"], (r, spec)
             if "ef=true" in spec:
                 assert case["residuals_equal"] and all(case["residuals_equal"]), (r, spec, case["residuals_equal"])
-        assert rep["nonfinite"] == "raised:True", (r, rep["nonfinite"])
+        nf = rep["nonfinite"]
+        assert "nonfinite=raise with pattern=hierarchical" in nf["refused"], nf
+        assert nf["raised"] == "raised:True" and nf["patterns"] == ["gather"], (r, nf)
         ps = rep["psets"]
         assert ps == {"member": False} if r not in (0, 2) else (ps["exact"] and ps["patterns"] in (["gather"], ["scatter"])), (r, ps)
         assert rep["auto"]["want"] == "hierarchical" and rep["auto"]["got"] == ["hierarchical"], rep["auto"]

@@ -54,6 +54,8 @@ def _check(reports, size):
             assert (rec["bad"], rec["bad_count"]) == want and rec["residuals_finite"] and rec["recovered"], (spec, rec)
         msg = rep["nonfinite"]["error_text"]
         assert "non-finite" in msg, (r, msg)  # every rank, not only the one whose gradient held the NaN
+        assert "nonfinite=raise with pattern=scatter" in rep["nonfinite"]["refused"], rep["nonfinite"]
+        assert "scatter" not in rep["nonfinite"]["patterns"], rep["nonfinite"]
     # ranks bitwise identical: reduced gradients, Keras weights, what auto picked (losses are on local data)
     for key in ("oracle", "keras", "auto"):
         assert_ranks_equal({r: {key: {s: {f: v for f, v in rec.items() if f not in ("residuals_equal", "loss")}

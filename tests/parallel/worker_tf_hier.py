@@ -17,7 +17,8 @@ Sections:
 * ``psets``: a process set of one rank a host (ranks 0 and 2) asking for ``hierarchical`` gets
   the flat pattern its layout means (scheme ``none``: exactly the sum of the two gradients),
   while the other ranks work alone.
-* ``nonfinite`` (last: it fails a step): ``nonfinite=raise``, a NaN on the last rank: every rank raises.
+* ``nonfinite`` (last: it fails a step): ``nonfinite=raise`` is refused with ``hierarchical``; under
+  ``auto`` it takes gather, and a NaN on the last rank makes every rank raise.
 """
 import argparse
 
@@ -221,10 +222,15 @@ def _psets():
 
 @section("nonfinite")
 def _nonfinite():
-    """One variable, as the scatter pattern's test: with several, the step that fails on one
-    tensor may stop a rank before another tensor's later phase (the caveat in the README)."""
-    comp = gq.from_spec("orq:levels=5,nonfinite=raise", pattern="hierarchical", name="nan")
-    w = tf.Variable(tf.zeros((24000,)), name="wnan")
+    """``nonfinite=raise`` is refused with this pattern (its later phases start in decompress(),
+    after a decode that may stop the step), and ``auto`` does not take it then."""
+    try:
+        gq.from_spec("orq:levels=5,nonfinite=raise", pattern="hierarchical", name="nan")
+        refused = "accepted"
+    except hvd_gradq.GradqError as e:
+        refused = str(e)
+    comp = gq.from_spec("orq:levels=5,nonfinite=raise", name="nan2")
+    w = tf.Variable(tf.zeros((60000,)), name="wnan")
 
     @tf.function
     def step(c):
@@ -232,14 +238,15 @@ def _nonfinite():
             loss = tf.reduce_sum(w * c)
         return hvd.DistributedGradientTape(tape, compression=comp).gradient(loss, [w])[0]
 
-    c = grad_of(rank, 0, (24000,))
+    c = grad_of(rank, 0, (60000,))
     if rank == size - 1:
-        c[7] = np.nan  # in the first piece: every owner of every piece still gets the flag
+        c[7] = np.nan
     try:
         step(tf.constant(c))
-        return "no error"
+        raised = "no error"
     except Exception as e:  # TF wraps the host function's error
-        return f"raised:{'non-finite' in str(e)}"
+        raised = f"raised:{'non-finite' in str(e)}"
+    return {"refused": refused, "raised": raised, "patterns": [s["pattern"] for s in comp.slots()]}
 
 
 report(rank, out)

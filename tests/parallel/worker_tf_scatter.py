@@ -22,7 +22,8 @@ Sections (each reports, errors as text so that one broken section does not hide 
   on rank 2), against the simulation over those two ranks.
 * ``auto``: what ``pattern=auto`` picks per slot equals ``patterns.decide``.
 * ``propagate``: ``nonfinite=propagate``, an Inf on one rank: its bucket decodes NaN everywhere.
-* ``nonfinite`` (last: it fails a step): ``nonfinite=raise`` with a NaN on rank 1 raises on
+* ``nonfinite`` (last: it fails a step): ``nonfinite=raise`` is refused with pattern=scatter; under
+  auto (gather) a NaN on rank 1 raises on
   every rank.
 """
 import argparse
@@ -345,17 +346,25 @@ def _propagate():
 
 @section("nonfinite")
 def _nonfinite():
-    comp = gq.from_spec("orq:levels=5,nonfinite=raise,ef=true", pattern="scatter", name="nf")
+    """``nonfinite=raise`` is refused with pattern=scatter (its phase 2 starts in decompress(),
+    after a decode that may stop the step); under auto it takes gather and every rank raises."""
+    try:
+        gq.from_spec("orq:levels=5,nonfinite=raise,ef=true", pattern="scatter", name="nf0")
+        refused = "accepted"
+    except hvd_gradq.GradqError as e:
+        refused = str(e)
+    comp = gq.from_spec("orq:levels=5,nonfinite=raise,ef=true", name="nf")
     step = var_step(comp, tf.Variable(tf.zeros((2300,)), name="wnf"))
     step(tf.constant(grad_of(rank, 0, (2300,))))
     c = grad_of(rank, 1, (2300,))
     if rank == 1:
-        c[1800] = np.nan  # in the last chunk: every rank still receives the poison
+        c[1800] = np.nan
     try:
         step(tf.constant(c))
-        return {"error_text": "no error"}
+        return {"error_text": "no error", "refused": refused}
     except Exception as e:  # TF wraps it (InvalidArgumentError); the message is hvd_gradq's
-        return {"error_text": f"{type(e).__name__}: {e}"[:2000]}
+        return {"error_text": f"{type(e).__name__}: {e}"[:2000], "refused": refused,
+                "patterns": [s["pattern"] for s in comp.slots()]}
 
 
 report(rank, out)
