@@ -72,7 +72,8 @@ def link_gbps(value: float | None = None) -> float:
         try:
             value = float(raw)
         except ValueError:
-            value = float("nan")
+            value = None
     if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value <= 0:
-        raise GradqError(f"{source}={value!r} is not a link rate: give Gbit/s as a positive number, e.g. 25")
+        shown = os.environ.get(LINK_ENV) if source == LINK_ENV else value
+        raise GradqError(f"{source}={shown!r} is not a link rate: give Gbit/s as a positive number, e.g. 25")
     return float(value)

@@ -135,6 +135,16 @@ def make(spec, name, pattern="hierarchical"):
     return comp, step
 
 
+def var_step(comp, w, **kw):
+    """A tape step over one variable ``w`` whose gradient is the input ``c``."""
+    @tf.function
+    def step(c):
+        with tf.GradientTape() as tape:
+            loss = tf.reduce_sum(w * c)
+        return hvd.DistributedGradientTape(tape, compression=comp, **kw).gradient(loss, [w])[0]
+    return step
+
+
 def sent_bytes(scheme, n, cross):
     """What this rank sends to other hosts per step, from the payload format's sizes."""
     lo, hi = chunk_bounds(n, scheme.bucket, L)[hvd.local_rank()]
@@ -187,12 +197,7 @@ def _auto():
     comp = gq.from_spec(spec, name="auto")
     w = tf.Variable(tf.zeros((60000,)), name="wbig")
 
-    @tf.function
-    def step(c):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(w * c)
-        return hvd.DistributedGradientTape(tape, compression=comp).gradient(loss, [w])[0]
-
+    step = var_step(comp, w)
     g = step(tf.constant(grad_of(rank, 0, (60000,))))
     want = decide(hvd_gradq.parse(spec), 60000, 1, size, Pattern.AUTO, local=L, link_gbps=args.link)
     return {"want": want.value, "got": [s["pattern"] for s in comp.slots()], "digest": digest([g.numpy()])}
@@ -206,13 +211,7 @@ def _psets():
         comp = gq.from_spec("none", pattern="hierarchical", name="ps", process_set=PS)
         w = tf.Variable(tf.zeros((3000,)), name="wps")
 
-        @tf.function
-        def step(c):
-            with tf.GradientTape() as tape:
-                loss = tf.reduce_sum(w * c)
-            return hvd.DistributedGradientTape(tape, compression=comp, op=hvd.Sum, process_set=PS).gradient(
-                loss, [w])[0]
-
+        step = var_step(comp, w, op=hvd.Sum, process_set=PS)
         g = step(tf.constant(grad_of(rank, 0, (3000,)))).numpy()
         want = grad_of(0, 0, (3000,)) + grad_of(2, 0, (3000,))
         return {"member": True, "exact": bool(np.array_equal(g, want)), "patterns": [s["pattern"] for s in comp.slots()]}
@@ -232,12 +231,7 @@ def _nonfinite():
     comp = gq.from_spec("orq:levels=5,nonfinite=raise", name="nan2")
     w = tf.Variable(tf.zeros((60000,)), name="wnan")
 
-    @tf.function
-    def step(c):
-        with tf.GradientTape() as tape:
-            loss = tf.reduce_sum(w * c)
-        return hvd.DistributedGradientTape(tape, compression=comp).gradient(loss, [w])[0]
-
+    step = var_step(comp, w)
     c = grad_of(rank, 0, (60000,))
     if rank == size - 1:
         c[7] = np.nan
