@@ -1,5 +1,6 @@
 """The smallest real hvd_gradq training script (TensorFlow): a small MLP learns a random linear map
-from synthetic data, its gradients sent as ORQ with 5 levels and error feedback.
+from synthetic data, its gradients sent as ORQ with 5 levels (``gq.ORQ()``: the README's "Which scheme" pick
+when unsure of the optimizer).
 
     horovodrun -np 2 -H localhost:2 .venv/bin/python examples/minimal_tf.py
 """
@@ -15,7 +16,7 @@ tf.keras.utils.set_random_seed(0)
 model = tf.keras.Sequential([tf.keras.Input((32,)), tf.keras.layers.Dense(64, activation="relu"),
                              tf.keras.layers.Dense(1)])
 opt = tf.keras.optimizers.legacy.SGD(learning_rate=0.02)
-compression = gq.ORQ(levels=5, ef=True)
+compression = gq.ORQ()  # ORQ-5, no error feedback
 target = tf.random.stateless_normal((32, 1), seed=[7, 0])  # the same map on every rank
 
 

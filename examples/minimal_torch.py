@@ -1,5 +1,6 @@
 """The smallest real hvd_gradq training script (PyTorch): a small MLP learns a random linear map from
-synthetic data, its gradients sent as ORQ with 5 levels and error feedback.
+synthetic data, its gradients sent as ORQ with 5 levels (``gq.ORQ()``: the README's "Which scheme" pick
+when unsure of the optimizer).
 
     horovodrun -np 2 -H localhost:2 .venv/bin/python examples/minimal_torch.py
 """
@@ -14,7 +15,7 @@ hvd.init()
 torch.set_num_threads(1)  # the ranks share this machine's cores
 torch.manual_seed(0)
 model = torch.nn.Sequential(torch.nn.Linear(32, 64), torch.nn.ReLU(), torch.nn.Linear(64, 1))
-compression = gq.ORQ(levels=5, ef=True, named_parameters=model.named_parameters())
+compression = gq.ORQ(named_parameters=model.named_parameters())  # ORQ-5, no error feedback
 opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.02),
                                named_parameters=model.named_parameters(), compression=compression)
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)  # every rank starts from rank 0's weights

@@ -3,6 +3,7 @@
     bash scripts/demo.sh                                  # set-up if needed, then this
     bash scripts/demo.sh --rate 100mbit                   # another link speed
     bash scripts/demo.sh --jobs fp32,orq,bingrad          # other jobs (fp32 fp16 orq orq3 bingrad)
+    bash scripts/demo.sh --jobs "fp16;orq:levels=4,ef=true"  # any hvd_gradq spec as a job
     HVD_GRADQ_DEMO_LOOPBACK=1 bash scripts/demo.sh        # force the loopback fallback
 
 The job is the quality study's MNIST-1D recipe (``bench/study_tasks.py``): an MLP 40-300-300-10
@@ -53,7 +54,8 @@ from netemu_links import parse_rate  # noqa: E402 (bench/ is not a package: its 
 
 LOOPBACK_ENV = "HVD_GRADQ_DEMO_LOOPBACK"
 
-#: key -> (column title, spec for bench/train_mnist1d.py --compression)
+#: shorthand -> (column title, spec for bench/train_mnist1d.py --compression); any other --jobs entry is
+#: an hvd_gradq spec (or stock-none / stock-fp16), titled by itself
 JOBS = {
     "fp32": ("no compression", "stock-none"),
     "fp16": ("Horovod fp16", "stock-fp16"),
@@ -119,9 +121,46 @@ OTHER_RANK = re.compile(r"^(\[h[1-9]\d*\] |\[[1-9]\d*\]<(stdout|stderr)>:)")
 QUIET = re.compile(r"NETBENCH_PHASE ")
 
 
-def run_job(a: argparse.Namespace, key: str, emulated: bool, tmp: Path) -> Result:
-    title, spec = JOBS[key]
-    out, link_json = tmp / f"{key}.json", tmp / f"{key}.link.json"
+STOCK = ("stock-none", "stock-fp16")
+
+
+def parse_jobs(text: str) -> list[tuple[str, str]]:
+    """``--jobs`` -> [(title, spec)]. Entries are separated by ``;`` or ``,``; a comma-separated piece
+    that holds ``=`` but no ``:`` continues the spec before it, so ``fp32,orq:levels=5,ef=true,fp16``
+    is three jobs. Each entry is a shorthand of :data:`JOBS`, ``stock-none``/``stock-fp16`` or an
+    hvd_gradq spec (checked here, so a typo fails before any job runs). Raises ValueError."""
+    entries: list[str] = []
+    for part in text.split(";"):
+        for piece in part.split(","):
+            piece = piece.strip()
+            if not piece:
+                continue
+            if "=" in piece and ":" not in piece and entries and ":" in entries[-1]:
+                entries[-1] += "," + piece
+            else:
+                entries.append(piece)
+    if not entries:
+        raise ValueError("--jobs is empty")
+    jobs = []
+    for e in entries:
+        if e in JOBS:
+            jobs.append(JOBS[e])
+        elif e in STOCK:
+            jobs.append((e, e))
+        else:
+            from hvd_gradq import GradqError, parse
+
+            try:
+                parse(e)  # validated now; passed on as typed (the canonical form spells out every default)
+            except GradqError as err:
+                raise ValueError(f"--jobs entry {e!r} is neither a shorthand ({' '.join(JOBS)}), stock-none, "
+                                 f"stock-fp16 nor a valid hvd_gradq spec: {err}") from None
+            jobs.append((e, e))
+    return jobs
+
+
+def run_job(a: argparse.Namespace, index: int, title: str, spec: str, emulated: bool, tmp: Path) -> Result:
+    out, link_json = tmp / f"job{index}.json", tmp / f"job{index}.link.json"
     cmd = command(a, spec, out, link_json, emulated)
     env = dict(os.environ)
     env.update({"OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1",
@@ -203,7 +242,7 @@ def table(results: list[Result], target: float, emulated: bool) -> str:
         return f"{kb(s['bytes_sent'] / s['steps'])} (x{s['ratio_vs_fp32']:.1f} less)"
 
     rows: list[tuple[str, Any]] = [
-        ("compression (--compression)", lambda r: r.spec),
+        ("spec (--jobs entry)", lambda r: r.spec),
         ("final test accuracy", lambda r: f"{100 * r.summary['test_accuracy']:.1f}%"),
         (f"time to {target:g}% test accuracy", ttt),
         ("mean step time", lambda r: f"{1000 * r.summary['step_time_s']:.1f} ms"),
@@ -227,23 +266,32 @@ def table(results: list[Result], target: float, emulated: bool) -> str:
     return "\n".join(lines)
 
 
-def main() -> None:
+def parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(description=(__doc__ or "").split("\n")[0])
     ap.add_argument("--rate", default="20mbit", help="tc rate of each emulated link, each way (default 20mbit)")
-    ap.add_argument("--jobs", default=DEFAULT_JOBS,
-                    help=f"comma-separated, of {' '.join(JOBS)} (default {DEFAULT_JOBS})")
+    ap.add_argument("--jobs", default=DEFAULT_JOBS, metavar="JOB[;JOB...]",
+                    help=f"the jobs, in order, separated by ';' or ',': shorthands ({' '.join(JOBS)}), stock-none or "
+                         "stock-fp16 (Horovod's own), or any hvd_gradq spec such as 'orq:levels=4,ef=true' "
+                         f"(default {DEFAULT_JOBS})")
     ap.add_argument("--steps", type=int, default=300, help="steps of each job (default 300, the study's)")
     ap.add_argument("--lr", type=float, default=0.6, help="peak learning rate (default 0.6, the study's)")
-    ap.add_argument("--target", type=float, default=65.0, help="test accuracy, %%, for the time-to-target row")
+    ap.add_argument("--target", type=float, default=65.0,
+                    help="test accuracy in %% that the 'time to' row waits for (default 65)")
     ap.add_argument("--eval-every", type=int, default=10, help="score the test set every N steps (default 10)")
-    ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--seed", type=int, default=0,
+                    help="seed of the data, initial weights and rounding noise, the same in every job (default 0)")
     ap.add_argument("--timeout", type=float, default=300.0, help="seconds a job may take (default 300)")
     ap.add_argument("--json", default="", metavar="PATH", help="also write every job's summary and link counters here")
+    return ap
+
+
+def main() -> None:
+    ap = parser()
     a = ap.parse_args()
-    keys = [k.strip() for k in a.jobs.split(",") if k.strip()]
-    bad = [k for k in keys if k not in JOBS]
-    if bad or not keys:
-        ap.error(f"--jobs: unknown {bad}; choose from {' '.join(JOBS)}")
+    try:
+        jobs = parse_jobs(a.jobs)
+    except ValueError as e:
+        ap.error(str(e))
     try:
         rate_bps = parse_rate(a.rate)
     except ValueError as e:
@@ -266,8 +314,8 @@ def main() -> None:
 
     results: list[Result] = []
     with tempfile.TemporaryDirectory(prefix="hvdq-demo-") as tmp:
-        for k in keys:
-            results.append(run_job(a, k, emulated, Path(tmp)))
+        for i, (title, spec) in enumerate(jobs):
+            results.append(run_job(a, i, title, spec, emulated, Path(tmp)))
     total = time.monotonic() - t0
     load1 = os.getloadavg()
 
