@@ -4,9 +4,9 @@ Each run trains a workload of :mod:`study_tasks` with ``--workers`` data-paralle
 gradients are reduced as the PyTorch frontend reduces them (:mod:`sim_reduce`: the library's
 policy, payloads, patterns and error feedback, in one process, so that hundreds of runs fit a
 small machine). A row whose best rate is at the edge of the grid gets the rates beyond it
-(:func:`beyond_edges`). Every finished run is saved at once under ``results/study_runs/main/`` (committed) and a rerun
-skips what is saved, so an interrupted study resumes. ``--jobs`` runs go in parallel (one
-thread each). The tables and plots are :mod:`study_report`'s.
+(:func:`beyond_edges`). Every finished run is saved at once in ``results/study_runs/main.jsonl.gz``
+(committed; :mod:`study_store`) and a rerun skips what is saved, so an interrupted study resumes.
+``--jobs`` runs go in parallel (one process each). The tables and plots are :mod:`study_report`'s.
 
     .venv/bin/python bench/study.py --plan main          # the whole grid (hours on 2 cores)
     .venv/bin/python bench/study.py --plan main --report # tables and plots from what is saved
@@ -14,7 +14,6 @@ thread each). The tables and plots are :mod:`study_report`'s.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 import time
@@ -22,12 +21,22 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
+from study_store import RunStore
+
 BENCH = Path(__file__).resolve().parent
 ROOT = BENCH.parent
 sys.path.insert(0, str(BENCH))
 sys.path.insert(0, str(ROOT))
 
-RAW = ROOT / "results" / "study_runs" / "main"
+RAW = ROOT / "results" / "study_runs" / "main.jsonl.gz"
+_STORE: RunStore | None = None
+
+
+def store() -> RunStore:
+    global _STORE
+    if _STORE is None or _STORE.path != RAW:
+        _STORE = RunStore(RAW)
+    return _STORE
 
 #: every scheme of the tables (Horovod's fp32 and fp16 baselines first), those with targets next
 KEY = ["none", "fp16", "orq:levels=5", "orq:levels=3", "bingrad:ef=true", "uniform:bits=4"]
@@ -78,7 +87,7 @@ def beyond_edges(runs: list[dict[str, Any]], rounds: int = 2) -> list[dict[str, 
         seeds = sorted({r["seed"] for r in rs})
         lrs = sorted({r["lr"] for r in rs})
         for _ in range(rounds):
-            saved = {(r["lr"], r["seed"]): json.loads(path_of(r).read_text()) for r in rs if path_of(r).exists()}
+            saved = {(r["lr"], r["seed"]): store().get(r) for r in rs if store().has(r)}
             if len(saved) < len(lrs) * len(seeds) or any("error" in v for v in saved.values()):
                 break  # the row is not complete (or a run failed): nothing to decide yet
             score = {lr: float(np.mean([saved[(lr, s)]["dev"] for s in seeds])) for lr in lrs}
@@ -96,11 +105,6 @@ def beyond_edges(runs: list[dict[str, Any]], rounds: int = 2) -> list[dict[str, 
     return extra
 
 
-def path_of(r: dict[str, Any]) -> Path:
-    safe = r["spec"].replace(":", "_").replace(",", "_").replace("=", "-")
-    return RAW / f"{r['task']}_w{r['workers']}" / f"{safe}__lr{r['lr']:g}__seed{r['seed']}.json"
-
-
 _DATA: dict[str, Any] = {}
 
 
@@ -115,24 +119,20 @@ def _one(r: dict[str, Any]) -> dict[str, Any]:
         out = study_train.train(r["task"], _DATA[r["task"]], r["spec"], r["workers"], r["lr"], r["seed"])
     except Exception as e:  # recorded, so that the report shows it instead of a missing row
         out = dict(r, error=f"{type(e).__name__}: {e}")
-    p = path_of(r)
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_suffix(".tmp")
-    tmp.write_text(json.dumps(out) + "\n")
-    os.replace(tmp, p)
-    return out
+    return out  # saved by the main process (run_all): one writer for the study's file
 
 
 def run_all(runs: list[dict[str, Any]], jobs: int) -> None:
     from tqdm import tqdm
 
-    todo = [r for r in runs if not path_of(r).exists()]
+    todo = [r for r in runs if not store().has(r)]
     bar = tqdm(total=len(runs), initial=len(runs) - len(todo), desc="study runs", unit="run", dynamic_ncols=True)
     t0 = time.monotonic()
     with ProcessPoolExecutor(max_workers=jobs) as pool:
         futures = {pool.submit(_one, r): r for r in todo}
         for f in as_completed(futures):
             r, out = futures[f], f.result()
+            store().put(r, out)
             msg = out.get("error") or f"{out['test']:.3f}"
             bar.set_postfix_str(f"{r['task']} w{r['workers']} {r['spec']} lr={r['lr']:g} s{r['seed']}: {msg}")
             bar.update(1)
@@ -147,7 +147,7 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--report", action="store_true", help="only write the tables and plots from saved runs")
-    ap.add_argument("--raw", default="", help="where runs are saved (default results/study_runs/main)")
+    ap.add_argument("--raw", default="", help="the file runs are saved in (default results/study_runs/main.jsonl.gz)")
     ap.add_argument("--tag", default="", help="results/quality<TAG>.md and plots (another --raw's report)")
     a = ap.parse_args()
     if a.raw:
@@ -156,12 +156,12 @@ def main() -> None:
     if not a.report:
         run_all(beyond_edges(runs) + runs, a.jobs)  # the rows already complete first: they are cheap
         # rows whose best rate is at an edge of the grid: the rates beyond it, until it is inside
-        while more := [r for r in beyond_edges(runs) if not path_of(r).exists()]:
+        while more := [r for r in beyond_edges(runs) if not store().has(r)]:
             run_all(more, a.jobs)
     runs += beyond_edges(runs)
     import study_report
 
-    study_report.write(runs, [path_of(r) for r in runs], a.tag)
+    study_report.write(runs, [out for r in runs if (out := store().get(r)) is not None], a.tag)
 
 
 if __name__ == "__main__":

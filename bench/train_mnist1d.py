@@ -79,8 +79,7 @@ def evaluate(model: nn.Module, x: np.ndarray, y: np.ndarray) -> tuple[float, flo
 
 def train(args: argparse.Namespace) -> dict:
     """One training run on the ranks Horovod was initialised with; every rank returns the summary.
-    May be called again in the same process (``bench/quality_study.py`` does, for several runs
-    per launch)."""
+    May be called again in the same process, for several runs per launch."""
     rank, size = hvd.rank(), hvd.size()
     data = measure.load_mnist1d()
     x, y = measure.shard(data["x"], data["y"], rank, size)
