@@ -4,7 +4,7 @@
     sudo .venv/bin/python bench/bench_e2e.py                 # 4 hosts, 100mbit and 1gbit
     .venv/bin/python bench/bench_e2e.py --rates 1gbit --steps 2 --schemes ORQ-5,none   # quicker
 
-Builds N hosts as network namespaces with shaped links (``bench/netemu.py``, root only),
+Builds N hosts as network namespaces with shaped links (``bench/netemu/``, root only),
 starts one rank per host, and in ONE launch per bandwidth trains the same MLP (MNIST-1D input,
 three hidden layers of 2304: 10.7M parameters, 41 MB of fp32 gradients) with each scheme in turn:
 ``--warmup`` untimed steps, then ``--steps`` timed ones between two phase marks, at which the

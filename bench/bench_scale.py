@@ -4,7 +4,7 @@
     sudo .venv/bin/python bench/bench_scale.py        # every topology, scheme and pattern at 1gbit
     sudo .venv/bin/python bench/bench_scale.py --topologies 2x1,2x2 --schemes orq:levels=5 --steps 3
 
-For each topology (hosts x ranks a host, ``bench/netemu.py``: network namespaces, links shaped
+For each topology (hosts x ranks a host, ``bench/netemu/``: network namespaces, links shaped
 by ``tc tbf`` to ``--rate`` both ways) ONE launch trains a small MLP (``scale_worker.LAYERS``:
 2.64M parameters in four weight matrices and four bias vectors, deterministic synthetic data,
 SGD) with each entry in turn: ``--warmup`` untimed steps, then ``--steps`` timed ones between

@@ -39,7 +39,7 @@ def report(runs: list[dict[str, Any]], args: argparse.Namespace, cmd: str, fig: 
     p = runs[0]["params"]
     lines += [
         f"{args.hosts} hosts (network namespaces on a bridge, each link shaped by `tc tbf` both ways; "
-        f"`bench/netemu.py`), one rank a host, Horovod over Gloo. Model: MLP 40-{HIDDEN}-{HIDDEN}-"
+        f"`bench/netemu/`), one rank a host, Horovod over Gloo. Model: MLP 40-{HIDDEN}-{HIDDEN}-"
         f"{HIDDEN}-10, **{p / 1e6:.2f}M parameters** ({p * 4 / 1e6:.1f} MB of fp32 gradients), Adam, batch "
         f"{args.batch} a rank, MNIST-1D. Step = forward + backward + communication + optimizer step; the "
         f"time is the slowest rank's, mean of {args.steps} timed steps after {args.warmup} warm-up steps. " + cpu,

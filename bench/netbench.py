@@ -6,7 +6,7 @@
     netbench.py --check       # root, ip/tc, netem, leftovers
     netbench.py --cleanup     # remove what a killed run left behind
 
-Needs root. Each rank runs on its own network namespace (see bench/netemu.py); a ``.py``
+Needs root. Each rank runs on its own network namespace (see bench/netemu/); a ``.py``
 script is started with this interpreter, with the repository and bench/ on ``PYTHONPATH``, so
 workers may call ``netemu.phase("name")`` on every rank to get per-phase byte counts.
 

@@ -25,7 +25,7 @@ import measure
 import numpy as np
 import torch
 import torch.nn.functional as F
-from netemu_counters import phase
+from netemu.counters import phase
 from torch import nn
 
 import hvd_gradq.torch as gq

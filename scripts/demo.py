@@ -50,7 +50,7 @@ from typing import Any, Optional
 ROOT = Path(__file__).resolve().parents[1]
 BENCH = ROOT / "bench"
 sys.path.insert(0, str(BENCH))
-from netemu_links import parse_rate  # noqa: E402 (bench/ is not a package: its modules import by name)
+from netemu.links import parse_rate  # noqa: E402 (bench/ is on sys.path: netemu is its package)
 
 LOOPBACK_ENV = "HVD_GRADQ_DEMO_LOOPBACK"
 

@@ -1,4 +1,4 @@
-"""The emulated network (bench/netemu.py): 2 hosts in namespaces at 1gbit, a stock
+"""The emulated network (bench/netemu/): 2 hosts in namespaces at 1gbit, a stock
 Horovod allreduce through them, its bytes against the ring model, and a clean machine afterwards.
 
 Needs root (CI runs as root). Without root these tests FAIL, unless HVD_GRADQ_NO_NETNS=1 is

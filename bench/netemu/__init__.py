@@ -22,8 +22,8 @@ routes over the namespace's loopback: only bytes between hosts cross (and are co
 host's ``eth0``, as on a real machine with several processes (Gloo sends over TCP even
 between ranks of one host; MPI would use shared memory).
 
-The links and their clean-up are in :mod:`netemu_links`, the counters, phase marks and results
-in :mod:`netemu_counters`, Horovod's rendezvous server in :mod:`netemu_rendezvous`; this module
+The links and their clean-up are in :mod:`netemu.links`, the counters, phase marks and results
+in :mod:`netemu.counters`, Horovod's rendezvous server in :mod:`netemu.rendezvous`; this module
 launches the ranks and re-exports the public names of all three.
 
 Ranks and the rendezvous server get ``PR_SET_PDEATHSIG=SIGKILL``: if the launching thread
@@ -49,7 +49,7 @@ from pathlib import Path
 from types import FrameType, TracebackType
 from typing import IO, Any, Optional, Union
 
-from netemu_counters import (
+from .counters import (
     PHASE_ENV,
     PHASE_TOKEN,
     HostCounters,
@@ -59,7 +59,7 @@ from netemu_counters import (
     parse_proc_net_dev,
     phase,
 )
-from netemu_links import (
+from .links import (
     BRIDGE,
     BRIDGE_ADDR,
     HOST_IFACE,
@@ -84,7 +84,7 @@ from netemu_links import (
     parse_rate,
     preflight,
 )
-from netemu_rendezvous import _Rendezvous
+from .rendezvous import _Rendezvous
 
 __all__ = [
     "BRIDGE",

@@ -23,7 +23,7 @@ import threading
 from dataclasses import dataclass
 from typing import IO, Optional
 
-from netemu_links import NetEmuError
+from .links import NetEmuError
 
 PHASE_TOKEN = "NETBENCH_PHASE"
 PHASE_ENV = "NETBENCH_PHASES"

@@ -8,7 +8,7 @@ import threading
 import time
 from typing import Optional
 
-from netemu_links import BRIDGE_ADDR, HOST_IFACE, SWITCH_NS, NetEmuError, _die_with_parent
+from .links import BRIDGE_ADDR, HOST_IFACE, SWITCH_NS, NetEmuError, _die_with_parent
 
 _RENDEZVOUS_CODE = """
 import sys
