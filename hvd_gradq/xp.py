@@ -28,6 +28,13 @@ _M1 = 0x2C1B3C6D
 _M2 = 0x297A2D39
 _M3 = 0x7FEB352D
 
+#: Top-K's one selection rule (``Ops.topk_abs``), a total order every namespace computes exactly:
+#: larger ``|x|`` first, and among equal ``|x|`` (fp16/bf16 gradients tie often; ``x`` and ``-x``
+#: tie) the lower index first. Library selections promise nothing about ties (NumPy's
+#: ``argpartition``, ``torch.topk`` on CPU or CUDA), so each namespace only asks them for the
+#: k-th largest value, which ties cannot change, and picks the elements itself.
+TOPK_TIES = "larger |x| first; equal |x|: lower index first"
+
 
 class Ops(Protocol):
     """Primitives a scheme may use. Shapes follow NumPy broadcasting."""
@@ -63,7 +70,10 @@ class Ops(Protocol):
     def band(self, a: Array, b: int) -> Array: ...
     def mod(self, a: Array, b: int) -> Array: ...
     def floordiv_by(self, a: Array, b: Array) -> Array: ...
-    def topk_abs(self, x: Array, k: int) -> Array: ...
+    def topk_abs(self, x: Array, k: int) -> Array:
+        """Indices (int64, ascending) of the ``k`` largest ``|x|`` of flat ``x`` (no NaN), chosen
+        by :data:`TOPK_TIES`, so every namespace keeps the same elements, ties included."""
+        ...
     def to_f16(self, x: Array) -> Array: ...
     def to_numpy(self, x: Array) -> NDArray[Any]: ...
     def from_numpy(self, x: NDArray[Any]) -> Array: ...
@@ -169,11 +179,17 @@ class NumpyOps:
         return np.floor_divide(a, b)
 
     def topk_abs(self, x: Array, k: int) -> Array:
-        # Indices of the k largest |x|, ascending by index so the wire order is canonical.
-        if k >= x.shape[0]:
-            return np.arange(x.shape[0], dtype=np.int64)
-        idx = np.argpartition(np.abs(x), x.shape[0] - k)[x.shape[0] - k:]
-        return np.sort(idx).astype(np.int64)
+        # TOPK_TIES: the k-th largest |x| by selection, everything above it, then the lowest
+        # indices among its ties; flatnonzero lists the chosen mask in ascending index order.
+        n = x.shape[0]
+        if k >= n:
+            return np.arange(n, dtype=np.int64)
+        a = np.abs(x)
+        t = np.partition(a, n - k)[n - k]
+        chosen = a > t
+        ties = np.flatnonzero(a == t)
+        chosen[ties[: k - int(np.count_nonzero(chosen))]] = True
+        return np.flatnonzero(chosen).astype(np.int64)
 
     def to_f16(self, x: Array) -> Array:
         return np.asarray(x, dtype=np.float32).astype(np.float16)

@@ -117,11 +117,19 @@ class TorchOps:
         return out
 
     def topk_abs(self, x: Array, k: int) -> Array:
+        # TOPK_TIES (hvd_gradq.xp): torch.topk breaks ties as it likes (differently on CPU and
+        # CUDA), but the k-th largest value it finds is the same whichever elements it took;
+        # the elements are then picked from it: all above it, and its ties by lowest index.
         n = x.shape[0]
         if k >= n:
             return torch.arange(n, dtype=torch.int64, device=self.device)
-        idx = torch.topk(torch.abs(x), k, sorted=False).indices
-        return torch.sort(idx).values
+        a = torch.abs(x)
+        t = torch.topk(a, k, sorted=False).values.amin()
+        above = a > t
+        ties = a == t
+        need = k - above.sum()
+        chosen = above | (ties & (torch.cumsum(ties, 0) <= need))
+        return torch.nonzero(chosen).reshape(-1)
 
     def to_f16(self, x: Array) -> Array:
         return x.to(torch.float16)
