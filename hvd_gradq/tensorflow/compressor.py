@@ -71,6 +71,7 @@ import tensorflow as tf
 
 from ..errors import GradqError
 from ..feedback import Memory, host_key, reduced_key
+from ..frontend.hosts import layout
 from ..frontend.hosts import link_gbps as link_rate
 from ..frontend.membership import membership
 from ..frontend.patterns import EVERY, Pattern, choose, decide, fp32_cost, parse_pattern
@@ -167,8 +168,7 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         self._host.checked.add(ps.process_set_id)
         if self.check_ranks and membership(mpi_ops._basics, ps).size > 1:
             local = hier.ranks_per_host_of(ps)
-            layout = f"|hosts={hvd.size() // local}x{local}|link={self.link_gbps:g}"
-            check_configs(self.config() + layout, ps, set_suffix(ps))
+            check_configs(self.config() + layout(hvd.size(), local, self.link_gbps), ps, set_suffix(ps))
 
     # -- identity ------------------------------------------------------------------------------
     def _pattern_for(self, n: int, ndim: int, size: int, local: int) -> Pattern | None:

@@ -229,7 +229,7 @@ class GradqCompressor:
         self._checked.add(group.key)
         if not self.check_ranks or group.size == 1:
             return
-        layout = f"|hosts={group.size // group.local}x{group.local}|link={self.link_gbps:g}"
+        layout = hosts.layout(group.size, group.local, self.link_gbps)
         block = torch.from_numpy(codec.config_block(self.config() + layout))
         gathered = hvd.allgather(block, name=f"hvd_gradq.{group.key}config", process_set=group.process_set)
         codec.check_config_blocks(gathered.numpy())

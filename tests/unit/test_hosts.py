@@ -1,0 +1,52 @@
+"""hvd_gradq/frontend/hosts.py: the cluster facts the ranks compare are the ones ``decide`` reads."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+
+import hvd_gradq
+from hvd_gradq import RankMismatchError
+from hvd_gradq.frontend import codec, hosts
+from hvd_gradq.frontend.patterns import Pattern, decide
+
+
+def _crossover() -> tuple[float, float]:
+    """Two adjacent float link rates between which ``decide`` changes its pattern (ORQ-5, 4M
+    elements, 8 ranks: scatter on slow links, gather on fast ones), found by bisection."""
+    orq = hvd_gradq.parse("orq:levels=5")
+
+    def pick(gbps: float) -> Pattern:
+        return decide(orq, 1 << 22, 2, 8, Pattern.AUTO, link_gbps=gbps)
+
+    lo, hi = 0.1, 1000.0
+    assert pick(lo) is not pick(hi)
+    while math.nextafter(lo, hi) < hi:
+        mid = (lo + hi) / 2
+        if mid in (lo, hi):
+            break
+        lo, hi = (mid, hi) if pick(mid) is pick(lo) else (lo, mid)
+    assert pick(lo) is not pick(hi)
+    return lo, hi
+
+
+def test_rates_that_decide_differently_do_not_pass_the_rank_check() -> None:
+    lo, hi = _crossover()
+    assert f"{lo:g}" == f"{hi:g}"  # what the check compared before: the same text
+    a, b = hosts.layout(8, 1, lo), hosts.layout(8, 1, hi)
+    assert a != b
+    blocks = np.concatenate([codec.config_block("orq|" + a), codec.config_block("orq|" + b)])
+    with pytest.raises(RankMismatchError, match=r"ranks \[1\]"):
+        codec.check_config_blocks(blocks)
+
+
+def test_layout_is_exact_and_stable() -> None:
+    for gbps in (10.0, 1.0000001, 1.0000002, 0.1 + 0.2, 25.0, 1e-3):
+        text = hosts.layout(16, 4, gbps)
+        assert text.startswith("|hosts=4x4|link=")
+        assert float(text.split("link=")[1]) == gbps  # round-trips: the exact value decide uses
+    assert hosts.layout(16, 4, 1.0000001) != hosts.layout(16, 4, 1.0000002)
+    assert hosts.layout(8, 2, hosts.link_gbps(3.0)) == hosts.layout(8, 2, 3.0)
+    same = np.concatenate([codec.config_block("x" + hosts.layout(8, 2, 0.3))] * 2)
+    codec.check_config_blocks(same)  # equal rates pass
