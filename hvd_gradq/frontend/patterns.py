@@ -38,6 +38,7 @@ from __future__ import annotations
 import enum
 import functools
 import math
+import warnings
 from dataclasses import dataclass
 
 from ..errors import SpecError
@@ -60,6 +61,12 @@ class Pattern(enum.Enum):
 REQUESTABLE = (Pattern.AUTO, Pattern.GATHER, Pattern.SUMMABLE, Pattern.SCATTER, Pattern.HIERARCHICAL)
 EVERY = frozenset({Pattern.GATHER, Pattern.SUMMABLE, Pattern.SCATTER, Pattern.HIERARCHICAL})
 CROSS = frozenset({Pattern.GATHER, Pattern.SCATTER})  # how a hierarchical piece crosses hosts
+#: Said once when ``pattern=hierarchical`` cannot run as asked.
+HIERARCHICAL_ALONE = (
+    "pattern=hierarchical needs several hosts with several ranks each (alike, ranks numbered host by host, "
+    "Horovod's global process set); this job is not laid out so (one host, one rank a host, unlike hosts or "
+    "a process set), so each tensor runs as hierarchical's cross-host part alone: gather or scatter, as "
+    "pattern=auto would choose between them. Request gather or scatter to choose yourself")
 #: The link rate the cost model assumes when nobody says (Gbit/s): a common data-centre NIC.
 DEFAULT_LINK_GBPS = 10.0
 
@@ -228,12 +235,14 @@ def choose(
     can_sum = scheme.combine is Combine.SUMMABLE and isinstance(scheme, EvenLevelScheme)
     if requested is Pattern.SUMMABLE:
         if not can_sum:
+            valid = ", ".join(p.value for p in REQUESTABLE if p is not Pattern.SUMMABLE)
             raise SpecError(
                 f"{scheme.name}: pattern=summable needs evenly spaced levels shared across ranks; "
-                "this scheme declares gather. Valid here: gather, auto"
+                f"this scheme declares gather. Valid here: {valid}"
             )
         return Pattern.SUMMABLE
     if requested is Pattern.HIERARCHICAL and local <= 1:
+        warnings.warn(HIERARCHICAL_ALONE, stacklevel=2)  # one text: shown once a process
         return choose(scheme, n, shape_ndim, nranks, Pattern.AUTO, CROSS, 1, link_gbps)
     if requested in (Pattern.GATHER, Pattern.SCATTER, Pattern.HIERARCHICAL):
         return requested

@@ -6,10 +6,13 @@
     opt = horovod.tensorflow.keras.DistributedOptimizer(opt, compression=compression)
 
 ``gq.from_spec("orq:levels=5,ef=true")`` builds any scheme from a config string;
-``gq.from_env()`` reads it from ``HVD_GRADQ``. The compressor is a ``tf.Module``: pass it to
-``tf.train.Checkpoint(compressor=compression, ...)`` to save error-feedback residuals and the
-random streams' positions. See :mod:`hvd_gradq.tensorflow.compressor` for how gradients are
-identified, where the state lives and what crosses the wire.
+``gq.from_env()`` reads it from ``HVD_GRADQ``. The factories' and these functions' keywords are
+the scheme's parameters and :class:`GradqCompressor`'s options
+(:mod:`hvd_gradq.frontend.factory`); ``help(gq.ORQ)`` lists them. The compressor is a
+``tf.Module``: pass it to ``tf.train.Checkpoint(compressor=compression, ...)`` to save
+error-feedback residuals and the random streams' positions. See
+:mod:`hvd_gradq.tensorflow.compressor` for how gradients are identified, where the state lives
+and what crosses the wire.
 
 Sparse gradients (``tf.IndexedSlices``, e.g. of an ``Embedding``) never reach a compressor:
 Horovod allgathers their values and indices itself, uncompressed. Pass
@@ -17,30 +20,33 @@ Horovod allgathers their values and indices itself, uncompressed. Pass
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from typing import Any
 
-from ..frontend.factory import ENV, env_spec, scheme_factories
+from ..frontend.factory import ENV, SchemeFactory, check_options, env_scheme, scheme_factories, with_options
 from ..spec import parse
 from .compressor import GradqCompressor
 from .ops import TF, TFOps
 
-# keywords of a factory that go to the compressor, not to the scheme
-_COMPRESSOR_KEYS = ("seed", "pattern", "check_ranks", "name", "process_set", "loss_scale")
+
+def from_spec(spec: str, **options: Any) -> GradqCompressor:
+    """A compressor for ``spec`` (e.g. ``"orq:levels=5,ef=true"``); ``options`` are
+    :class:`GradqCompressor`'s (seed, pattern, link_gbps, name, ...)."""
+    check_options(options, GradqCompressor, __name__, "from_spec()")
+    return GradqCompressor(parse(spec), **options)
 
 
-def from_spec(spec: str, **kwargs: Any) -> GradqCompressor:
-    """A compressor for ``spec`` (e.g. ``"orq:levels=5,ef=true"``); keyword arguments go to
-    :class:`GradqCompressor` (seed, pattern, check_ranks, name, process_set, loss_scale)."""
-    return GradqCompressor(parse(spec), **kwargs)
+def from_env(default: str | None = None, **options: Any) -> GradqCompressor:
+    """A compressor for the spec in the ``HVD_GRADQ`` environment variable. Unset or empty:
+    ``default``, or ``none`` (no compression) with a warning when no default is given. A bad
+    spec in the variable raises an error naming it."""
+    check_options(options, GradqCompressor, __name__, "from_env()")
+    return GradqCompressor(env_scheme(default), **options)
 
 
-def from_env(default: str = "none", **kwargs: Any) -> GradqCompressor:
-    """A compressor for the spec in the ``HVD_GRADQ`` environment variable (else ``default``)."""
-    return from_spec(env_spec(default), **kwargs)
+with_options(from_spec, GradqCompressor)
+with_options(from_env, GradqCompressor)
 
-
-_F: dict[str, Callable[..., GradqCompressor]] = scheme_factories(GradqCompressor, _COMPRESSOR_KEYS)
+_F: dict[str, SchemeFactory[GradqCompressor]] = scheme_factories(GradqCompressor, __name__)
 NoCompression = _F["NoCompression"]
 FP16 = _F["FP16"]
 Uniform = _F["Uniform"]

@@ -71,6 +71,7 @@ import tensorflow as tf
 
 from ..errors import GradqError
 from ..feedback import Memory, host_key, reduced_key
+from ..frontend.guards import check_tensor, instance_only
 from ..frontend.hosts import layout
 from ..frontend.hosts import link_gbps as link_rate
 from ..frontend.membership import membership
@@ -219,8 +220,10 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         return tf.cast(ls() if callable(ls) and not isinstance(ls, tf.Variable) else ls, tf.float32)
 
     # -- Horovod's interface -------------------------------------------------------------------
+    @instance_only
     @_no_convert
     def compress(self, tensor: Any) -> tuple[Any, Any]:
+        check_tensor(tensor, "hvd_gradq.tensorflow")  # before Horovod: a torch tensor means the wrong frontend
         site = horovod_call_site(tensor)
         if isinstance(tensor, tf.IndexedSlices):  # Horovod allgathers these itself
             return tensor, None

@@ -1,6 +1,6 @@
-"""What the TensorFlow compressor checks before it runs: its arguments, at construction
-(:func:`check_arguments`), and, once, that every rank built the same compressor, before its first
-collective (:func:`check_configs`).
+"""What the TensorFlow compressor checks before it runs: its arguments and that the script is a
+TensorFlow one, at construction (:func:`check_arguments`), and, once, that every rank built the
+same compressor, before its first collective (:func:`check_configs`).
 
 Ranks that disagree (another spec, seed, pattern or name) would otherwise send payloads that
 decode to garbage or wait in collectives the others never start. At the first trace over a
@@ -22,6 +22,7 @@ import tensorflow as tf
 
 from ..errors import GradqError
 from ..frontend.codec import check_config_blocks, config_block
+from ..frontend.guards import check_initialized
 from ..schemes.options import NonFinite
 from ..schemes.scheme import Scheme
 
@@ -31,7 +32,10 @@ _NAME_OK = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 def check_arguments(scheme: Scheme, seed: Any, loss_scale: Any, process_set: Any, name: str | None) -> str:
     """Refuse what this frontend cannot serve, with what to use instead; returns the collectives'
-    name prefix (``name``, or ``c<k>`` for the k-th compressor built in this process)."""
+    name prefix (``name``, or ``c<k>`` for the k-th compressor built in this process). First, that
+    this is the frontend of the script: in a PyTorch script (horovod.torch initialized), Horovod
+    would say it "has not been initialized" at the compressor's first call."""
+    check_initialized("hvd_gradq.tensorflow", bool(hvd.is_initialized()))
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise GradqError(f"seed must be an integer, not {type(seed).__name__}")
     if os.environ.get("HOROVOD_ELASTIC", "0") not in ("", "0"):

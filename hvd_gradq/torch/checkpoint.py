@@ -6,10 +6,20 @@ feedback, each rank's residuals (:class:`.feedback.TensorStore`). A residual is 
 error, so Horovod's usual recipe (save on rank 0, load on every rank) needs every rank's residuals
 in the one file: ``all_ranks=True`` allgathers them. The state is a plain dict of tensors and
 ints, so ``torch.save`` takes it next to the model and optimizer.
+
+**A collective called by some ranks only** (``state_dict(all_ranks=True)`` inside
+``if hvd.rank() == 0:``) would wait forever: Horovod has no timeout, only a stall warning. The
+gather is started asynchronously and polled against a deadline (:data:`STATE_TIMEOUT`), then
+refused with an error that says every rank must call it. Horovod cannot withdraw the started
+gather, so the message says to end the job; each call's gather has its own name
+(``hvd_gradq.state.<k>``), so a stranded one never pairs with a later, correct call.
 """
 
 from __future__ import annotations
 
+import io
+import itertools
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -20,15 +30,25 @@ from ..errors import GradqError
 from ..feedback import parameter_of
 from .feedback import TensorStore
 
+#: Seconds ``state_dict(all_ranks=True)`` waits for every rank to join before it refuses. Long
+#: enough for ranks that reach a checkpoint apart (rank 0 evaluating first), short of "forever".
+STATE_TIMEOUT = 120.0
+_CALLS = itertools.count()  # this process's all-ranks states so far: the gathers' names
+_LEN = 8  # bytes of the length before each rank's serialized residuals
 
-def state_dict(config: str, steps: Mapping[str, int], store: TensorStore, all_ranks: bool = False) -> dict[str, Any]:
+
+def state_dict(config: str, steps: Mapping[str, int], store: TensorStore, all_ranks: bool = False,
+               timeout: float | None = STATE_TIMEOUT) -> dict[str, Any]:
     """Error-feedback residuals and per-tensor step counters (the random streams' positions).
 
     With ``all_ranks=True`` (a collective: call it on every rank) the state holds every rank's
-    residuals, so the usual Horovod recipe (save on rank 0, load on every rank) resumes exactly.
+    residuals, so the usual Horovod recipe (save on rank 0, load on every rank) resumes exactly;
+    a rank left waiting ``timeout`` seconds (None: no limit) for the others raises GradqError.
     Without it, it holds this rank's; a rank that loads another rank's state keeps the step
     counters and starts its residuals from zero (see :func:`load_state_dict`).
     """
+    if timeout is not None and (isinstance(timeout, bool) or not isinstance(timeout, (int, float)) or timeout <= 0):
+        raise GradqError(f"timeout={timeout!r} must be a positive number of seconds, or None to wait without limit")
     residuals = {k: v.detach().clone().cpu() for k, v in store.residuals.items()}
     state: dict[str, Any] = {
         "config": config,
@@ -38,13 +58,45 @@ def state_dict(config: str, steps: Mapping[str, int], store: TensorStore, all_ra
         "residuals": residuals,
     }
     if all_ranks:
-        every = hvd.allgather_object(residuals, name="hvd_gradq.state")
-        state["ranks"] = dict(enumerate(every))
+        state["ranks"] = gather(residuals, timeout)
     return state
 
 
+def gather(residuals: dict[str, torch.Tensor], timeout: float | None) -> dict[int, dict[str, torch.Tensor]]:
+    """Every rank's residuals, by rank: one allgather of each rank's serialized dict (its length
+    first), waited for at most ``timeout`` seconds."""
+    buf = io.BytesIO()
+    torch.save(residuals, buf)
+    data = buf.getvalue()
+    block = torch.frombuffer(bytearray(len(data).to_bytes(_LEN, "little") + data), dtype=torch.uint8)
+    name = f"hvd_gradq.state.{next(_CALLS)}"
+    handle = hvd.allgather_async(block, name=name)
+    deadline = None if timeout is None else time.monotonic() + timeout
+    pause = 0.001
+    while not hvd.poll(handle):
+        if deadline is not None and time.monotonic() > deadline:
+            raise GradqError(
+                f"state_dict(all_ranks=True) is a collective: call it on every rank, not inside `if hvd.rank() == "
+                f"0:` (the recipe: state = compression.state_dict(all_ranks=True) on every rank, then save it on "
+                f"rank 0). No other rank joined this rank's gather within {timeout:g} s. Horovod cannot withdraw "
+                f"the gather started here ({name}): end the job and restart it with the call fixed. If the other "
+                "ranks only reach the checkpoint later, pass state_dict(all_ranks=True, timeout=...) a longer wait "
+                "(None: no limit)")
+        time.sleep(pause)
+        pause = min(2 * pause, 0.05)
+    raw = memoryview(hvd.synchronize(handle).numpy()).tobytes()
+    out: dict[int, dict[str, torch.Tensor]] = {}
+    pos = 0
+    for r in range(hvd.size()):
+        n = int.from_bytes(raw[pos : pos + _LEN], "little")
+        out[r] = torch.load(io.BytesIO(raw[pos + _LEN : pos + _LEN + n]), weights_only=True)
+        pos += _LEN + n
+    return out
+
+
 def load_state_dict(
-    state: dict[str, Any], config: str, params: Mapping[str, torch.nn.Parameter], store: TensorStore
+    state: dict[str, Any], config: str, params: Mapping[str, torch.nn.Parameter], store: TensorStore,
+    strict: bool = True,
 ) -> dict[str, int]:
     """Check ``state`` against this compressor (``config``, and ``params`` when the compressor
     knows the model), restore ``store``'s residuals and return the step counters.
@@ -52,24 +104,33 @@ def load_state_dict(
     Residuals belong to one rank: they are taken from the state's ``ranks`` entry
     (``all_ranks=True``) or from a state this rank saved; a state saved by another rank restores
     the step counters and zeroes this rank's residuals (a one-step bias, then error feedback
-    resumes) rather than adopting another rank's. Nothing is changed when the state is refused."""
+    resumes) rather than adopting another rank's. A state of another configuration (scheme,
+    pattern, seed) or world size is refused, unless ``strict=False``: then the step counters are
+    restored and the residuals start from zero (a residual is the rounding error of the scheme
+    and ranks that made it; it does not carry over). Nothing is changed when the state is refused."""
     if not isinstance(state, dict) or not {"config", "steps", "residuals"} <= set(state):
         raise GradqError("load_state_dict expects a dict from GradqCompressor.state_dict()")
-    if state["config"] != config:
-        raise GradqError(f"the checkpoint was made with {state['config']!r}, this compressor is {config!r}")
+    same = state["config"] == config
+    if not same and strict:
+        raise GradqError(
+            f"the checkpoint was made with {state['config']!r}, this compressor is {config!r}. To resume with "
+            "another scheme (or pattern or seed), load it with load_state_dict(state, strict=False): step counters "
+            "are kept, error-feedback residuals start from zero (those of another scheme do not carry over)")
     rank, size = hvd.rank(), hvd.size()
     there = state.get("size", size)
     residuals: dict[str, torch.Tensor] = {}
-    if "ranks" in state:
+    if same and "ranks" in state:  # (strict=False: another configuration's residuals are not used)
         residuals = dict(state["ranks"].get(rank, {})) if there == size else {}
-    elif state.get("rank", rank) == rank:
+    elif same and state.get("rank", rank) == rank:
         residuals = dict(state["residuals"])
     if there != size and (state["residuals"] or state.get("ranks")):
-        raise GradqError(
-            f"the checkpoint holds error-feedback residuals of {there} ranks; this job has {size}. "
-            "Residuals are per rank: resume on the same number of ranks, or drop them with "
-            "state['residuals'] = {} and state.pop('ranks', None) (a one-step bias, then EF resumes)"
-        )
+        if strict:
+            raise GradqError(
+                f"the checkpoint holds error-feedback residuals of {there} ranks; this job has {size}. "
+                "Residuals are per rank: resume on the same number of ranks, or drop them with "
+                "load_state_dict(state, strict=False) (a one-step bias, then EF resumes)"
+            )
+        residuals = {}
     if params:
         unknown = sorted({parameter_of(k) for k in residuals} - set(params))
         if unknown:

@@ -49,6 +49,7 @@ import torch
 from ..errors import GradqError
 from ..feedback import Memory
 from ..frontend import codec, hosts
+from ..frontend.guards import check_tensor, instance_only
 from ..frontend.hosts import Hosts
 from ..frontend.membership import membership
 from ..frontend.patterns import Pattern, choose, decide, fp32_cost, hier_cross, in_warmup, parse_pattern
@@ -235,7 +236,9 @@ class GradqCompressor:
         codec.check_config_blocks(gathered.numpy())
 
     # -- Horovod's interface -------------------------------------------------------------------
+    @instance_only
     def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        check_tensor(tensor, "hvd_gradq.torch")  # before Horovod: a TF tensor means the wrong frontend
         site = inspect_call()
         self._refuse(site, tensor)
         if self._decompressing:  # the first compress() after a decompress(): a new step
@@ -307,14 +310,15 @@ class GradqCompressor:
             self.memory.rollback()
 
     # -- state ----------------------------------------------------------------------------------
-    def state_dict(self, all_ranks: bool = False) -> dict[str, Any]:
+    def state_dict(self, all_ranks: bool = False, timeout: float | None = checkpoint.STATE_TIMEOUT) -> dict[str, Any]:
         """Error-feedback residuals and per-tensor step counters; see :func:`.checkpoint.state_dict`
-        (``all_ranks=True`` is a collective)."""
-        return checkpoint.state_dict(self.config(), self._steps, self._store, all_ranks)
+        (``all_ranks=True`` is a collective: every rank calls it, or it fails after ``timeout`` s)."""
+        return checkpoint.state_dict(self.config(), self._steps, self._store, all_ranks, timeout)
 
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        """Restore :meth:`state_dict`; see :func:`.checkpoint.load_state_dict`."""
-        self._steps = checkpoint.load_state_dict(state, self.config(), self._params, self._store)
+    def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
+        """Restore :meth:`state_dict`; ``strict=False`` takes another scheme's state (step counters
+        only); see :func:`.checkpoint.load_state_dict`."""
+        self._steps = checkpoint.load_state_dict(state, self.config(), self._params, self._store, strict)
 
     def stats(self) -> dict[str, Any]:
         """Bytes this rank sent and received, last step and in total, per pattern, against fp32."""

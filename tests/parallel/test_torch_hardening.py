@@ -15,7 +15,17 @@ def test_checkpoint_resume_is_bitwise() -> None:
             if isinstance(d, dict):
                 assert d["full"] == d["resumed"], f"rank {r} {spec}: resumed run differs from the uninterrupted one"
         assert "ranks" in rep["other_size"] and "resume on the same number of ranks" in rep["other_size"]
+        # another scheme: refused with how to switch, which then works (steps kept, residuals zero)
+        assert "load_state_dict(state, strict=False)" in rep["other_scheme"], rep["other_scheme"]
+        steps_kept, residuals, had = rep["switched"]
+        assert steps_kept and residuals == 0 and had > 0, rep["switched"]  # there were residuals to drop
+        assert rep["after_partial"] == 2  # the next collective ran on both ranks
     assert reps[0]["orq:levels=5,ef=true"] == reps[1]["orq:levels=5,ef=true"]
+    # state_dict(all_ranks=True) called on rank 0 only: refused after its 3 s timeout, not a hang
+    msg = reps[0]["partial"]
+    assert msg.startswith("state_dict(all_ranks=True) is a collective: call it on every rank"), msg
+    assert "if hvd.rank() == 0:" in msg and "within 3 s" in msg, msg
+    assert 3 <= reps[0]["partial_s"] < 30, reps[0]["partial_s"]
 
 
 # Horovod's whole message when a rank ended the job: it says why and where the cause is logged

@@ -1,7 +1,8 @@
 """Hardening checks for the PyTorch frontend, several per launch (imports cost seconds).
 
 Modes (--mode): ``resume`` (checkpoint at step 50 == uninterrupted 100 steps, bitwise, on every
-rank; a different world size is refused), ``nonfinite`` (NaN on rank 1 at step 2, ``SPEC`` and
+rank; a different world size and another scheme are refused, the latter loads with
+``strict=False``; ``state_dict(all_ranks=True)`` on rank 0 alone fails within its timeout), ``nonfinite`` (NaN on rank 1 at step 2, ``SPEC`` and
 ``PATTERN`` from the environment: every rank stops with an error, none hangs), ``disagree``
 (rank 1 uses another spec: every rank stops with an error naming the ranks and the difference),
 ``die`` (rank 1 exits mid-step),
@@ -14,6 +15,7 @@ import hashlib
 import io
 import os
 import resource
+import time
 
 import horovod.torch as hvd
 import horovod.torch.mpi_ops as mpi_ops
@@ -92,6 +94,26 @@ if args.mode == "resume":
         out["other_size"] = "accepted"
     except hvd_gradq.GradqError as e:
         out["other_size"] = str(e)
+    # a checkpoint of another scheme: refused, saying how to switch; strict=False takes the steps only
+    _, _, other = model_and_opt("qsgd:levels=4,ef=true")
+    try:
+        other.load_state_dict(ck["gradq"])
+        out["other_scheme"] = "accepted"
+    except hvd_gradq.GradqError as e:
+        out["other_scheme"] = str(e)
+    other.load_state_dict(ck["gradq"], strict=False)
+    out["switched"] = [other._steps == ck["gradq"]["steps"], len(other._residuals), len(ck["gradq"]["residuals"])]
+    # state_dict(all_ranks=True) on rank 0 only (inside `if rank == 0:`): an error within its
+    # timeout instead of a hang, and Horovod's next collective still runs on both ranks
+    if rank == 0:
+        t0 = time.monotonic()
+        try:
+            comp.state_dict(all_ranks=True, timeout=3)
+            out["partial"] = "returned"
+        except hvd_gradq.GradqError as e:
+            out["partial"] = str(e)
+        out["partial_s"] = time.monotonic() - t0
+    out["after_partial"] = int(hvd.allreduce(torch.ones(1), op=hvd.Sum, name="after.partial").item())
 elif args.mode == "nonfinite":
     model, opt, comp = model_and_opt(os.environ.get("SPEC", "orq:levels=5"), pattern=os.environ.get("PATTERN", "auto"))
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
