@@ -110,10 +110,21 @@ class Cost:
     received: int
 
 
+def ring_cost(n: int, nranks: int, itemsize: int) -> Cost:
+    """What a ring allreduce of ``n`` elements of ``itemsize`` bytes moves a rank: 2(N-1)/N *
+    itemsize * n each way (Horovod's allreduce over Gloo, MPI and NCCL)."""
+    b = round(2 * (nranks - 1) / nranks * itemsize * n)
+    return Cost(b, b)
+
+
 def fp32_cost(n: int, nranks: int) -> Cost:
     """What a ring allreduce of the uncompressed fp32 tensor moves: 2(N-1)/N * 4n each way."""
-    b = round(2 * (nranks - 1) / nranks * 4 * n)
-    return Cost(b, b)
+    return ring_cost(n, nranks, 4)
+
+
+def fp16_cost(n: int, nranks: int) -> Cost:
+    """What Horovod's ``Compression.fp16`` moves: the same ring at 2 bytes an element."""
+    return ring_cost(n, nranks, 2)
 
 
 @functools.lru_cache(maxsize=8192)
@@ -231,7 +242,17 @@ def choose(
     :func:`seconds` of those the frontend ``offered`` that move fewer bytes than an fp32 allreduce
     (all of them if none does; a pattern must be 10% faster than gather to be taken: gather
     quantizes once and is the simplest on the wire). ``hierarchical`` needs
-    several ranks a host; with one it is its cross-host part, which is then all of it."""
+    several ranks a host; with one it is its cross-host part, which is then all of it.
+    (:func:`choose_why` also says why.)"""
+    return choose_why(scheme, n, shape_ndim, nranks, requested, offered, local, link_gbps)[0]
+
+
+@functools.lru_cache(maxsize=8192)
+def choose_why(
+    scheme: Scheme, n: int, shape_ndim: int, nranks: int, requested: Pattern, offered: frozenset[Pattern] = EVERY,
+    local: int = 1, link_gbps: float = DEFAULT_LINK_GBPS,
+) -> tuple[Pattern, str]:
+    """:func:`choose`'s pattern and the reason for it, as :func:`decide_why` words it."""
     can_sum = scheme.combine is Combine.SUMMABLE and isinstance(scheme, EvenLevelScheme)
     if requested is Pattern.SUMMABLE:
         if not can_sum:
@@ -240,12 +261,13 @@ def choose(
                 f"{scheme.name}: pattern=summable needs evenly spaced levels shared across ranks; "
                 f"this scheme declares gather. Valid here: {valid}"
             )
-        return Pattern.SUMMABLE
+        return Pattern.SUMMABLE, "requested"
     if requested is Pattern.HIERARCHICAL and local <= 1:
         warnings.warn(HIERARCHICAL_ALONE, stacklevel=2)  # one text: shown once a process
-        return choose(scheme, n, shape_ndim, nranks, Pattern.AUTO, CROSS, 1, link_gbps)
+        p, why = choose_why(scheme, n, shape_ndim, nranks, Pattern.AUTO, CROSS, 1, link_gbps)
+        return p, f"one rank a host: hierarchical is its cross-host part; {why}"
     if requested in (Pattern.GATHER, Pattern.SCATTER, Pattern.HIERARCHICAL):
-        return requested
+        return requested, "requested"
     options = [p for p in (Pattern.GATHER, Pattern.SCATTER, Pattern.SUMMABLE, Pattern.HIERARCHICAL) if p in offered]
     options = [p for p in options if (p is not Pattern.SUMMABLE or can_sum) and (p is not Pattern.HIERARCHICAL
                                                                                or local > 1)]
@@ -260,11 +282,29 @@ def choose(
     fp32 = fp32_cost(n, nranks).received
     smaller = {p: t for p, t in times.items()
                if cost(scheme, n, shape_ndim, nranks, p, local, link_gbps).received < fp32}
-    times = smaller or times
-    best = min(times, key=lambda p: times[p])
-    if Pattern.GATHER in times and times[best] >= 0.9 * times[Pattern.GATHER]:  # a clear win only: gather
-        best = Pattern.GATHER  # quantizes once
-    return best
+    pool = smaller or times
+    best = min(pool, key=lambda p: pool[p])
+    kept = Pattern.GATHER in pool and best is not Pattern.GATHER and pool[best] >= 0.9 * pool[Pattern.GATHER]
+    if kept:  # a clear win only: gather quantizes once
+        best, faster = Pattern.GATHER, best
+    ranked = sorted(pool, key=lambda p: (p is not best, pool[p]))
+    why = "auto: " + " < ".join(f"{p.value} {duration(pool[p])}" for p in ranked)
+    if kept:
+        why = f"auto: gather {duration(pool[best])} ({faster.value} {duration(pool[faster])} is not 10% faster)"
+    why += f" at {link_gbps:g} Gbit/s"
+    if len(times) == 1:
+        why += " (the only pattern offered)"
+    others = sorted(p.value for p in times if p not in pool)
+    if others:
+        why += f"; {', '.join(others)} would move no less than fp32 allreduce"
+    return best, why
+
+
+def duration(seconds: float) -> str:
+    """A time, short: ``1.8 ms``, ``42 us``, ``21.2 s``."""
+    if seconds >= 1.0:
+        return f"{seconds:.3g} s"
+    return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.3g} us"
 
 
 @functools.lru_cache(maxsize=8192)
@@ -285,15 +325,48 @@ def decide(
       rank's payload on its own, which a shared-scale sum or a host's sum cannot carry.
 
     A frontend's one-rank reductions are its own call (PyTorch passes them through exactly;
-    TensorFlow's single-process runs compress, which its unit tests rely on).
+    TensorFlow's single-process runs compress, which its unit tests rely on). :func:`decide_why`
+    gives the reason too.
     """
-    p = choose(scheme, n, shape_ndim, nranks, requested, offered, local, link_gbps)
+    return decide_why(scheme, n, shape_ndim, nranks, requested, offered, local, link_gbps)[0]
+
+
+@functools.lru_cache(maxsize=8192)
+def decide_why(
+    scheme: Scheme, n: int, shape_ndim: int, nranks: int, requested: Pattern, offered: frozenset[Pattern] = EVERY,
+    local: int = 1, link_gbps: float = DEFAULT_LINK_GBPS,
+) -> tuple[Pattern, str]:
+    """:func:`decide`'s pattern and why, one line for ``stats()`` and the log (:mod:`.stats`). The
+    reason starts with a tag, the text before its first ``:`` (:func:`why_tag`): ``requested``;
+    ``auto`` (the modelled times at the link rate, fastest first; patterns left out for moving
+    no less than fp32); ``no saving`` (fp32: the chosen pattern's bytes against an fp32 ring
+    allreduce's); ``nonfinite=skip``; ``one rank a host`` (hierarchical asked for with one rank a
+    host); and, from the frontends, ``warm-up`` (:func:`warmup_why`) and ``one rank``
+    (:data:`ONE_RANK_WHY`)."""
+    p, why = choose_why(scheme, n, shape_ndim, nranks, requested, offered, local, link_gbps)
     if requested is Pattern.AUTO and nranks > 1:
-        if cost(scheme, n, shape_ndim, nranks, p, local, link_gbps).received >= fp32_cost(n, nranks).received:
-            return Pattern.FP32
+        moved = cost(scheme, n, shape_ndim, nranks, p, local, link_gbps).received
+        fp32 = fp32_cost(n, nranks).received
+        if moved >= fp32:
+            return Pattern.FP32, (f"no saving: {p.value} would move {moved} B a rank, fp32 allreduce {fp32} B "
+                                  f"({n} elements)")
     if p in (Pattern.SUMMABLE, Pattern.HIERARCHICAL) and scheme.nonfinite is NonFinite.SKIP:
-        return Pattern.GATHER
-    return p
+        return Pattern.GATHER, f"nonfinite=skip: a rank's uncompressed tensor cannot join a {p.value} sum, so gather"
+    return p, why
+
+
+#: Why a tensor reduced over one rank is not compressed (the PyTorch frontend's pass-through).
+ONE_RANK_WHY = "one rank: nothing to exchange, Horovod's allreduce passes it through"
+
+
+def warmup_why(scheme: Scheme, step: int, then: Pattern) -> str:
+    """Why a tensor's ``step`` (0-based) goes fp32: the warm-up (:func:`in_warmup`), and what follows."""
+    return f"warm-up: step {step + 1} of {scheme.warmup}, then {then.value}"
+
+
+def why_tag(why: str) -> str:
+    """The tag of a reason of :func:`decide_why`: ``auto``, ``no saving``, ``warm-up``..."""
+    return why.split(":", 1)[0]
 
 
 def in_warmup(scheme: Scheme, step: int) -> bool:

@@ -64,6 +64,7 @@ class Ctx:
     total: Any = None  # ... the sum over ranks either way ...
     own: Any = None  # ... and what error feedback subtracts (x itself on warm steps: no change)
     scatter: Any = None  # the scatter pattern's phase-2 facts (:class:`.scatter.Phase2`)
+    step: Any = None  # the slot's step counter before this step (stats' time: :func:`.host.recording`)
 
 
 def nonfinite_message(ctx: Ctx) -> str:

@@ -75,20 +75,20 @@ from ..frontend.guards import check_tensor, instance_only
 from ..frontend.hosts import layout
 from ..frontend.hosts import link_gbps as link_rate
 from ..frontend.membership import membership
-from ..frontend.patterns import EVERY, Pattern, choose, decide, fp32_cost, parse_pattern
+from ..frontend.patterns import EVERY, Pattern, choose, decide_why, fp32_cost, parse_pattern
 from ..schemes.level import LevelScheme
 from ..schemes.options import NonFinite
 from ..schemes.plain import FP16Scheme, NoneScheme
 from ..schemes.scheme import Scheme
 from ..wire.payload import DTYPE_CODES, MAX_NDIM
 from ..xp import stream_seed
-from . import codec, collectives, hier
+from . import codec, collectives, hier, telemetry
 from .callsite import check_op, function_graph, horovod_call_site, resolve_process_set, set_suffix
 from .collectives import Ctx
 from .handshake import check_arguments, check_configs
 from .ops import TF, step_words
 from .scatter import scatter_finish, scatter_start, server_residual
-from .state import Bookkeeping, Slot, SlotStore, byte_stats, check_slot, describe, make_variables, variable_key
+from .state import Bookkeeping, Slot, SlotStore, check_slot, describe, make_variables, variable_key
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 #: Patterns with collectives started in ``decompress()``, after a decode that may raise: not
@@ -102,7 +102,7 @@ def _no_convert(f: _F) -> _F:
     return cast(_F, tf.autograph.experimental.do_not_convert(f))
 
 
-class GradqCompressor(tf.Module):  # type: ignore[misc]
+class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
     """Compress gradients with a hvd_gradq scheme inside Horovod's TensorFlow reductions.
 
     Args:
@@ -156,6 +156,7 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         self._host = Bookkeeping(loss_scale)
         self.memory = Memory(TF, SlotStore(self.residuals, self.owners, hvd.rank()), undo=False)
         self._host.process_set = process_set
+        self._telemetry = telemetry.Telemetry(scheme, self.pattern, self.link_gbps, self._host.slots.values)
 
     # -- configuration ---------------------------------------------------------------------------
     def config(self) -> str:
@@ -172,12 +173,12 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
             check_configs(self.config() + layout(hvd.size(), local, self.link_gbps), ps, set_suffix(ps))
 
     # -- identity ------------------------------------------------------------------------------
-    def _pattern_for(self, n: int, ndim: int, size: int, local: int) -> Pattern | None:
-        """The pattern of a tensor of ``n`` elements (the policy both frontends share,
-        :func:`hvd_gradq.frontend.patterns.decide`); None: Horovod's own allreduce, exactly."""
+    def _pattern_for(self, n: int, ndim: int, size: int, local: int) -> tuple[Pattern | None, str]:
+        """The pattern of a tensor of ``n`` elements and why (the policy both frontends share,
+        :func:`hvd_gradq.frontend.patterns.decide_why`); None: Horovod's own allreduce, exactly."""
         offered = EVERY - LATE_PHASES if self.scheme.nonfinite is NonFinite.RAISE else EVERY
-        p = decide(self.scheme, n, ndim, size, self.pattern, offered, local, self.link_gbps)
-        return None if p is Pattern.FP32 else p
+        p, why = decide_why(self.scheme, n, ndim, size, self.pattern, offered, local, self.link_gbps)
+        return None if p is Pattern.FP32 else p, why
 
     def _slot(self, shape: tuple[int, ...], dtype: str, variable: Any, size: int, local: int) -> Slot:
         """The slot of this gradient: by its variable, else by its position in this trace."""
@@ -194,7 +195,8 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
             check_slot(slot, key, shape, dtype, size)
             return slot
         n = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        pattern = self._pattern_for(n, len(shape), size, local)
+        pattern, why = self._pattern_for(n, len(shape), size, local)
+        self._telemetry.decide(key, pattern, why, n, size)
         c = hier.slot_cost(self.scheme, n, len(shape), size, local, pattern, self.link_gbps)
         step, residual, owner = make_variables(key, n, self.scheme.ef, hvd.rank())
         self.steps[key] = step
@@ -261,19 +263,20 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
             step: Any = self._host.eager_calls
             self._host.eager_calls += 1
             n = int(np.prod(shape, dtype=np.int64)) if shape else 1
-            pattern = self._pattern_for(n, len(shape), size, hier.ranks_per_host_of(ps))
+            pattern, _ = self._pattern_for(n, len(shape), size, hier.ranks_per_host_of(ps))
             index, stream = -1, stream_seed(self.seed, hvd.rank(), 1 << 40)
         else:
             slot = self._slot(shape, dtype, site.variable, size, hier.ranks_per_host_of(ps))
             key, n, pattern, index = f"{slot.index}", slot.n, slot.pattern, slot.index
             step = slot.step.assign_add(1, read_value=True) - 1
             stream = stream_seed(self.seed, hvd.rank(), slot.index)
-        ctx = Ctx(index, shape, tensor.dtype, n, pattern, size, prank, slot=slot)
-        if pattern is None:  # fp32 pass-through (Horovod's TF allreduce has no bfloat16: sent as fp32)
-            return (tf.cast(tensor, tf.float32) if tensor.dtype == tf.bfloat16 else tensor), ctx
-        if slot is not None and self.scheme.warmup > 0 and n > 0:
-            return self._warm_or_compressed(tensor, ctx, step, stream, key, ps)
-        return self._start(tensor, ctx, step, stream, key, ps), ctx
+        ctx = Ctx(index, shape, tensor.dtype, n, pattern, size, prank, slot=slot, step=step)
+        with self._telemetry.recording(step):  # counts the step; the host functions' time (stats)
+            if pattern is None:  # fp32 pass-through (Horovod's TF allreduce has no bfloat16: sent as fp32)
+                return (tf.cast(tensor, tf.float32) if tensor.dtype == tf.bfloat16 else tensor), ctx
+            if slot is not None and self.scheme.warmup > 0 and n > 0:
+                return self._warm_or_compressed(tensor, ctx, step, stream, key, ps)
+            return self._start(tensor, ctx, step, stream, key, ps), ctx
 
     def _start(self, tensor: Any, ctx: Ctx, step: Any, stream: Any, key: str, ps: Any) -> Any:
         """Start the pattern's collectives on ``tensor`` (+ its residual); returns Horovod's operand."""
@@ -364,7 +367,8 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
         if ctx.warm is not None:  # summable wrote its residual inside the branch already
             out, own = ctx.total, ctx.own if ctx.pattern is not Pattern.SUMMABLE else None
         else:
-            out, own = self._finish(ctx)
+            with self._telemetry.timing(ctx.step):
+                out, own = self._finish(ctx)
         # Horovod's [1.0] came back as v = post * op(pre * 1): the result is out * v / N, written
         # as out / N (v == 1) and out (v == N) so that the plain cases keep their bits.
         out = codec.final_scale(ctx.n, ctx.size)(out, tf.reshape(tensor, (-1,))[0])
@@ -392,9 +396,3 @@ class GradqCompressor(tf.Module):  # type: ignore[misc]
     def slots(self) -> list[dict[str, Any]]:
         """One entry per gradient (creation order): key, shape, dtype, pattern, steps, bytes per step."""
         return describe(self._host.slots.values())
-
-    def stats(self) -> dict[str, Any]:
-        """Bytes this rank sent and received, last step and in total, per pattern, against fp32
-        allreduce (the same layout as the PyTorch frontend's). Sizes are static per slot, and
-        the step counters say how often each ran, so nothing is counted inside the graph."""
-        return byte_stats(self._host.slots.values())

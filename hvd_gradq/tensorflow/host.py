@@ -25,9 +25,18 @@ Why the graph stays correct:
   variable), so a retrace or a restored checkpoint continues the same random stream.
 
 Not XLA-compilable (``jit_compile=True``), as Horovod's own collectives are not.
+
+*Time* (``stats()``): while a compressor traces a tensor's reduction it names, with
+:func:`recording`, where each host function's wall time goes and the step counter of the
+tensor's variable (a tensor of the graph, passed in as one more input), so the seconds land in
+their own step even where two steps' host calls interleave.
 """
 from __future__ import annotations
 
+import time
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from contextvars import ContextVar
 from functools import cache
 from typing import Any
 
@@ -42,6 +51,39 @@ from ..schemes.level import LevelScheme
 from ..schemes.scheme import Scheme
 from ..wire.payload import MAGIC, header_size
 from ..xp import NUMPY
+
+#: (record(kind, seconds, step), step tensor) of the reduction being traced: :func:`recording`.
+_RECORDER: ContextVar[tuple[Callable[[str, float, int], None], Any] | None] = ContextVar(
+    "hvd_gradq_host_recorder", default=None)
+
+
+@contextmanager
+def recording(record: Callable[[str, float, int], None], step: Any) -> Iterator[None]:
+    """While tracing a tensor's reduction: every host function traced in the block reports its
+    wall time as ``record(kind, seconds, step)``, ``kind`` "encode" or "decode", ``step`` the
+    value ``step`` (an int64 tensor of the graph, or an int) held when it ran."""
+    token = _RECORDER.set((record, step))
+    try:
+        yield
+    finally:
+        _RECORDER.reset(token)
+
+
+def _call(fn: Callable[..., Any], inputs: list[Any], tout: Any, name: str, kind: str) -> Any:
+    """``tf.numpy_function(fn, inputs)``, timed into the recorder of the trace, if any."""
+    rec = _RECORDER.get()
+    if rec is None:
+        return tf.numpy_function(fn, inputs, tout, stateful=False, name=name)
+    record, step = rec
+
+    def timed(at: Any, *args: Any) -> Any:
+        t0 = time.perf_counter()
+        try:
+            return fn(*args)
+        finally:
+            record(kind, time.perf_counter() - t0, int(at))
+
+    return tf.numpy_function(timed, [step, *inputs], tout, stateful=False, name=name)
 
 
 def _parts(math: Scheme, x: NDArray[np.float32], a: int, b: int) -> dict[str, Any]:
@@ -74,7 +116,7 @@ def payload_encoder(scheme: Scheme, math: Scheme, shape: tuple[int, ...], dtype:
         return _payload(scheme, math, shape, dtype, x, int(a), int(b)).to_array()
 
     def encode(x: Any, a: Any, b: Any) -> Any:
-        out = tf.numpy_function(host, [x, a, b], tf.uint8, stateful=False, name="hvd_gradq_encode")
+        out = _call(host, [x, a, b], tf.uint8, "hvd_gradq_encode", "encode")
         return tf.ensure_shape(out, (total,))
 
     return encode
@@ -104,8 +146,7 @@ def gathered_decoder(n: int, size: int, rank: int, poison_message: str | None) -
         return total, own
 
     def decode(rows: Any) -> Any:
-        out, own = tf.numpy_function(host, [rows], (tf.float32, tf.float32), stateful=False,
-                                     name="hvd_gradq_decode")
+        out, own = _call(host, [rows], (tf.float32, tf.float32), "hvd_gradq_decode", "decode")
         return tf.ensure_shape(out, (n,)), tf.ensure_shape(own, (n,))
 
     return decode
@@ -129,8 +170,7 @@ def chunk_encoder(scheme: Scheme, math: Scheme, bounds: tuple[tuple[int, int], .
         return np.concatenate([p.to_array() for p in ps]), mine
 
     def encode(x: Any, a: Any, b: Any) -> Any:
-        buf, mine = tf.numpy_function(host, [x, a, b], (tf.uint8, tf.float32), stateful=False,
-                                      name="hvd_gradq_encode_chunks")
+        buf, mine = _call(host, [x, a, b], (tf.uint8, tf.float32), "hvd_gradq_encode_chunks", "encode")
         return tf.ensure_shape(buf, (sum(sizes),)), tf.ensure_shape(mine, (n,))
 
     return encode
@@ -151,8 +191,7 @@ def chunks_decoder(sizes: tuple[int, ...], rank: int) -> Any:
         return np.concatenate(pieces), pieces[rank]
 
     def decode(buf: Any) -> Any:
-        out, own = tf.numpy_function(host, [buf], (tf.float32, tf.float32), stateful=False,
-                                     name="hvd_gradq_decode_chunks")
+        out, own = _call(host, [buf], (tf.float32, tf.float32), "hvd_gradq_decode_chunks", "decode")
         return tf.ensure_shape(out, (sum(sizes),)), tf.ensure_shape(own, (sizes[rank],))
 
     return decode

@@ -39,7 +39,6 @@ from tensorflow.python.ops import resource_variable_ops
 
 from ..errors import GradqError
 from ..frontend.patterns import Pattern
-from ..frontend.stats import Stats
 
 
 @dataclass
@@ -173,21 +172,3 @@ def describe(slots: Iterable[Slot]) -> list[dict[str, Any]]:
              "pattern": s.pattern.value if s.pattern else "fp32",
              "steps": int(s.step.numpy()), "sent": s.sent, "received": s.received, "fp32": s.fp32}
             for s in slots]
-
-
-def byte_stats(slots: Iterable[Slot]) -> dict[str, Any]:
-    """Bytes sent and received, last step and in total, per pattern: each slot's static bytes
-    per step times its step counter (nothing is counted inside the graph)."""
-    st = Stats()
-    for s in slots:
-        k = int(s.step.numpy())
-        if k == 0:
-            continue
-        p = s.pattern.value if s.pattern else "fp32"
-        st.last[s.key] = (p, s.sent, s.received, s.fp32)
-        c = st.total[p]
-        c.sent += k * s.sent
-        c.received += k * s.received
-        c.fp32 += k * s.fp32
-        c.tensors += k
-    return st.summary()

@@ -52,8 +52,18 @@ from ..frontend import codec, hosts
 from ..frontend.guards import check_tensor, instance_only
 from ..frontend.hosts import Hosts
 from ..frontend.membership import membership
-from ..frontend.patterns import Pattern, choose, decide, fp32_cost, hier_cross, in_warmup, parse_pattern
-from ..frontend.stats import Stats
+from ..frontend.patterns import (
+    ONE_RANK_WHY,
+    Pattern,
+    choose,
+    decide_why,
+    fp32_cost,
+    hier_cross,
+    in_warmup,
+    parse_pattern,
+    warmup_why,
+)
+from ..frontend.stats import Reports, Stats
 from ..frontend.workers import Workers, resolve_threads
 from ..schemes.scheme import Scheme
 from . import checkpoint
@@ -64,6 +74,7 @@ from .feedback import LossScale, TensorStore, check_loss_scale, read_loss_scale
 from .hier import HierCtx
 from .ops import TorchOps
 from .reduce import GatherCtx, Reducer, ScatterCtx, SummableCtx
+from .telemetry import Telemetry, timed_call
 
 TAG = "_hvd_gradq_name"
 
@@ -71,7 +82,7 @@ TAG = "_hvd_gradq_name"
 _UNNAMED = itertools.count()
 
 
-class GradqCompressor:
+class GradqCompressor(Reports):
     """Compress gradients with a hvd_gradq scheme inside ``hvd.DistributedOptimizer``.
 
     Args:
@@ -155,6 +166,7 @@ class GradqCompressor:
         self._store = TensorStore()
         self.memory = Memory(TorchOps("cpu"), self._store)
         self._stats = Stats()
+        self._telemetry = Telemetry(self._stats, self._world)
         self.workers = Workers(resolve_threads(threads, _local_size()))
         self._reducer = Reducer(scheme, seed, self.memory, self._stats, self.workers, resolve_codec(codec))
         self._checked: set[str] = set()  # process sets whose ranks' configurations were compared
@@ -237,12 +249,14 @@ class GradqCompressor:
 
     # -- Horovod's interface -------------------------------------------------------------------
     @instance_only
+    @timed_call
     def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
         check_tensor(tensor, "hvd_gradq.torch")  # before Horovod: a TF tensor means the wrong frontend
         site = inspect_call()
         self._refuse(site, tensor)
         if self._decompressing:  # the first compress() after a decompress(): a new step
             self._decompressing = False
+            self._telemetry.begin_step()
             self.memory.begin_step(read_loss_scale(self._loss_scale))
         group = self._group(site)
         self._check(group)
@@ -256,23 +270,23 @@ class GradqCompressor:
             name = f"noname.{next(_UNNAMED)}"
         n = tensor.numel()
         # one-rank sets pass through exactly; otherwise the shared policy (frontend/patterns.py)
-        pattern = Pattern.FP32 if group.size == 1 else decide(
+        pattern, why = (Pattern.FP32, ONE_RANK_WHY) if group.size == 1 else decide_why(
             self.scheme, n, tensor.dim(), group.size, self.pattern, local=group.local, link_gbps=self.link_gbps)
         step = self._steps.get(name, 0)
         if pattern is not Pattern.FP32:
             self._steps[name] = step + 1
             if in_warmup(self.scheme, step):  # the recipe's first steps: exact, no residual kept
-                pattern = Pattern.FP32
+                pattern, why = Pattern.FP32, warmup_why(self.scheme, step, pattern)
+        self._stats.decide(name, pattern.value, why, n, group.size)
         if pattern is Pattern.FP32:
             # Horovod's own fp32 allreduce, exactly (torch's allreduce has no bf16: sent as fp32).
             c = fp32_cost(n, group.size)
-            self._stats.record(name, "fp32", c.sent, c.received, c.sent)
+            self._stats.record(name, c.sent, c.received)
             return tensor.to(torch.float32) if tensor.dtype == torch.bfloat16 else tensor, Pass(name, tensor.dtype)
         x = tensor.detach().reshape(-1).to(torch.float32)
         if self.scheme.ef:
             x = self.memory.compensate(name, x)
-        fp32 = fp32_cost(n, group.size).sent
-        base = (name, step, tensor.shape, tensor.dtype, tensor.device, group, fp32)
+        base = (name, step, tensor.shape, tensor.dtype, tensor.device, group)
         ctx = {Pattern.GATHER: GatherCtx, Pattern.SUMMABLE: SummableCtx, Pattern.SCATTER: ScatterCtx,
                Pattern.HIERARCHICAL: HierCtx}[pattern](*base)
         if isinstance(ctx, HierCtx):
@@ -281,6 +295,7 @@ class GradqCompressor:
         self._reducer.start(ctx, x)
         return torch.ones(1, dtype=torch.float32), ctx
 
+    @timed_call
     def decompress(self, tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
         if ctx is None:  # sparse gradients bypass compression
             return tensor
@@ -320,9 +335,12 @@ class GradqCompressor:
         only); see :func:`.checkpoint.load_state_dict`."""
         self._steps = checkpoint.load_state_dict(state, self.config(), self._params, self._store, strict)
 
-    def stats(self) -> dict[str, Any]:
-        """Bytes this rank sent and received, last step and in total, per pattern, against fp32."""
-        return self._stats.summary()
+    def _world(self) -> dict[str, Any]:
+        """What ``stats()`` and the log say of the run."""
+        size = hvd.size() if hvd.is_initialized() else None
+        return {"frontend": "torch", "scheme": self.scheme.spec, "pattern": self.pattern.value, "ranks": size,
+                "ranks_a_host": self._local or 1, "link_gbps": self.link_gbps, "threads": self.workers.threads,
+                "codec": self._reducer.codec}
 
     def digest(self) -> str:
         h = hashlib.sha256(self.config().encode())

@@ -38,4 +38,3 @@ class Ctx:
     dtype: torch.dtype
     device: torch.device
     group: Group
-    fp32: int  # bytes an fp32 ring allreduce would move (for stats)

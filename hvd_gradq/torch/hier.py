@@ -82,7 +82,7 @@ class Hierarchy:
         """Wait for the phase in flight and start the next; False once the last is out."""
         h = ctx.hosts
         assert h is not None and ctx.pieces is not None
-        got, _ = sync(ctx.handle)
+        got, _ = sync(ctx.handle, self.stats.clock)
         key = host_key(ctx.name)
         if ctx.stage == 1:  # the host's sum of my piece, then quantized to the cross peers
             m = ctx.pieces[h.local_rank][1] - ctx.pieces[h.local_rank][0]
@@ -134,7 +134,7 @@ class Hierarchy:
         """The last phase's pieces, one from each of the host's ranks: the reduced tensor."""
         h = ctx.hosts
         assert h is not None and ctx.pieces is not None
-        got, _ = sync(ctx.handle)
+        got, _ = sync(ctx.handle, self.stats.clock)
         out, at = [], 0
         for lo, hi in ctx.pieces:
             out.append(got[at:at + hi - lo])
@@ -143,7 +143,7 @@ class Hierarchy:
                     f"{ctx.name} (step {ctx.step}): a rank had non-finite values (NaN/Inf) in this gradient "
                     "(nonfinite=raise); the default nonfinite=propagate carries them through as Horovod does")
             at += hi - lo + 1
-        self.stats.record(ctx.name, "hierarchical", ctx.sent, ctx.received, ctx.fp32)
+        self.stats.record(ctx.name, ctx.sent, ctx.received)
         if ctx.error is not None:
             raise ctx.error
         return torch.cat(out)
@@ -173,7 +173,8 @@ class Hierarchy:
         if ctx.error is None:
             try:
                 seed = codec.draw_seed(self.seed, hvd.rank(), ctx.step, key)
-                return codec.encode(scheme, x.numpy(), seed, f"{ctx.name} (step {ctx.step})")
+                with self.stats.clock.timed("encode"):
+                    return codec.encode(scheme, x.numpy(), seed, f"{ctx.name} (step {ctx.step})")
             except NonFiniteError as e:
                 ctx.error = e
         return codec.poison(), None
@@ -186,7 +187,8 @@ class Hierarchy:
         ctx.received += int(got.numel()) - ctx.self_bytes
         if ctx.error is None:
             try:
-                total, _ = codec.decode_sum(got.numpy(), h.host, ctx.own, ctx.name)
+                with self.stats.clock.timed("decode"):
+                    total, _ = codec.decode_sum(got.numpy(), h.host, ctx.own, ctx.name)
                 return torch.from_numpy(total)
             except GradqError as e:
                 ctx.error = e
@@ -203,9 +205,10 @@ class Hierarchy:
                                        "in this gradient (nonfinite=raise)")
         if ctx.error is not None:
             return torch.zeros(self._own_len(ctx))
-        return torch.from_numpy(np.concatenate([
-            ctx.own if k == h.host and ctx.own is not None else dequantize(p).astype(np.float32).reshape(-1)
-            for k, p in enumerate(payloads)]))
+        with self.stats.clock.timed("decode"):
+            return torch.from_numpy(np.concatenate([
+                ctx.own if k == h.host and ctx.own is not None else dequantize(p).astype(np.float32).reshape(-1)
+                for k, p in enumerate(payloads)]))
 
     @staticmethod
     def _own_len(ctx: HierCtx) -> int:

@@ -9,6 +9,7 @@ and hands the error back instead of raising, so the collective the other ranks w
 """
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
@@ -19,16 +20,22 @@ import torch
 
 from ..errors import GradqError, NonFiniteError
 from ..frontend import codec
+from ..frontend.stats import Clock
 from ..frontend.workers import wait
 from ..schemes.scheme import Scheme
 from . import device
 
 
-def sync(handle: Any) -> Any:
+def sync(handle: Any, clock: Clock | None = None) -> Any:
     """``hvd.synchronize(handle)``, waiting by polls: Horovod's own wait holds the GIL, which
-    would stall the worker threads for as long as the network takes."""
+    would stall the worker threads for as long as the network takes. The wait counts as
+    ``wait`` on ``clock`` (stats)."""
+    t0 = time.perf_counter()
     wait(lambda: bool(hvd.poll(handle)))
-    return hvd.synchronize(handle)
+    out = hvd.synchronize(handle)
+    if clock is not None:
+        clock.add("wait", time.perf_counter() - t0)
+    return out
 
 
 @dataclass
@@ -40,6 +47,7 @@ class Encoded:
     nbytes: int = 0  # the gather payload's bytes
     lens: list[int] = field(default_factory=list)  # scatter: each chunk's payload bytes
     error: GradqError | None = None  # nonfinite=raise: the poison went out instead
+    seconds: float = 0.0  # the encoding's wall time (stats' ``encode``)
 
 
 def gather_job(scheme: Scheme, x: torch.Tensor, seed: int, what: str, collective: str, process_set: Any,
@@ -48,13 +56,14 @@ def gather_job(scheme: Scheme, x: torch.Tensor, seed: int, what: str, collective
     a tensor there) and start the allgather of its payload."""
 
     def job() -> Encoded:
+        t0 = time.perf_counter()
         try:
             buf, own = device.encode_any(scheme, x, seed, what, on_device)
         except NonFiniteError as e:  # tell the other ranks, so that they raise too
             poison = torch.from_numpy(codec.poison())
             return Encoded(hvd.allgather_async(poison, name=collective, process_set=process_set), None, error=e)
         handle = hvd.allgather_async(torch.from_numpy(buf), name=collective, process_set=process_set)
-        return Encoded(handle, own, int(buf.shape[0]))
+        return Encoded(handle, own, int(buf.shape[0]), seconds=time.perf_counter() - t0)
 
     return job
 
@@ -66,6 +75,7 @@ def scatter_job(scheme: Scheme, x: torch.Tensor, bounds: list[tuple[int, int]], 
 
     def job() -> Encoded:
         bufs, owns, bad = [], [], False
+        t0 = time.perf_counter()
         xs = x if on_device else x.cpu()  # one copy to the host, not one a chunk
         for (lo, hi), seed in zip(bounds, seeds):
             try:
@@ -79,6 +89,6 @@ def scatter_job(scheme: Scheme, x: torch.Tensor, bounds: list[tuple[int, int]], 
         handle = hvd.alltoall_async(torch.from_numpy(np.concatenate(bufs)), splits=splits, name=collective,
                                     process_set=process_set)
         error = NonFiniteError(f"{what}: non-finite values (NaN/Inf) in the gradient") if bad else None
-        return Encoded(handle, owns, lens=lens, error=error)
+        return Encoded(handle, owns, lens=lens, error=error, seconds=time.perf_counter() - t0)
 
     return job

@@ -27,6 +27,7 @@ the reference's.
 
 from __future__ import annotations
 
+import time
 from concurrent.futures import Future
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -185,6 +186,7 @@ class Reducer:
         poison payload has gone out, so that the other ranks raise too, then raise."""
         assert ctx.job is not None
         enc = ctx.job.result()  # a job's unexpected exception is raised here
+        self.stats.clock.add("encode", enc.seconds)
         ctx.job, x = None, ctx.x
         ctx.x = None
         if enc.error is not None:
@@ -220,8 +222,9 @@ class Reducer:
     def _gather_decode(self, ctx: GatherCtx) -> tuple[torch.Tensor, int, int]:
         """The decoded sum over the group (on the device that encoded), its payload count and
         the bytes gathered."""
-        gathered = sync(ctx.handle)
-        total, count = device.sum_any(gathered.numpy(), ctx.group.rank, ctx.own, ctx.name)
+        gathered = sync(ctx.handle, self.stats.clock)
+        with self.stats.clock.timed("decode"):
+            total, count = device.sum_any(gathered.numpy(), ctx.group.rank, ctx.own, ctx.name)
         return total, count, int(gathered.numel())
 
     def _gather_finish(self, ctx: GatherCtx) -> torch.Tensor:
@@ -234,11 +237,12 @@ class Reducer:
         if count != size:
             raise RankMismatchError(f"{ctx.name}: gathered {count} payloads from {size} ranks")
         own_len = ctx.sent // max(size - 1, 1)
-        self.stats.record(ctx.name, "gather", ctx.sent, nbytes - own_len, ctx.fp32)
+        self.stats.record(ctx.name, ctx.sent, nbytes - own_len)
         return total
 
     # -- summable: shared scale (Max-allreduce), then integer lanes (Sum-allreduce) ------------------
     def _summable_start(self, ctx: SummableCtx, x: torch.Tensor) -> SummableCtx:
+        t0 = time.perf_counter()
         scheme = self.scheme
         assert isinstance(scheme, EvenLevelScheme)
         on_dev = device.on_device(self.codec, x)
@@ -261,6 +265,7 @@ class Reducer:
         ctx.x = xc
         ctx.seed = codec.draw_seed(self.seed, hvd.rank(), ctx.step, ctx.name)
         g = ctx.group
+        self.stats.clock.add("encode", time.perf_counter() - t0)  # the statistics
         ctx.stats_handle = hvd.allreduce_async(
             stats.cpu().contiguous(), op=hvd.Max, name=f"hvd_gradq.{g.key}s.{ctx.name}", process_set=g.process_set
         )
@@ -271,7 +276,7 @@ class Reducer:
         scheme = self.scheme
         assert isinstance(scheme, EvenLevelScheme)
         g = ctx.group
-        stats = sync(ctx.stats_handle).to(ctx.x.device)
+        stats = sync(ctx.stats_handle, self.stats.clock).to(ctx.x.device)
         finite_rows = torch.isfinite(stats).all(dim=1)
         if not bool(finite_rows.all()):
             if scheme.nonfinite is NonFinite.RAISE:
@@ -291,9 +296,10 @@ class Reducer:
         if scheme.ef:
             self.memory.update(ctx.name, ctx.x, own)
         c = cost(scheme, ctx.x.numel(), 1, g.size, Pattern.SUMMABLE)
-        self.stats.record(ctx.name, "summable", c.sent, c.received, ctx.fp32)
+        self.stats.record(ctx.name, c.sent, c.received)
 
     def _launch_lanes(self, ctx: SummableCtx, x: torch.Tensor, stats: torch.Tensor) -> torch.Tensor:
+        t0 = time.perf_counter()
         scheme = self.scheme
         assert isinstance(scheme, EvenLevelScheme)
         g = ctx.group
@@ -304,18 +310,21 @@ class Reducer:
         ctx.handle = hvd.allreduce_async(lanes.cpu(), op=hvd.Sum, name=f"hvd_gradq.{g.key}l.{ctx.name}",
                                          process_set=g.process_set)
         own: torch.Tensor = decode_codes(scheme, ctx.ops, codes, meta, x.numel())
+        self.stats.clock.add("encode", time.perf_counter() - t0)  # codes, lanes and own values
         return own
 
     def _summable_finish(self, ctx: SummableCtx) -> torch.Tensor:
         scheme = self.scheme
         assert isinstance(scheme, EvenLevelScheme) and ctx.lanes is not None
-        summed = sync(ctx.handle).to(ctx.x.device)
+        summed = sync(ctx.handle, self.stats.clock).to(ctx.x.device)
+        t0 = time.perf_counter()
         n = ctx.x.numel()
         codes = unpack_lanes(ctx.ops, summed.to(torch.int64), ctx.lanes.field_bits, ctx.lanes.fields, n)
         out: torch.Tensor = decode_codes(scheme, ctx.ops, codes, ctx.meta, n, count=ctx.group.size)
         if ctx.bad_rows is not None:
             bad = ctx.bad_rows.repeat_interleave(scheme.bucket)[:n]
             out = torch.where(bad, torch.full_like(out, float("nan")), out)
+        self.stats.clock.add("decode", time.perf_counter() - t0)
         return out
 
     # -- scatter: alltoall of chunks, reduce, re-compress, allgather ----------------------------------
@@ -331,8 +340,9 @@ class Reducer:
 
     def _scatter_phase2(self, ctx: ScatterCtx) -> None:
         g = ctx.group
-        recv, _ = sync(ctx.handle)
-        sent, _count = device.sum_any(recv.numpy(), g.rank, ctx.own, ctx.name)  # where the chunks were encoded
+        recv, _ = sync(ctx.handle, self.stats.clock)
+        with self.stats.clock.timed("decode"):  # where the chunks were encoded
+            sent, _count = device.sum_any(recv.numpy(), g.rank, ctx.own, ctx.name)
         ctx.received = int(recv.numel()) - ctx.own_bytes
         key = reduced_key(ctx.name)
         if self.scheme.ef:
@@ -340,7 +350,8 @@ class Reducer:
         seed = codec.draw_seed(self.seed, hvd.rank(), ctx.step, key)
         fine = reduced_scheme(self.scheme, g.size)  # finer: the sum's noise as one rank's
         what = f"{ctx.name} (step {ctx.step}, reduced)"
-        buf, own = device.encode_any(fine, sent, seed, what, isinstance(ctx.own, torch.Tensor))
+        with self.stats.clock.timed("encode"):
+            buf, own = device.encode_any(fine, sent, seed, what, isinstance(ctx.own, torch.Tensor))
         if self.scheme.ef:
             self.memory.update(key, sent, own if isinstance(own, torch.Tensor) else torch.from_numpy(own))
         ctx.reduced_own, ctx.reduced_bytes = own, int(buf.shape[0])
@@ -349,10 +360,11 @@ class Reducer:
 
     def _scatter_finish(self, ctx: ScatterCtx) -> torch.Tensor:
         g = ctx.group
-        gathered = sync(ctx.gather_handle).numpy()
+        gathered = sync(ctx.gather_handle, self.stats.clock).numpy()
         own = ctx.reduced_own
-        pieces = [own if r == g.rank else device.decode_any(p, own) for r, p in enumerate(split(gathered))]
+        with self.stats.clock.timed("decode"):
+            pieces = [own if r == g.rank else device.decode_any(p, own) for r, p in enumerate(split(gathered))]
         sent = ctx.sent + ctx.reduced_bytes * (g.size - 1)
         received = ctx.received + int(gathered.shape[0]) - ctx.reduced_bytes
-        self.stats.record(ctx.name, "scatter", sent, received, ctx.fp32)
+        self.stats.record(ctx.name, sent, received)
         return torch.cat([p if isinstance(p, torch.Tensor) else torch.from_numpy(p) for p in pieces])

@@ -105,15 +105,42 @@ def _check_tape(reports, sections):
             for spec, msg in rep["nonfinite"].items():
                 assert "non-finite" in msg or "Horovod has been shut down" in msg, (r, spec, msg)
         assert all("non-finite" in m for m in reports[1]["nonfinite"].values()), reports[1]["nonfinite"]
+    if "telemetry" in sections:
+        _check_telemetry(reports)
     if "mismatch" in sections:
         for r in reports.values():
             assert "ranks disagree on the hvd_gradq configuration" in r["mismatch"], r["mismatch"]
             assert "levels=5" in r["mismatch"] and "levels=9" in r["mismatch"]
 
 
+def _check_telemetry(reports):
+    """stats() and metrics() after 3 steps of a 2-rank tape (orq, gather and fp32 slots), on every
+    rank; the first-step log line on rank 0 only (the default handler)."""
+    size = len(reports)
+    for r, rep in reports.items():
+        st, t = rep["telemetry"]["stats"], rep["telemetry"]
+        assert {k: [v["pattern"], v["why"]] for k, v in st["tensors"].items()} == t["decided"], (r, st["tensors"])
+        assert st["tensors"] == reports[0]["telemetry"]["stats"]["tensors"], f"rank {r}: tensors differ from rank 0's"
+        assert {v["pattern"] for v in st["tensors"].values()} == {"gather", "fp32"}, st["tensors"]
+        assert all(" at 1 Gbit/s" in v["why"] for v in st["tensors"].values() if v["pattern"] == "gather")
+        for v in st["tensors"].values():  # Horovod's ring allreduce a rank: 2(N-1)/N x bytes
+            assert v["fp32"] == round(2 * (size - 1) * 4 * v["elements"] / size) == 2 * v["fp16"], v
+        last, total = st["last_step"]["all"], st["total"]["all"]
+        assert st["steps"] == 3 and total["sent"] == 3 * last["sent"] and total["fp32"] == 3 * last["fp32"], st
+        assert last["fp32"] == 2 * last["fp16"] and last["vs_fp32_allreduce"] == last["fp32"] / last["sent"] > 2
+        assert set(st["time"]["last_step"]) == {"encode_s", "decode_s"}  # host work only: graph ops are not timed
+        assert all(v > 0 for w in ("last_step", "total") for v in st["time"][w].values()), st["time"]
+        m = t["metrics"]
+        assert all(k.startswith("hvd_gradq/") and type(v) in (int, float) for k, v in m.items()), m
+        assert (m["hvd_gradq/step"], m["hvd_gradq/bytes_sent"]) == (3, last["sent"]) and m["hvd_gradq/decode_ms"] > 0
+    head = "hvd_gradq INFO: first step: orq (pattern=auto) on 2 ranks, 1 a host, cost model at 1 Gbit/s; 4 tensors: "
+    assert head in reports[0]["telemetry"]["stderr"], reports[0]["telemetry"]["stderr"]
+    assert "hvd_gradq" not in reports[1]["telemetry"]["stderr"], reports[1]["telemetry"]["stderr"]
+
+
 def test_tape_features_gloo():
     reports = launch("worker_tf_tape.py", np=2, controller="gloo", timeout=400)
-    _check_tape(reports, {"ckpt", "oracle", "dtypes", "eager", "sparse", "mismatch", "nonfinite"})
+    _check_tape(reports, {"ckpt", "oracle", "telemetry", "dtypes", "eager", "sparse", "mismatch", "nonfinite"})
 
 
 def test_tape_features_mpi():

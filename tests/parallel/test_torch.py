@@ -76,10 +76,38 @@ def check(reports: dict) -> None:
     for r in reports:
         for case, ok in reports[r]["identity"].items():
             assert all(ok.values()), f"rank {r} identity {case}: {ok}"
+    check_telemetry({r: reports[r]["results"]["orq:levels=5"] for r in reports}, size)
     # stats: gather payloads are the schemes' wire size; bytes below fp32 for compressing schemes
     for spec in ("orq:levels=3", "orq:levels=5", "bingrad:ef=false", "uniform:bits=8", "sign"):
         st = res[0][spec]["stats"]["last_step"]["all"]
         assert st["sent"] > 0 and st["fp32"] / st["sent"] > (1.5 if size == 2 else 1.0), (spec, st)
+
+
+def check_telemetry(runs: dict, size: int) -> None:
+    """One run's stats() and metrics() on every rank, and its first-step log line on rank 0 only."""
+    ring = lambda n, item: round(2 * (size - 1) * item * n / size)  # noqa: E731 (Horovod's ring allreduce a rank)
+    for r, run in runs.items():
+        st, t = run["stats"], run["telemetry"]
+        # each tensor's pattern and why are the shared policy's (decide_why), the same on every rank
+        assert {k: [v["pattern"], v["why"]] for k, v in st["tensors"].items()} == t["decided"], (r, st["tensors"])
+        assert st["tensors"] == runs[0]["stats"]["tensors"], f"rank {r}: per-tensor figures differ from rank 0's"
+        assert {v["pattern"] for v in st["tensors"].values()} == {"gather", "fp32"}, st["tensors"]
+        for v in st["tensors"].values():
+            assert (v["fp32"], v["fp16"], v["ranks"]) == (ring(v["elements"], 4), ring(v["elements"], 2), size), v
+        last, total = st["last_step"]["all"], st["total"]["all"]
+        assert last["fp32"] == sum(v["fp32"] for v in st["tensors"].values()) == 2 * last["fp16"], last
+        assert last["sent"] == sum(v["sent"] for v in st["tensors"].values()) and total["sent"] == st["steps"] * last["sent"]
+        assert last["vs_fp32_allreduce"] == last["fp32"] / last["sent"] > 1.5 and st["world"]["ranks"] == size
+        for when in ("last_step", "total"):  # encode, wait, decode and the calls themselves took time
+            assert all(v > 0 for v in st["time"][when].values()), (when, st["time"])
+        m = t["metrics"]
+        assert all(k.startswith("hvd_gradq/") and type(v) in (int, float) for k, v in m.items()), m
+        assert m["hvd_gradq/bytes_sent"] == last["sent"] and m["hvd_gradq/encode_ms"] > 0, m
+        assert m["hvd_gradq/step"] == st["steps"] and m["hvd_gradq/tensors_gather"] > 0, m
+    # the default handler: INFO on rank 0, WARNING elsewhere
+    head = f"hvd_gradq INFO: first step: orq (pattern=auto) on {size} ranks, 1 a host, cost model at 10 Gbit/s; "
+    assert runs[0]["telemetry"]["stderr"].startswith(head), runs[0]["telemetry"]["stderr"]
+    assert all("hvd_gradq" not in runs[r]["telemetry"]["stderr"] for r in runs if r), runs[1]["telemetry"]["stderr"]
 
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])

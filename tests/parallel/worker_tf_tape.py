@@ -5,7 +5,9 @@ Each section reports what the launching test (tests/parallel/test_tf.py) checks;
 runs a comma-separated subset of sections.
 """
 import argparse
+import contextlib
 import hashlib
+import io
 import os
 import tempfile
 import time
@@ -19,6 +21,7 @@ import hvd_gradq
 import hvd_gradq.tensorflow as gq
 from hvd_gradq.api import split
 from hvd_gradq.errors import GradqError
+from hvd_gradq.frontend.patterns import EVERY, Pattern, decide_why
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--only", default="")
@@ -238,6 +241,23 @@ if want("oracle"):
         res["eager_ef_refused"] = True
     out["oracle"] = res
     done("oracle")
+
+# -- 5b. telemetry: stats() and metrics() after 3 steps, each gradient's pattern and why against
+#        the shared policy, and the first-step log line (stderr: rank 0 only, by default) ----------
+if want("telemetry"):
+    spec, link = "orq:levels=5", 1.0
+    model, opt = build(), tf.keras.optimizers.SGD(0.1)
+    comp = gq.from_spec(spec, name="tm", link_gbps=link)
+    step = make_step(model, opt, comp)
+    err = io.StringIO()
+    with contextlib.redirect_stderr(err):  # the line comes from a host callback of step 2
+        for i in range(3):
+            step(*batch(i))
+    decided = {v.name: decide_why(hvd_gradq.parse(spec), int(np.prod(v.shape)), len(v.shape), size, Pattern.AUTO,
+                                  EVERY, 1, link) for v in model.trainable_variables}
+    out["telemetry"] = {"stats": comp.stats(), "metrics": comp.metrics(), "stderr": err.getvalue(),
+                        "decided": {k: [p.value, why] for k, (p, why) in decided.items()}}
+    done("telemetry")
 
 # -- 6. ranks that disagree on the configuration fail on every rank, naming the difference ----
 if want("mismatch"):

@@ -8,7 +8,9 @@ each rank's own gradient is recomputed on the side, allgathered, and the gradien
 ``p.grad`` must be the oracle's reduction of them (the sum for Sum, the sum / N for Average)."""
 
 import argparse
+import contextlib
 import hashlib
+import io
 import math
 
 import horovod.torch as hvd
@@ -20,6 +22,7 @@ import hvd_gradq
 import hvd_gradq.torch as gq
 from hvd_gradq import kernels
 from hvd_gradq.frontend import codec
+from hvd_gradq.frontend.patterns import Pattern, decide_why
 from hvd_gradq.schemes.summable import decode_codes, encode_shared, local_stats
 from hvd_gradq.xp import NUMPY
 
@@ -83,6 +86,8 @@ def batch(rng: np.random.Generator, n: int) -> tuple[torch.Tensor, torch.Tensor]
 
 
 xe, ye = batch(np.random.default_rng(999), 512)
+# the run whose telemetry is reported: stats(), metrics() and its first-step log line (stderr)
+TELEMETRY = "orq:levels=5"
 
 
 def train(spec: str, steps: int, probe: bool = False, **opt_kw):
@@ -101,13 +106,15 @@ def train(spec: str, steps: int, probe: bool = False, **opt_kw):
     curve = []  # eval loss every 10 steps
     named = list(model.named_parameters())
     probes = []
+    log_text = io.StringIO()
     for step in range(steps):
         x, y = batch(rng, 32)
         if probe:  # this rank's own gradient, on the side: autograd.grad runs no hook and leaves .grad alone
             local = torch.autograd.grad(torch.nn.functional.cross_entropy(model(x), y), [p for _, p in named])
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
-        opt.step()
+        with contextlib.redirect_stderr(log_text) if spec == TELEMETRY and step == 0 else contextlib.nullcontext():
+            opt.step()  # the first step ends at its last decompress(), inside step()
         if probe:  # after step(), p.grad holds what Horovod's reduction and decompress() returned
             probes.append(probe_step(comp, named, local, step, opt_kw.get("op", hvd.Average)))
         if step % 10 == 9:
@@ -120,6 +127,11 @@ def train(spec: str, steps: int, probe: bool = False, **opt_kw):
         h.update(p.detach().numpy().tobytes())
     st = comp.stats() if hasattr(comp, "stats") else None
     out = {"digest": h.hexdigest(), "loss0": loss0, "loss": loss, "curve": curve, "stats": st}
+    if spec == TELEMETRY:
+        decided = {name: decide_why(comp.scheme, p.numel(), p.dim(), size, Pattern.AUTO, local=1,
+                                    link_gbps=comp.link_gbps) for name, p in named}
+        out["telemetry"] = {"stderr": log_text.getvalue(), "metrics": comp.metrics(),
+                            "decided": {k: [p.value, why] for k, (p, why) in decided.items()}}
     if probe:
         out["probe"] = {
             "bad": [b for p in probes for b in p["bad"]],
@@ -137,7 +149,7 @@ def probe_step(comp, named, local, step: int, op) -> dict:
         allx = hvd.allgather(g.detach().reshape(1, -1), name=f"probe.{name}").numpy()
         out = p.grad.detach().reshape(-1).numpy()
         # the pattern the frontend used for this tensor this step (which collective, not values)
-        used = comp._stats.last[name][0]
+        used = comp.stats()["tensors"][name]["pattern"]
         patterns.add(used)
         if used == "fp32":  # too small to compress: Horovod's own fp32 allreduce, in its own order
             total = allx.astype(np.float64).sum(0)

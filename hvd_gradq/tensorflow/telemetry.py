@@ -1,0 +1,135 @@
+"""The TensorFlow compressor's telemetry: steps, host time, bytes from the slots, the log lines.
+
+``compress()`` and ``decompress()`` run while Horovod traces the reduction, once; what runs each
+step is the graph. So the figures a step produces are recorded by the graph itself:
+
+* **Steps**: the first ``compress()`` in each traced function adds one small stateful host
+  callback (``hvd_gradq_step``), which TensorFlow runs at every call of the function (eager
+  reductions count at the call). Its second run is the first step's end: a ``tf.function`` call
+  returns only when all its ops are done.
+* **Time**: each host encode/decode (:mod:`.host`) adds its wall time to the step its variable's
+  own step counter names (:func:`.host.recording`). The summable pattern runs in graph ops and
+  Horovod's collectives are ops too: neither is timed.
+* **Bytes**: each slot's static bytes a step, times its step counter (:class:`.state.Slot`).
+
+The first-step line (:func:`hvd_gradq.log.first_step`) is logged once step 1's figures are all
+in: when a host call of a later step arrives, or, for a compressor without host work, at the
+second step's callback. The log's byte figures count each slot once (a step), so the callback
+never reads a variable while the graph runs.
+"""
+from __future__ import annotations
+
+import threading
+import weakref
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import AbstractContextManager, contextmanager
+from typing import Any
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from .. import log
+from ..frontend.patterns import Pattern
+from ..frontend.stats import Reports as Reports  # the compressor's stats() and metrics()
+from ..frontend.stats import Stats
+from ..schemes.scheme import Scheme
+from . import host
+from .callsite import function_graph
+from .hier import ranks_per_host_of
+from .state import Slot
+
+#: What the TensorFlow frontend can time: its host functions.
+KINDS = ("encode", "decode")
+
+
+class Telemetry:
+    """One compressor's figures: its scheme, requested pattern, link rate, and its slots."""
+
+    def __init__(self, scheme: Scheme, pattern: Pattern, link_gbps: float,
+                 slots: Callable[[], Iterable[Slot]]) -> None:
+        log.env_level()  # a bad HVD_GRADQ_LOG fails at construction, not inside a graph
+        self.stats = Stats(KINDS)
+        self.scheme, self.pattern, self.link_gbps = scheme, pattern, link_gbps
+        self.slots = slots
+        self._graphs: weakref.WeakSet[Any] = weakref.WeakSet()  # traced functions holding a step callback
+        self._calls = 0
+        self._logged = 0  # the last step logged
+        self._lock = threading.Lock()
+
+    # -- in compress(), while tracing -----------------------------------------------------------
+    def decide(self, key: str, pattern: Pattern | None, why: str, n: int, size: int) -> None:
+        """A slot's pattern (None: fp32) and why; a tf.cond picks warm-up steps at run time, so
+        the reason says it once."""
+        if pattern is not None and self.scheme.warmup > 0:
+            k = self.scheme.warmup
+            why += f"; the first {k} step{'s' if k > 1 else ''} fp32 (warm-up)"
+        self.stats.decide(key, pattern.value if pattern else "fp32", why, n, size)
+
+    def mark(self) -> None:
+        """Count this reduction's steps: a callback in each traced function, or, eagerly, now."""
+        if tf.executing_eagerly():
+            self._called()
+            return
+        graph = function_graph()
+        if graph in self._graphs:
+            return
+        self._graphs.add(graph)
+        tf.numpy_function(self._called, [], [], stateful=True, name="hvd_gradq_step")
+
+    @contextmanager
+    def recording(self, step: Any) -> Iterator[None]:
+        """Around a tensor's ``compress()``: count the step (:meth:`mark`) and time its host
+        functions into ``step`` (the slot's step counter, a tensor of the graph, or an int)."""
+        self.mark()
+        with host.recording(self.record, step):
+            yield
+
+    def timing(self, step: Any) -> AbstractContextManager[None]:
+        """Around a tensor's ``decompress()``: time its host functions into ``step``."""
+        return host.recording(self.record, step)
+
+    def record(self, kind: str, seconds: float, step: int) -> None:
+        """A host function's time (:func:`.host.recording`); ``step`` is its variable's step
+        counter before this step (0-based)."""
+        if self.stats.clock.add(kind, seconds, step + 1) and step >= 1:
+            self._log(step)  # step + 1 began: step is over on every variable
+
+    # -- each step ---------------------------------------------------------------------------------
+    def _called(self) -> None:
+        with self._lock:
+            self._calls += 1
+            calls = self._calls
+        if calls >= 2 and self.stats.clock.steps == 0:  # nothing runs on the host: no time to wait for
+            self._log(calls - 1)
+
+    def _log(self, step: int) -> None:
+        with self._lock:
+            if step <= self._logged:
+                return
+            first = self._logged == 0
+            self._logged = step
+        rank = hvd.rank()
+        if first:
+            log.first_step(self.summary(counted=False, time_of=step), rank)
+        elif log.wants_steps(rank):
+            log.step(self.summary(counted=False, time_of=step), rank)
+
+    # -- reading ---------------------------------------------------------------------------------
+    def summary(self, counted: bool = True, time_of: int | None = None) -> dict[str, Any]:
+        """:meth:`hvd_gradq.frontend.stats.Stats.summary` with the slots' bytes: their step
+        counters times their bytes a step (``counted``), or each slot once (a step: what the log
+        says, read without touching a variable)."""
+        view = self.stats.fresh()
+        for s in self.slots():
+            k = int(s.step.numpy()) if counted else 1
+            if k and s.key in view.tensors:
+                view.record(s.key, s.sent, s.received, steps=k)
+        return view.summary(self.world(), steps=self._calls, time_of=time_of)
+
+    def world(self) -> dict[str, Any]:
+        """What ``stats()`` and the log say of the run."""
+        up = hvd.is_initialized()
+        return {"frontend": "tensorflow", "scheme": self.scheme.spec, "pattern": self.pattern.value,
+                "ranks": hvd.size() if up else None,
+                "ranks_a_host": ranks_per_host_of(hvd.global_process_set) if up else 1,
+                "link_gbps": self.link_gbps}

@@ -1,0 +1,81 @@
+"""The PyTorch compressor's steps as telemetry sees them: where one ends, the training thread's
+time inside ``compress()`` / ``decompress()``, and the log lines (:mod:`hvd_gradq.log`).
+
+A step starts at the first ``compress()`` after a ``decompress()`` (the compressor's own rule)
+and ends at the ``decompress()`` that settles the last tensor it compressed: Horovod's
+``synchronize()`` compresses every tensor of a step before it waits on any (NOTES section 9),
+and hands each one back to ``decompress()`` exactly once, so a count of open tensors reaching
+zero is the step's end, with every figure in. A step that stopped on an error is closed at the
+next step's start instead."""
+from __future__ import annotations
+
+import functools
+import time
+from collections.abc import Callable
+from typing import Any, TypeVar, cast
+
+import horovod.torch as hvd
+
+from .. import log
+from ..frontend.stats import Stats
+
+_F = TypeVar("_F", bound=Callable[..., Any])
+
+
+class Telemetry:
+    """Step boundaries and log lines for one compressor; ``world`` says what the run is."""
+
+    def __init__(self, stats: Stats, world: Callable[[], dict[str, Any]]) -> None:
+        log.env_level()  # a bad HVD_GRADQ_LOG fails at construction, not at the end of a step
+        self.stats = stats
+        self.world = world
+        self._open = 0  # tensors compressed this step and not yet handed to decompress()
+        self._closed = 0  # the last step whose end was seen
+
+    def begin_step(self) -> None:
+        if self.stats.clock.steps > self._closed:  # it stopped on an error before its last decompress()
+            self._close()
+        self._open = 0
+        self.stats.begin_step()
+
+    def called(self, method: str, seconds: float, ok: bool, has_ctx: bool) -> None:
+        """After ``compress()`` or ``decompress()`` ran on the training thread for ``seconds``."""
+        self.stats.clock.add("compressor", seconds)
+        if method == "compress" and ok:
+            self._open += 1
+        elif method == "decompress" and has_ctx:
+            self._open -= 1
+            if self._open <= 0:
+                self._close()
+
+    def summary(self) -> dict[str, Any]:
+        return self.stats.summary(self.world())
+
+    def _close(self) -> None:
+        step = self.stats.clock.steps
+        if step <= self._closed:
+            return
+        self._closed = step
+        rank = hvd.rank()
+        if step == 1:
+            log.first_step(self.summary(), rank)
+        elif log.wants_steps(rank):
+            log.step(self.summary(), rank)
+
+
+def timed_call(method: _F) -> _F:
+    """Wrap ``compress`` / ``decompress`` of an object with a ``_telemetry``: their wall time on the
+    calling thread, and the step's end."""
+
+    @functools.wraps(method)
+    def call(self: Any, tensor: Any, *rest: Any) -> Any:
+        t0 = time.perf_counter()
+        ok = False
+        try:
+            out = method(self, tensor, *rest)
+            ok = True
+            return out
+        finally:
+            self._telemetry.called(method.__name__, time.perf_counter() - t0, ok, bool(rest) and rest[0] is not None)
+
+    return cast(_F, call)
