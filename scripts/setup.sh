@@ -162,4 +162,14 @@ if ! "$PY" -c 'import hvd_gradq' >/dev/null 2>&1 || [ setup.cfg -nt "$VENV/.proj
   step project "${PIP[@]}" install -q --no-deps --no-build-isolation -e .
   touch "$VENV/.project-stamp"
 fi
+
+# ---- 5. the kernels, compiled once --------------------------------------------------------
+# numba compiles each kernel at its first call (5-6 s a scheme here); warming the cache now means
+# no training step or test pays for it. Redone when any kernel source changes (their hash).
+kern=$(cat hvd_gradq/kernels/*.py | sha256sum | cut -c1-16)
+if [ "$(cat "$VENV/.kernels-stamp" 2>/dev/null)" != "$kern" ]; then
+  say "kernels: compiling (python -m hvd_gradq warm; log: $LOGS/kernels-warm.log)"
+  step kernels-warm "$PY" -m hvd_gradq warm
+  echo "$kern" >"$VENV/.kernels-stamp"
+fi
 say "done: activate with 'source .venv/bin/activate'"

@@ -1,0 +1,156 @@
+"""Which scheme for your job: bytes, modelled reduction time and the study's accuracy, per link rate.
+
+Give the model as ``--params N`` (treated as 2-D tensors of at most 4M elements each: layer
+sizes matter little once a tensor holds many buckets) or ``--state-dict FILE`` (a ``torch.save``
+of a state dict or any nest of dicts of tensors: its floating tensors, as they are; needs torch).
+For each candidate scheme the library's own policy picks each tensor's pattern at ``--ranks``
+ranks, ``--ranks-per-host`` a host and each ``--link-gbps`` (``pattern=auto``, as a compressor
+would), and its cost model gives the bytes over a host's link and the modelled reduction time
+(link time plus this rank's encode and decode, from the CPU table measured on the project's
+machine: ``python -m hvd_gradq calibrate`` times yours). Horovod's fp32 and fp16 allreduce are
+the same ring model with no CPU term. The accuracy column is the quality study's
+(:mod:`.study`). The recommendation is the fastest scheme whose accuracy the study saw kept
+with ``--optimizer``, or Horovod's fp16 when none is modelled faster than it.
+"""
+from __future__ import annotations
+
+import argparse
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from ..errors import GradqError
+from ..frontend.patterns import Pattern, cost, decide_why, fp16_cost, fp32_cost, seconds
+from ..spec import parse
+from . import study
+
+#: (label, spec as the study ran it, how to build it in code)
+CANDIDATES: tuple[tuple[str, str, str], ...] = (
+    ("ORQ-5", "orq:levels=5", "gq.ORQ()"),
+    ("ORQ-3", "orq:levels=3", "gq.ORQ(levels=3)"),
+    ("ORQ-9", "orq:levels=9", "gq.ORQ(levels=9)"),
+    ("BinGrad+EF", "bingrad:ef=true", "gq.BinGrad()"),
+    ("uniform-4", "uniform:bits=4", "gq.Uniform(bits=4)"),
+    ("QSGD-4", "qsgd:levels=4", "gq.QSGD(levels=4)"),
+    ("TernGrad", "terngrad", "gq.TernGrad()"),
+    ("sign+EF", "sign:ef=true", "gq.Sign(ef=True)"),
+    ("Top-K 1%+EF", "topk:ratio=0.01,ef=true", "gq.TopK(ratio=0.01, ef=True)"),
+)
+MAX_TENSOR = 1 << 22
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("--params", type=float, metavar="N", help="parameter count, e.g. 25e6")
+    src.add_argument("--state-dict", type=Path, metavar="FILE", help="a torch.save'd state dict of the model")
+    p.add_argument("--ranks", type=int, required=True, help="world size (hvd.size())")
+    p.add_argument("--ranks-per-host", type=int, default=1, help="ranks on each host (default 1)")
+    p.add_argument("--link-gbps", type=float, nargs="+", default=[1.0, 10.0], metavar="G",
+                   help="link rates between hosts to advise for, Gbit/s (default: 1 10)")
+    p.add_argument("--optimizer", choices=("sgd", "adamw", "any"), default="any",
+                   help="sgd (momentum SGD), adamw (Adam, AdamW), or any (default: kept with both)")
+
+
+def tensors_of(args: argparse.Namespace) -> tuple[list[tuple[int, int]], str]:
+    """[(elements, ndim)] of the model and a line saying where they came from."""
+    if args.params is not None:
+        n = int(args.params)
+        if n < 1:
+            raise GradqError(f"--params must be a positive count, not {args.params:g}")
+        sizes = [MAX_TENSOR] * (n // MAX_TENSOR) + ([n % MAX_TENSOR] if n % MAX_TENSOR else [])
+        return [(k, 2) for k in sizes], (f"{n:,} parameters, modelled as {len(sizes)} tensor(s) of at most "
+                                         f"{MAX_TENSOR:,} elements")
+    try:
+        import torch
+    except ImportError:
+        raise GradqError("--state-dict needs torch installed; give --params N instead") from None
+    try:
+        state = torch.load(args.state_dict, map_location="cpu", weights_only=True)
+    except (OSError, RuntimeError) as e:
+        raise GradqError(f"--state-dict {args.state_dict}: cannot be read by torch.load ({e})") from None
+    found: list[tuple[int, int]] = []
+
+    def walk(v: Any) -> None:
+        if isinstance(v, torch.Tensor):
+            if v.is_floating_point() and v.numel():
+                found.append((v.numel(), v.dim()))
+        elif isinstance(v, dict):
+            for x in v.values():
+                walk(x)
+        elif isinstance(v, (list, tuple)):
+            for x in v:
+                walk(x)
+
+    walk(state)
+    if not found:
+        raise GradqError(f"--state-dict {args.state_dict}: no floating-point tensors in it")
+    return found, f"{sum(n for n, _ in found):,} parameters in {len(found)} tensors of {args.state_dict}"
+
+
+@dataclass
+class Row:
+    label: str
+    spec: str
+    code: str
+    bytes: int
+    seconds: float
+    patterns: dict[str, int]
+
+
+def model(spec: str, tensors: list[tuple[int, int]], ranks: int, local: int, gbps: float) -> tuple[int, float,
+                                                                                                    dict[str, int]]:
+    """(bytes over a host's link each way, modelled seconds, tensors by pattern) for one scheme."""
+    scheme = parse(spec)
+    total_b, total_s = 0, 0.0
+    patterns: dict[str, int] = {}
+    for n, ndim in tensors:
+        p, _ = decide_why(scheme, n, ndim, ranks, Pattern.AUTO, local=local, link_gbps=gbps)
+        c = fp32_cost(n, ranks) if p is Pattern.FP32 else cost(scheme, n, ndim, ranks, p, local, gbps)
+        total_b += max(c.sent, c.received)
+        total_s += seconds(scheme, n, ndim, ranks, p, local, gbps)
+        patterns[p.value] = patterns.get(p.value, 0) + 1
+    return total_b, total_s, patterns
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.ranks < 2:
+        raise GradqError(f"--ranks must be at least 2 (at 1 rank nothing is exchanged), not {args.ranks}")
+    if args.ranks_per_host < 1 or args.ranks % args.ranks_per_host:
+        raise GradqError(f"--ranks-per-host must divide --ranks ({args.ranks}), not {args.ranks_per_host}")
+    if not all(g > 0 for g in args.link_gbps):
+        raise GradqError("--link-gbps takes rates above 0 Gbit/s")
+    tensors, source = tensors_of(args)
+    ranks, local = args.ranks, args.ranks_per_host
+    print(f"model: {source}; {ranks} ranks, {local} a host; optimizer: {args.optimizer}")
+    for gbps in args.link_gbps:
+        fp32 = sum(fp32_cost(n, ranks).sent for n, _ in tensors)
+        fp16 = sum(fp16_cost(n, ranks).sent for n, _ in tensors)
+        t16 = fp16 * 8 / (gbps * 1e9)
+        rows = [Row(label, spec, code, *model(spec, tensors, ranks, local, gbps)) for label, spec, code in CANDIDATES]
+        print(f"\n== {gbps:g} Gbit/s between hosts: Horovod fp32 allreduce moves {fp32 / 1e6:,.1f} MB a host "
+              f"each way a step ({fp32 * 8 / (gbps * 1e9) * 1e3:,.1f} ms of link), fp16 {fp16 / 1e6:,.1f} MB "
+              f"({t16 * 1e3:,.1f} ms)")
+        head = f"{'scheme':12s} {'MB a step':>10s} {'vs fp32':>8s} {'model ms':>9s} " \
+               f"{'vs fp16':>8s}  {'patterns (tensors)':24s} accuracy vs fp32 (study)"
+        print(head)
+        print("-" * len(head))
+        for r in rows:
+            pats = ", ".join(f"{k} {v}" for k, v in sorted(r.patterns.items()))
+            print(f"{r.label:12s} {r.bytes / 1e6:10,.2f} {fp32 / max(r.bytes, 1):7.1f}x "
+                  f"{r.seconds * 1e3:9,.1f} {r.seconds / t16:7.2f}x  {pats:24s} {study.describe(r.spec)}")
+        ok = [r for r in rows if study.kept(r.spec, args.optimizer)]
+        best = min(ok, key=lambda r: r.seconds) if ok else None
+        kept = {"sgd": "within 1 point of fp32 with SGD at 4 and 8 workers",
+                "adamw": "within 1% of fp32's loss with AdamW",
+                "any": "within 1 point (SGD) and 1% (AdamW) of fp32"}[args.optimizer]
+        if best is None or best.seconds >= t16:
+            print(f"recommendation at {gbps:g} Gbit/s: Horovod's own compression=hvd.Compression.fp16: no scheme "
+                  f"{kept} is modelled faster than it here (encoding costs more than the link saves)")
+        else:
+            print(f"recommendation at {gbps:g} Gbit/s: {best.label}, compression={best.code} (\"{best.spec}\"): "
+                  f"{kept} in the study, {fp32 / best.bytes:.1f}x fewer bytes than fp32, modelled "
+                  f"{t16 / best.seconds:.1f}x faster than Horovod fp16")
+    print("\nModelled, not measured: bytes from the payload format, time = link + this rank's encode/decode "
+          "(CPU table of the project's 2-core machine, one core a rank; `python -m hvd_gradq calibrate` for yours), "
+          "no overlap with backward. Accuracy: results/quality.md (5 seeds, MNIST-1D MLP and a small transformer).")
+    return 0

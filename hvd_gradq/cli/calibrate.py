@@ -1,0 +1,75 @@
+"""Time the codec on this CPU: encode and decode nanoseconds an element, per scheme, one thread.
+
+Each spec is timed through the frontends' own host path (:func:`hvd_gradq.frontend.codec.encode`
+and :func:`hvd_gradq.dequantize`: kernels, framing, checksum) on standard-normal float32 tensors,
+best of a few runs after a warm-up call (a compile is not counted). The cost model that picks
+patterns under ``pattern=auto`` reads such a table (``hvd_gradq/frontend/cpu_table.py``, written
+by ``bench/calibrate_cpu.py`` on the project's machine); this command shows how far your CPU is
+from it. Run it on a quiet machine: the load average is printed.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import time
+from collections.abc import Callable
+
+import numpy as np
+
+from ..api import dequantize, split
+from ..errors import GradqError
+from ..frontend import codec
+from ..frontend.cpu_cost import ns_per_element, table_key
+from ..spec import parse
+
+#: what the project's table holds (bench/calibrate_cpu.py --all)
+EVERY = ["none", "fp16", "uniform:bits=2", "uniform:bits=4", "uniform:bits=8", "sign", "qsgd:levels=1",
+         "qsgd:levels=4", "qsgd:levels=16", "qsgd:levels=64", "terngrad", "topk", "bingrad",
+         "bingrad:variant=pb"] + [f"orq:levels={s}" for s in (2, 3, 4, 5, 6, 9, 17, 33, 65)]
+#: the command's default: the schemes the README's table and `advise` compare
+DEFAULT = ["fp16", "uniform:bits=4", "qsgd:levels=4", "terngrad", "sign", "bingrad", "orq:levels=3",
+           "orq:levels=5"]
+
+
+def _best(f: Callable[[], object], reps: int) -> float:
+    out = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        f()
+        out = min(out, time.perf_counter() - t)
+    return out
+
+
+def measure(spec: str, elements: int = 1 << 20, reps: int = 5) -> tuple[float, float]:
+    """(encode, decode) nanoseconds an element of ``spec`` on this CPU, one thread."""
+    scheme = parse(spec)
+    x = np.random.default_rng(0).standard_normal(elements).astype(np.float32)
+    buf, _ = codec.encode(scheme, x, 1, "calibrate")  # compiles (or loads) the kernels first
+    (p,) = split(buf)
+    enc = _best(lambda: codec.encode(scheme, x, 1, "calibrate"), reps)
+    dec = _best(lambda: dequantize(p), reps)
+    return enc / elements * 1e9, dec / elements * 1e9
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("specs", nargs="*", help=f"schemes to time (default: {' '.join(DEFAULT)})")
+    p.add_argument("--elements", type=int, default=1 << 20, help="tensor size each is timed on (default 1048576)")
+    p.add_argument("--reps", type=int, default=3, help="runs of each, the best kept (default 3)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.elements < 1 or args.reps < 1:
+        raise GradqError("--elements and --reps must be at least 1")
+    specs = args.specs or DEFAULT
+    for s in specs:
+        parse(s)  # every spec checked before any timing
+    load = os.getloadavg()
+    print(f"load average {load[0]:.2f} on {os.cpu_count()} CPUs; {args.elements:,} elements, best of {args.reps}")
+    print(f"{'scheme':22s} {'encode ns/el':>13s} {'decode ns/el':>13s} {'table encode':>13s} {'table decode':>13s}")
+    for s in specs:
+        e, d = measure(s, args.elements, args.reps)
+        te, td = ns_per_element(parse(s))
+        print(f"{s:22s} {e:13.2f} {d:13.2f} {te:13.2f} {td:13.2f}", flush=True)
+    print("table: the cost model's figures (hvd_gradq/frontend/cpu_table.py, the project's machine; "
+          f"keys such as {table_key(parse(specs[0]))!r})")
+    return 0

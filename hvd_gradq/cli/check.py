@@ -1,0 +1,68 @@
+"""Say what a scheme spec means: canonical form, bits an element on the wire, patterns, refusals.
+
+The bits are measured, not computed: the spec quantizes ``--elements`` standard-normal float32
+values with :func:`hvd_gradq.quantize` and the whole payload (header, per-bucket levels, packed
+codes) is counted. Patterns are asked of the library's own policy
+(:func:`hvd_gradq.frontend.patterns.choose`) at ``--ranks`` ranks: a pattern the scheme cannot
+use prints the error a compressor would raise.
+"""
+from __future__ import annotations
+
+import argparse
+
+import numpy as np
+
+from ..api import quantize
+from ..errors import SpecError
+from ..frontend.patterns import REQUESTABLE, Pattern, choose, decide_why
+from ..schemes.options import NonFinite
+from ..spec import parse
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("spec", help="a scheme spec such as 'orq:levels=3' or 'bingrad:bucket=256,ef=false'")
+    p.add_argument("--elements", type=int, default=1 << 16,
+                   help="size of the tensor the bits are measured on (default 65536)")
+    p.add_argument("--ranks", type=int, default=4, help="world size the patterns are asked for (default 4)")
+    p.add_argument("--link-gbps", type=float, default=1.0,
+                   help="link rate for the pattern auto would pick (default 1 Gbit/s)")
+
+
+def run(args: argparse.Namespace) -> int:
+    if args.elements < 1 or args.ranks < 2 or not args.link_gbps > 0:
+        raise SpecError("--elements must be >= 1, --ranks >= 2 and --link-gbps > 0")
+    scheme = parse(args.spec)
+    n = args.elements
+    x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
+    nbytes = quantize(x, scheme).nbytes
+    bits = 8 * nbytes / n
+    print(f"spec        {args.spec}")
+    print(f"canonical   {scheme.spec}")
+    print(f"unbiased    {'yes' if scheme.unbiased else 'no (use ef=true to carry the bias over steps)'}")
+    print(f"wire        {bits:.4f} bits an element at {n:,} elements, header included ({nbytes:,} bytes; "
+          f"{32 / bits:.2f}x fewer than fp32)")
+    limit = scheme.limit
+    if limit != float("inf"):
+        print(f"limit       finite |x| >= {limit:.3g} cannot be computed in float32: refused "
+              f"(nonfinite=skip sends such a tensor uncompressed)")
+    print(f"patterns at {args.ranks} ranks:")
+    for p in REQUESTABLE:
+        if p is Pattern.AUTO:
+            continue
+        local = 2 if p is Pattern.HIERARCHICAL and args.ranks % 2 == 0 else 1
+        try:
+            got = choose(scheme, n, 1, args.ranks, p, local=local, link_gbps=args.link_gbps)
+        except SpecError as e:
+            print(f"  {p.value:13s} refused: {e}")
+            continue
+        note = "" if got is p else f" (runs as {got.value})"
+        where = " with 2 ranks a host" if local == 2 else ""
+        print(f"  {p.value:13s} ok{where}{note}")
+    got, why = decide_why(scheme, n, 1, args.ranks, Pattern.AUTO, link_gbps=args.link_gbps)
+    print(f"  {'auto':13s} {got.value} at {args.link_gbps:g} Gbit/s for {n:,} elements ({why})")
+    if scheme.nonfinite is NonFinite.SKIP:
+        print("frontends   nonfinite=skip is PyTorch only (hvd_gradq.tensorflow refuses it)")
+    elif scheme.nonfinite is NonFinite.RAISE:
+        print("frontends   TensorFlow refuses nonfinite=raise with pattern=scatter and hierarchical "
+              "(auto then uses gather or summable)")
+    return 0
