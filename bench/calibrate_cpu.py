@@ -19,46 +19,27 @@ from __future__ import annotations
 import argparse
 import os
 import sys
-import time
 from pathlib import Path
 
 os.environ.setdefault("NUMBA_NUM_THREADS", "1")
-import numpy as np
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hvd_gradq import parse  # noqa: E402
-from hvd_gradq.api import dequantize, split  # noqa: E402
-from hvd_gradq.frontend import codec  # noqa: E402
+from hvd_gradq.cli import calibrate  # noqa: E402
 from hvd_gradq.frontend.cpu_cost import table_key  # noqa: E402
 
-SPECS = ["none", "fp16", "uniform:bits=2", "uniform:bits=4", "uniform:bits=8", "sign", "qsgd:levels=1",
-         "qsgd:levels=4", "qsgd:levels=16", "qsgd:levels=64", "terngrad", "topk", "bingrad",
-         "bingrad:variant=pb"] + [f"orq:levels={s}" for s in (2, 3, 4, 5, 6, 9, 17, 33, 65)]
+SPECS = calibrate.EVERY
 OUT = ROOT / "hvd_gradq" / "frontend" / "cpu_table.py"
 
 
-def best(f, reps: int) -> float:  # type: ignore[no-untyped-def]
-    out = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        f()
-        out = min(out, time.perf_counter() - t)
-    return out
-
-
 def measure(spec: str) -> tuple[float, float]:
+    """(encode, decode) ns an element: the package's own measurement (``python -m hvd_gradq calibrate``)
+    at 1M elements, 256k for the slow ORQ level counts and BinGrad-pb."""
     scheme = parse(spec)
     slow = (spec.startswith("orq") and scheme.levels > 9) or "pb" in spec  # type: ignore[attr-defined]
-    n = 1 << (18 if slow else 20)
-    x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
-    buf, _ = codec.encode(scheme, x, 1, "calibrate")  # compiles the kernels
-    (p,) = split(buf)
-    reps = 2 if slow else 5
-    enc = best(lambda: codec.encode(scheme, x, 1, "calibrate"), reps)
-    dec = best(lambda: dequantize(p), reps)
-    return enc / n * 1e9, dec / n * 1e9
+    return calibrate.measure(spec, 1 << (18 if slow else 20), 2 if slow else 5)
 
 
 def main() -> None:
