@@ -12,7 +12,7 @@ Frontends: ``hvd_gradq.torch`` and ``hvd_gradq.tensorflow`` (imported on demand,
 package imports without either framework).
 """
 from .api import Payload, dequantize, quantize
-from .errors import GradqError, NonFiniteError, PayloadError, RankMismatchError, SpecError
+from .errors import GradqError, NonFiniteError, PayloadError, RangeError, RankMismatchError, SpecError
 from .spec import names, parse
 
 __version__ = "0.1.0"
@@ -21,6 +21,7 @@ __all__ = [
     "NonFiniteError",
     "Payload",
     "PayloadError",
+    "RangeError",
     "RankMismatchError",
     "SpecError",
     "dequantize",

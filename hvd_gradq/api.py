@@ -16,7 +16,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from . import kernels, wire
-from .errors import GradqError, NonFiniteError, PayloadError, SpecError
+from .errors import GradqError, NonFiniteError, PayloadError, RangeError, SpecError
 from .schemes.options import NonFinite
 from .schemes.scheme import Scheme
 from .spec import parse
@@ -94,7 +94,7 @@ def quantize(x: Any, spec: str | Scheme, *, seed: int = 0, name: str = "tensor")
     ``fp16`` and ``topk`` carry the non-finite values through), ``raise`` (a NonFiniteError naming
     ``name``) or ``skip`` (sent uncompressed as ``none``, with a warning). Finite values that the
     scheme's float32 arithmetic cannot take (``scheme.limit``, e.g. |x| >= 2**127 for a range)
-    raise a GradqError that says so (``skip``: sent uncompressed), as do float64 values beyond
+    raise a RangeError (a GradqError) that says so (``skip``: sent uncompressed), as do float64 values beyond
     float32's range.
     """
     scheme = as_scheme(spec)
@@ -119,7 +119,7 @@ def quantize(x: Any, spec: str | Scheme, *, seed: int = 0, name: str = "tensor")
             why = f"{name}: values beyond {scheme.name}'s range; sent uncompressed"
             return _skip(flat, arr.shape, dtype, seed, why)
         big = float(np.abs(flat).max())
-        raise GradqError(
+        raise RangeError(
             f"{name}: a finite value of magnitude {big:.7g} is beyond what {scheme.name} quantizes in float32 "
             f"(|x| < {scheme.limit:.7g}: a range, sum or square of the bucket would overflow float32); scale "
             "the gradient down (a smaller loss scale), use fp16 or none, or nonfinite=skip to send such tensors "
@@ -150,7 +150,7 @@ def _check_float32_range(arr: NDArray[Any], flat: NDArray[Any], name: str) -> No
     grew = np.isinf(flat) & np.isfinite(arr.reshape(-1))
     if grew.any():
         big = float(np.abs(arr.reshape(-1)[grew]).max())
-        raise GradqError(
+        raise RangeError(
             f"{name}: {int(grew.sum())} float64 value(s) are finite but beyond float32's range (largest magnitude "
             f"{big:.7g} > {F32_MAX:.7g}); hvd_gradq quantizes in float32: scale the gradient down "
             "(e.g. a smaller loss scale)"

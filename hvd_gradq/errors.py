@@ -18,5 +18,11 @@ class NonFiniteError(GradqError):
     """A gradient held NaN or Inf and the compressor was told to raise (``nonfinite=raise``)."""
 
 
+class RangeError(GradqError):
+    """A finite value the scheme cannot quantize: beyond ``Scheme.limit`` (its float32 arithmetic
+    would overflow), a float64 beyond float32's range, or beyond fp16's range under
+    ``fp16:overflow=raise``."""
+
+
 class RankMismatchError(GradqError):
     """Ranks disagree on the compression configuration."""

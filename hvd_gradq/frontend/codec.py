@@ -3,14 +3,17 @@ frontends. Uses the fused kernels of :mod:`hvd_gradq.kernels` when they are avai
 
 from __future__ import annotations
 
+import enum
 import zlib
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from ..api import Payload, dequantize, quantize, split
-from ..errors import NonFiniteError, RankMismatchError
+from ..errors import GradqError, NonFiniteError, RangeError, RankMismatchError
+from ..schemes.options import NonFinite
 from ..schemes.scheme import Scheme
 from ..xp import stream_seed
 
@@ -33,21 +36,146 @@ def encode(scheme: Scheme, x: NDArray[Any], seed: int, name: str) -> tuple[NDArr
     return p.to_array(), own
 
 
-def poison() -> NDArray[np.uint8]:
-    """The payload a rank sends in place of a gradient that held NaN/Inf (nonfinite=raise): an
-    empty ``none`` payload, which tells the others to stop with an error too."""
-    return quantize(np.zeros(0, np.float32), "none").to_array()
+class Stop(enum.IntEnum):
+    """Why a rank stopped before encoding a gradient, as its poison payload tells the others."""
+
+    NONFINITE = 1  #: NaN/Inf under ``nonfinite=raise`` (:class:`~hvd_gradq.errors.NonFiniteError`)
+    RANGE = 2  #: a finite value the scheme cannot quantize (:class:`~hvd_gradq.errors.RangeError`)
+    ERROR = 3  #: any other error while encoding it
 
 
-def split_checked(buf: NDArray[np.uint8], name: str) -> list[Payload]:
-    """The payloads of a gathered buffer, all of one size: an empty one is a rank's poison
-    (nonfinite=raise, NonFiniteError naming the ranks), other sizes a model that differs."""
+_CODES = frozenset(int(s) for s in Stop)
+
+
+def stops_on_values(scheme: Scheme) -> str | None:
+    """The option under which ``scheme`` stops a step on a gradient's values (``nonfinite=raise``,
+    ``fp16:overflow=raise``), or None. A frontend that cannot poison a pattern's later phases
+    refuses such a scheme there (TensorFlow's scatter and hierarchical patterns)."""
+    if scheme.nonfinite is NonFinite.RAISE:
+        return "nonfinite=raise"
+    return "fp16:overflow=raise" if getattr(scheme, "overflow", None) == "raise" else None
+
+
+def stop_of(error: GradqError) -> Stop:
+    """The :class:`Stop` a rank announces for the error that stopped its encoding."""
+    if isinstance(error, NonFiniteError):
+        return Stop.NONFINITE
+    return Stop.RANGE if isinstance(error, RangeError) else Stop.ERROR
+
+
+def poison(why: Stop = Stop.NONFINITE, origin: int | None = None) -> NDArray[np.uint8]:
+    """The payload a rank sends in place of a gradient it could not encode, so that the others
+    stop with an error too instead of waiting for it: an empty ``none`` payload of shape
+    ``(0, why)``, or ``(0, why, origin + 1)`` when it passes on another rank's stop (the
+    hierarchical pattern's later phases), so the error names the rank that stopped first. The
+    frontends only ever send flat payloads (one dimension, possibly empty, as the scatter
+    pattern's chunk of a small tensor is), so a poison is never taken for a gradient's."""
+    shape = (0, int(why)) if origin is None else (0, int(why), origin + 1)
+    return quantize(np.zeros(shape, np.float32), "none").to_array()
+
+
+def stop_in(p: Payload) -> tuple[Stop, int | None] | None:
+    """(why, the rank it names or None: the sender) of a poison payload; None for any other."""
+    if p.n == 0 and len(p.shape) in (2, 3) and p.shape[1] in _CODES:
+        return Stop(p.shape[1]), (p.shape[2] - 1 if len(p.shape) == 3 else None)
+    return None
+
+
+def stops_in(payloads: Sequence[Payload], ranks: Sequence[int] | None = None) -> dict[int, Stop]:
+    """{rank: why} of the poisons among gathered payloads (payload i from rank ``ranks[i]``, by
+    default i; a poison that names another rank counts for that one)."""
+    out: dict[int, Stop] = {}
+    for i, p in enumerate(payloads):
+        got = stop_in(p)
+        if got is not None:
+            why, origin = got
+            out[origin if origin is not None else (ranks[i] if ranks is not None else i)] = why
+    return out
+
+
+_PEER = {
+    Stop.NONFINITE: "had non-finite values (NaN/Inf) in this gradient (nonfinite=raise; the default "
+                    "nonfinite=propagate carries them through as Horovod does)",
+    Stop.RANGE: "had a finite value in this gradient that the scheme cannot quantize (beyond the range of its "
+                "float32 arithmetic, Scheme.limit, or fp16's under fp16:overflow=raise); that rank's error gives "
+                "the magnitude and what to change (a smaller loss scale, nonfinite=skip, overflow=saturate)",
+    Stop.ERROR: "stopped with an error on this gradient (that rank's error says which)",
+}
+
+
+def stopped(name: str, stops: dict[int, Stop]) -> GradqError:
+    """The error a rank raises when peers stopped on a gradient: ``stops`` maps each such rank to
+    why. A NonFiniteError if any had NaN/Inf, a RangeError if any had a value too large, else a
+    GradqError; the message names the tensor, the ranks and why (:func:`stops_of` reads them back)."""
+    kinds = sorted(set(stops.values()))
+    text = "; ".join(f"rank(s) {sorted(r for r, s in stops.items() if s is k)} {_PEER[k]}" for k in kinds)
+    cls = NonFiniteError if Stop.NONFINITE in kinds else RangeError if Stop.RANGE in kinds else GradqError
+    error = cls(f"{name}: {text}")
+    setattr(error, "_gradq_stops", dict(stops))  # noqa: B010 (an attribute no GradqError declares)
+    return error
+
+
+def stops_of(error: BaseException) -> dict[int, Stop]:
+    """The ranks and reasons an error of :func:`stopped` names; empty for any other error."""
+    stops: dict[int, Stop] = getattr(error, "_gradq_stops", {})
+    return stops
+
+
+# -- one float that says a rank stopped: the hierarchical pattern's flag -------------------------
+# 0.0: no rank stopped; else why + 4 * (rank + 1), exact in float32 for ranks below 2**21.
+
+
+def stop_flag(why: Stop, rank: int) -> float:
+    """The flag element saying that ``rank`` stopped on a gradient, and why."""
+    return float(int(why) + 4 * (rank + 1))
+
+
+def flag_stop(flag: float) -> tuple[Stop, int] | None:
+    """(why, rank) of a :func:`stop_flag`, or None for 0.0 (no rank stopped)."""
+    code = int(flag)
+    if code == 0:
+        return None
+    return Stop(code % 4), code // 4 - 1
+
+
+def peer_message(why: Stop) -> str:
+    """What a rank says about a peer that stopped for ``why`` (after "rank N ")."""
+    return _PEER[why]
+
+
+# -- the summable pattern's statistics: a rank that stopped on a value too large -------------------
+# A level scheme's statistics are below 2**127 wherever its input is below Scheme.limit (at most
+# level.RANGE_LIMIT = 2**127), so the float32 values 2**128 - (r + 1) * 2**104 (all >= 2**127 for
+# r < 2**23 - 1) cannot be statistics: a rank r that meets a value beyond the limit sends its
+# own in every bucket, and the Max-allreduce hands every rank the lowest such rank.
+_STAT_TOP = 2.0**128
+_STAT_ULP = 2.0**104
+_STAT_FLOOR = 2.0**127
+
+
+def range_stat(rank: int) -> float:
+    """The statistic rank ``rank`` sends in every bucket when its gradient is beyond the limit."""
+    return _STAT_TOP - (rank + 1) * _STAT_ULP
+
+
+def range_rank(top: float) -> int | None:
+    """The rank a reduced statistic names (:func:`range_stat`), or None for a real statistic
+    (NaN and +inf, the non-finite signals, are not ranks either)."""
+    if not _STAT_FLOOR <= top < _STAT_TOP:
+        return None
+    return round((_STAT_TOP - top) / _STAT_ULP) - 1
+
+
+def split_checked(buf: NDArray[np.uint8], name: str, ranks: Sequence[int] | None = None) -> list[Payload]:
+    """The payloads of a gathered buffer, all of one size: a poison (:func:`poison`) raises the
+    error of :func:`stopped` naming the ranks that sent one (``ranks[i]`` is the rank of the
+    i-th payload; by default i), other sizes a model that differs (RankMismatchError)."""
     payloads = split(buf)
+    stops = stops_in(payloads, ranks)
+    if stops:
+        raise stopped(name, stops)
     sizes = {p.n for p in payloads}
     if len(sizes) > 1:
-        bad = [r for r, p in enumerate(payloads) if p.n == 0]
-        if bad:
-            raise NonFiniteError(f"{name}: rank(s) {bad} had non-finite values (NaN/Inf) in this gradient")
         raise RankMismatchError(
             f"{name}: ranks sent payloads of {sorted(sizes)} elements; the model differs across ranks"
         )
@@ -55,14 +183,16 @@ def split_checked(buf: NDArray[np.uint8], name: str) -> list[Payload]:
 
 
 def decode_sum(
-    buf: NDArray[np.uint8], own_rank: int, own: NDArray[np.float32] | None, name: str = "tensor"
+    buf: NDArray[np.uint8], own_rank: int, own: NDArray[np.float32] | None, name: str = "tensor",
+    ranks: Sequence[int] | None = None,
 ) -> tuple[NDArray[np.float32], int]:
     """Sum of every payload in a gathered buffer, in rank order; returns (sum, payload count).
 
     ``own`` (this rank's decoded payload) is used in place of decoding it again: decoding is
-    deterministic, so the result is the same bits on every rank.
+    deterministic, so the result is the same bits on every rank. ``ranks``: as in
+    :func:`split_checked`, for the errors.
     """
-    payloads = split_checked(buf, name)
+    payloads = split_checked(buf, name, ranks)
     total: NDArray[np.float32] | None = None
     for r, p in enumerate(payloads):
         v = own if (r == own_rank and own is not None) else dequantize(p).astype(np.float32, copy=False).reshape(-1)

@@ -6,7 +6,7 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..errors import GradqError, SpecError
+from ..errors import RangeError, SpecError
 from ..registry import register
 from ..xp import Array, Ops
 from .options import param
@@ -79,7 +79,7 @@ class FP16Scheme(Scheme):
         elif ops.shape(x)[0] and float(ops.to_numpy(ops.amax(ops.abs(x), 0))[0]) > FP16_MAX:
             big = float(ops.to_numpy(ops.amax(ops.abs(x), 0))[0])
             if big == big and big != float("inf"):
-                raise GradqError(
+                raise RangeError(
                     f"fp16: a value of magnitude {big:.6g} exceeds fp16's range (65504); "
                     "use fp16:overflow=saturate to clamp, or a scheme with per-bucket scales"
                 )

@@ -17,8 +17,10 @@ Phases, for the piece this rank owns (``m`` elements, 1/local of the tensor on b
    (cross ``scatter``), whose owner sums them, re-quantizes with the finer scheme
    (``reduced_scheme(scheme, hosts)``, residual ``#host#reduce``) and sends it back (``h3``).
 3. last (``h3``/``h4``): the owner hands the reduced piece, fp32 plus one flag element, to the
-   host's ranks; the flag says a cross peer sent the poison of ``nonfinite=raise``, so that
-   every rank raises, and none waits for a collective another rank never joined.
+   host's ranks; the flag (:func:`hvd_gradq.frontend.codec.stop_flag`) says which rank stopped
+   on this gradient and why (NaN/Inf under ``nonfinite=raise``, a value beyond the scheme's
+   range: it sent a poison payload, or this owner could not encode its piece), so that every
+   rank raises, and none waits for a collective another rank never joined.
 
 The owner's work between phases runs in :meth:`Hierarchy.advance`, called by
 :meth:`hvd_gradq.torch.reduce.Reducer.flush` for every pending tensor before any waits for the
@@ -34,7 +36,7 @@ import numpy as np
 import torch
 
 from ..api import dequantize, split
-from ..errors import GradqError, NonFiniteError
+from ..errors import GradqError, NonFiniteError, RangeError
 from ..feedback import Memory, host_key, reduced_key
 from ..frontend import codec
 from ..frontend.hosts import Hosts
@@ -57,6 +59,7 @@ class HierCtx(Ctx):
     handle: Any = None
     own: Any = None  # this rank's decoded part of the cross phase in flight (NumPy)
     error: GradqError | None = None
+    stop: tuple[codec.Stop, int] | None = None  # with ``error``: why and which rank stopped (the flag)
     sent: int = 0  # bytes sent to other hosts
     received: int = 0
 
@@ -122,7 +125,7 @@ class Hierarchy:
             piece = self._sum(ctx, got)
         else:  # every host's reduced sub-piece, decoded, in host order
             piece = self._concat(ctx, got)
-        flag = torch.tensor([0.0 if ctx.error is None else 1.0])
+        flag = torch.tensor([0.0 if ctx.stop is None else codec.stop_flag(*ctx.stop)])
         out = torch.cat([piece, flag])
         splits = [0] * h.nranks
         for r in h.local_peers():
@@ -136,16 +139,19 @@ class Hierarchy:
         assert h is not None and ctx.pieces is not None
         got, _ = sync(ctx.handle, self.stats.clock)
         out, at = [], 0
+        stops = []
         for lo, hi in ctx.pieces:
             out.append(got[at:at + hi - lo])
-            if float(got[at + hi - lo]) != 0.0:
-                raise NonFiniteError(
-                    f"{ctx.name} (step {ctx.step}): a rank had non-finite values (NaN/Inf) in this gradient "
-                    "(nonfinite=raise); the default nonfinite=propagate carries them through as Horovod does")
+            stops.append(codec.flag_stop(float(got[at + hi - lo])))
             at += hi - lo + 1
         self.stats.record(ctx.name, ctx.sent, ctx.received)
-        if ctx.error is not None:
+        if ctx.error is not None:  # this rank's own (it owned a piece that stopped): the most precise
             raise ctx.error
+        for stop in stops:
+            if stop is not None:
+                why, who = stop
+                cls = {codec.Stop.NONFINITE: NonFiniteError, codec.Stop.RANGE: RangeError}.get(why, GradqError)
+                raise cls(f"{ctx.name} (step {ctx.step}): rank {who} {codec.peer_message(why)}")
         return torch.cat(out)
 
     # -- helpers -------------------------------------------------------------------------------------
@@ -168,16 +174,26 @@ class Hierarchy:
         self._send(ctx, torch.from_numpy(np.concatenate(bufs)), splits, stage)
 
     def _encode(self, ctx: HierCtx, scheme: Scheme, x: torch.Tensor, key: str) -> tuple[Any, Any]:
-        """Payload and own decoded values; the poison payload (and the error kept) for a NaN/Inf
-        under ``nonfinite=raise`` or after an earlier phase's error, so the others still get a part."""
+        """Payload and own decoded values; the poison payload (and the error kept) for a piece
+        this rank cannot encode (NaN/Inf under ``nonfinite=raise``, a value beyond the scheme's
+        range) or after an earlier phase's error, so the others still get a part and learn why."""
         if ctx.error is None:
             try:
                 seed = codec.draw_seed(self.seed, hvd.rank(), ctx.step, key)
                 with self.stats.clock.timed("encode"):
                     return codec.encode(scheme, x.numpy(), seed, f"{ctx.name} (step {ctx.step})")
-            except NonFiniteError as e:
-                ctx.error = e
-        return codec.poison(), None
+            except GradqError as e:
+                self._stop(ctx, e)
+        assert ctx.stop is not None
+        return codec.poison(*ctx.stop), None
+
+    @staticmethod
+    def _stop(ctx: HierCtx, error: GradqError) -> None:
+        """Keep ``error`` (this rank's, or one naming the peers that stopped) and the flag's facts."""
+        assert ctx.hosts is not None
+        ctx.error = error
+        peers = codec.stops_of(error)
+        ctx.stop = min((why, r) for r, why in peers.items()) if peers else (codec.stop_of(error), ctx.hosts.rank)
 
     def _sum(self, ctx: HierCtx, got: torch.Tensor) -> torch.Tensor:
         """Decoded sum of the cross peers' payloads (host order; this rank's own not decoded again);
@@ -188,10 +204,10 @@ class Hierarchy:
         if ctx.error is None:
             try:
                 with self.stats.clock.timed("decode"):
-                    total, _ = codec.decode_sum(got.numpy(), h.host, ctx.own, ctx.name)
+                    total, _ = codec.decode_sum(got.numpy(), h.host, ctx.own, ctx.name, h.cross_peers())
                 return torch.from_numpy(total)
             except GradqError as e:
-                ctx.error = e
+                self._stop(ctx, e)
         return torch.zeros(ctx.part)
 
     def _concat(self, ctx: HierCtx, got: torch.Tensor) -> torch.Tensor:
@@ -200,9 +216,9 @@ class Hierarchy:
         assert h is not None
         ctx.received += int(got.numel()) - ctx.self_bytes
         payloads = split(got.numpy())
-        if ctx.error is None and any(p.n == 0 for p in payloads):
-            ctx.error = NonFiniteError(f"{ctx.name} (step {ctx.step}): a rank had non-finite values (NaN/Inf) "
-                                       "in this gradient (nonfinite=raise)")
+        peers = codec.stops_in(payloads, h.cross_peers())
+        if ctx.error is None and peers:
+            self._stop(ctx, codec.stopped(f"{ctx.name} (step {ctx.step})", peers))
         if ctx.error is not None:
             return torch.zeros(self._own_len(ctx))
         with self.stats.clock.timed("decode"):

@@ -4,8 +4,10 @@ A job is a closure over the gradient and its seeds only (no frontend state), so 
 (:mod:`hvd_gradq.frontend.workers`) while the training thread goes on with backward, or inline;
 :class:`hvd_gradq.torch.reduce.Reducer` settles its :class:`Encoded` result on the training
 thread (error feedback, byte counts, second phases), in the order the tensors came.
-A gradient that held NaN/Inf under ``nonfinite=raise`` sends the poison payload in its place
-and hands the error back instead of raising, so the collective the other ranks wait for is out.
+A gradient this rank cannot encode (NaN/Inf under ``nonfinite=raise``, a finite value beyond
+the scheme's float32 range: :class:`~hvd_gradq.errors.RangeError`) sends the poison payload
+(:func:`hvd_gradq.frontend.codec.poison`, which says why) in its place and hands the error back
+instead of raising, so the collective the other ranks wait for is out and they stop too.
 """
 from __future__ import annotations
 
@@ -46,7 +48,7 @@ class Encoded:
     own: Any  # this rank's decoded values (NumPy): the gather payload's, or each chunk's in order
     nbytes: int = 0  # the gather payload's bytes
     lens: list[int] = field(default_factory=list)  # scatter: each chunk's payload bytes
-    error: GradqError | None = None  # nonfinite=raise: the poison went out instead
+    error: GradqError | None = None  # this rank's error: the poison went out instead
     seconds: float = 0.0  # the encoding's wall time (stats' ``encode``)
 
 
@@ -59,8 +61,8 @@ def gather_job(scheme: Scheme, x: torch.Tensor, seed: int, what: str, collective
         t0 = time.perf_counter()
         try:
             buf, own = device.encode_any(scheme, x, seed, what, on_device)
-        except NonFiniteError as e:  # tell the other ranks, so that they raise too
-            poison = torch.from_numpy(codec.poison())
+        except GradqError as e:  # tell the other ranks, so that they raise too
+            poison = torch.from_numpy(codec.poison(codec.stop_of(e)))
             return Encoded(hvd.allgather_async(poison, name=collective, process_set=process_set), None, error=e)
         handle = hvd.allgather_async(torch.from_numpy(buf), name=collective, process_set=process_set)
         return Encoded(handle, own, int(buf.shape[0]), seconds=time.perf_counter() - t0)
@@ -71,24 +73,35 @@ def gather_job(scheme: Scheme, x: torch.Tensor, seed: int, what: str, collective
 def scatter_job(scheme: Scheme, x: torch.Tensor, bounds: list[tuple[int, int]], seeds: list[int], what: str,
                 collective: str, process_set: Any, on_device: bool) -> Callable[[], Encoded]:
     """Encode each chunk ``x[lo:hi]`` of ``bounds`` (on its device when ``on_device``) and start
-    the alltoall of the payloads."""
+    the alltoall of the payloads. A chunk this rank cannot encode makes *every* chunk a poison:
+    each rank owns a chunk and must learn of it in this phase, since the second phase (each
+    owner's reduced chunk, allgathered) is then started by nobody."""
 
     def job() -> Encoded:
-        bufs, owns, bad = [], [], False
+        bufs: list[Any] = []
+        owns: list[Any] = []
+        error: GradqError | None = None
         t0 = time.perf_counter()
         xs = x if on_device else x.cpu()  # one copy to the host, not one a chunk
         for (lo, hi), seed in zip(bounds, seeds):
             try:
                 b, own = device.encode_any(scheme, xs[lo:hi], seed, what, on_device)
-            except NonFiniteError:  # the others learn of it from the poison payload
-                b, own, bad = codec.poison(), None, True
+            except GradqError as e:
+                error = e
+                break
             bufs.append(b)
             owns.append(own)
+        if error is not None:
+            why = codec.stop_of(error)
+            bufs, owns = [codec.poison(why)] * len(bounds), [None] * len(bounds)
+            if why is codec.Stop.NONFINITE:  # the chunk's count of NaN/Inf would mislead: say it plainly
+                error = NonFiniteError(
+                    f"{what}: this rank had non-finite values (NaN/Inf) in this gradient (nonfinite=raise); "
+                    "the default nonfinite=propagate carries them through as Horovod does")
         lens = [int(b.shape[0]) for b in bufs]
         splits = torch.tensor(lens, dtype=torch.int32)
         handle = hvd.alltoall_async(torch.from_numpy(np.concatenate(bufs)), splits=splits, name=collective,
                                     process_set=process_set)
-        error = NonFiniteError(f"{what}: non-finite values (NaN/Inf) in the gradient") if bad else None
         return Encoded(handle, owns, lens=lens, error=error, seconds=time.perf_counter() - t0)
 
     return job

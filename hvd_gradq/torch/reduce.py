@@ -36,7 +36,7 @@ import horovod.torch as hvd
 import torch
 
 from ..api import split
-from ..errors import GradqError, NonFiniteError, RankMismatchError
+from ..errors import GradqError, NonFiniteError, RangeError, RankMismatchError
 from ..feedback import Memory, reduced_key
 from ..frontend import codec
 from ..frontend.patterns import Lanes, Pattern, chunk_bounds, cost, lanes_for, reduced_scheme
@@ -75,6 +75,7 @@ class SummableCtx(Ctx):
     seed: int = 0
     stats_handle: Any = None  # phase 1: Max-allreduce of per-bucket statistics
     local_bad: bool = False  # nonfinite=raise and this rank held NaN/Inf
+    local_error: GradqError | None = None  # a finite value beyond the scheme's range on this rank
     lanes: Lanes | None = None
     meta: Any = None
     bad_rows: Any = None  # buckets some rank held NaN/Inf in (propagate): decoded as NaN
@@ -173,17 +174,21 @@ class Reducer:
 
     def _submit(self, ctx: GatherCtx | ScatterCtx, job: Any) -> None:
         """Run a first-phase job (on a worker when there are workers); settle it now if it is done
-        (always, inline), so that inline runs raise where they always did, in ``compress()``."""
+        (always, inline), so that inline runs raise an unexpected exception where they always did,
+        in ``compress()``. A job that sent a poison in place of its payload is settled at the
+        first ``decompress()``, as with workers: raising inside ``compress()`` would stop this
+        rank's backward before it hands Horovod its later tensors, which the others wait for."""
         ctx.job = self.workers.submit(job)
-        if ctx.job.done():
+        if ctx.job.done() and (ctx.job.exception() is not None or ctx.job.result().error is None):
             self._settle(ctx)
         else:
             self.encoding.append(ctx)
 
     def _settle(self, ctx: GatherCtx | ScatterCtx) -> None:
         """Take a first-phase job's result: error feedback's update, the byte counts, the second
-        phase queued; or, for a gradient that held NaN/Inf (nonfinite=raise), wait until the
-        poison payload has gone out, so that the other ranks raise too, then raise."""
+        phase queued; or, for a gradient this rank could not encode (NaN/Inf under nonfinite=raise,
+        a value beyond the scheme's range), wait until the poison payload has gone out, so that
+        the other ranks raise too, then raise."""
         assert ctx.job is not None
         enc = ctx.job.result()  # a job's unexpected exception is raised here
         self.stats.clock.add("encode", enc.seconds)
@@ -249,17 +254,26 @@ class Reducer:
         xc = x if on_dev else x.cpu()
         ops = ctx.ops = TorchOps(x.device) if on_dev else _CPU
         rows = -(-xc.numel() // scheme.bucket)
-        fin = torch.isfinite(xc)
-        if bool(fin.all()):
+        inside = xc.abs() < scheme.limit  # False for NaN/Inf and for values beyond the scheme's range
+        if bool(inside.all()):
             stats = local_stats(scheme, ops, xc)
+        elif bool(torch.isfinite(xc).all()):  # finite, too large: every rank stops (quantize raises here)
+            ctx.local_error = RangeError(
+                f"{ctx.name} (step {ctx.step}): this rank had a finite value of magnitude "
+                f"{float(xc.abs().max()):.7g} in this gradient, beyond what {scheme.name} quantizes in float32 "
+                f"(|x| < {scheme.limit:.7g}); scale the gradient down (a smaller loss scale), or use "
+                "nonfinite=skip to send such tensors uncompressed")
+            # a statistic no bucket can have, naming this rank (codec.range_stat): the max names the lowest
+            stats = torch.full((rows, scheme.meta_width), codec.range_stat(ctx.group.rank), device=xc.device)
         elif scheme.nonfinite is NonFinite.RAISE:
             ctx.local_bad = True  # +inf statistics: every rank sees it in the max and stops
             stats = torch.full((rows, scheme.meta_width), float("inf"), device=xc.device)
-        else:  # propagate: +inf statistics for the buckets holding NaN/Inf, zeros sent in them
+        else:  # propagate: +inf statistics for the buckets holding NaN/Inf (or, as in quantize, a
+            # value beyond the range beside them), zeros sent in them
             pad = torch.ones(rows * scheme.bucket, dtype=torch.bool, device=xc.device)
-            pad[: xc.numel()] = fin
+            pad[: xc.numel()] = inside
             bad = ~pad.reshape(rows, scheme.bucket).all(dim=1)
-            xc = torch.where(fin, xc, torch.zeros_like(xc))
+            xc = torch.where(inside, xc, torch.zeros_like(xc))
             stats = local_stats(scheme, ops, xc)
             stats[bad] = float("inf")
         ctx.x = xc
@@ -277,19 +291,30 @@ class Reducer:
         assert isinstance(scheme, EvenLevelScheme)
         g = ctx.group
         stats = sync(ctx.stats_handle, self.stats.clock).to(ctx.x.device)
-        finite_rows = torch.isfinite(stats).all(dim=1)
-        if not bool(finite_rows.all()):
-            if scheme.nonfinite is NonFinite.RAISE:
+        finite = torch.isfinite(stats)
+        finite_rows = finite.all(dim=1)
+        # a rank beyond the range (codec.range_stat); hidden where another's NaN/Inf made a
+        # bucket +inf, so under propagate a rank beyond the range in every such bucket stops alone
+        # (after the lanes below, so nobody waits) while the others decode NaN there
+        top = float(torch.where(finite, stats, torch.zeros_like(stats)).max()) if stats.numel() else 0.0
+        peer = codec.range_rank(top)
+        nonfinite = not bool(finite_rows.all())
+        if ctx.local_error is not None or peer is not None or (nonfinite and scheme.nonfinite is NonFinite.RAISE):
+            # still launch the lanes (zeros) and wait for them: a rank that raised later must not
+            # leave the others waiting, and a rank that raised first must not end Horovod (its
+            # exit shuts every rank down) before the slower ranks have reached this same error
+            self._launch_lanes(ctx, torch.zeros_like(ctx.x), torch.zeros_like(stats))
+            sync(ctx.handle)
+            if ctx.local_error is not None:
+                raise ctx.local_error
+            if ctx.local_bad or (nonfinite and scheme.nonfinite is NonFinite.RAISE):
                 who = "this rank" if ctx.local_bad else "another rank"
-                # still launch the lanes (zeros) and wait for them: a rank that raised later must not
-                # leave the others waiting, and a rank that raised first must not end Horovod (its
-                # exit shuts every rank down) before the slower ranks have reached this same error
-                self._launch_lanes(ctx, torch.zeros_like(ctx.x), torch.zeros_like(stats))
-                sync(ctx.handle)
                 raise NonFiniteError(
                     f"{ctx.name} (step {ctx.step}): {who} had non-finite values (NaN/Inf) in this gradient "
                     "(nonfinite=raise); the default nonfinite=propagate carries them through as Horovod does"
                 )
+            raise RangeError(f"{ctx.name} (step {ctx.step}): rank {peer} {codec.peer_message(codec.Stop.RANGE)}")
+        if nonfinite:
             ctx.bad_rows = ~finite_rows
             stats = torch.where(finite_rows[:, None], stats, torch.zeros_like(stats))
         own = self._launch_lanes(ctx, ctx.x, stats)

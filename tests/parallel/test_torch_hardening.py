@@ -63,6 +63,44 @@ def test_nonfinite_on_one_rank_stops_every_rank_summable() -> None:
     assert reps[0]["error"].split(":")[0] == reps[1]["error"].split(":")[0]  # the same tensor on both
 
 
+def test_nonfinite_on_one_rank_stops_every_rank_scatter_4_ranks() -> None:
+    """scatter (ORQ-5, pattern=scatter) at 4 ranks, inline (no worker threads on 2 cores): rank 1
+    holds the NaN, so every chunk it sends in the alltoall is the poison payload; every rank owns
+    a chunk, so all four learn of it in that first phase, raise hvd_gradq's error naming the same
+    tensor (rank 1 "this rank", the others rank 1) and none starts the second phase: no Horovod
+    shutdown error, no hang. (With the poison in the NaN's chunk only, just its owner learned of
+    it, and the two others waited in the second phase until Horovod shut down.)"""
+    reps = launch("worker_torch_hardening.py", np=4, args=["--mode", "nonfinite"], timeout=300,
+                  env={"SPEC": "orq:levels=5,nonfinite=raise", "PATTERN": "scatter"})
+    tensors = set()
+    for r in range(4):
+        e = reps[r]["error"]
+        if r == 1:
+            assert re.match(r"4\.(weight|bias) \(step 2\): this rank had non-finite values \(NaN/Inf\) in this "
+                            r"gradient \(nonfinite=raise\)", e), (r, e)
+        else:
+            assert re.match(r"4\.(weight|bias): rank\(s\) \[1\] had non-finite values \(NaN/Inf\) in this gradient "
+                            r"\(nonfinite=raise", e), (r, e)
+        tensors.add(re.split(r"[ :]", e)[0])
+    assert len(tensors) == 1, tensors  # the same tensor on every rank
+
+
+def test_value_beyond_the_range_on_one_rank_stops_every_rank() -> None:
+    """A finite value the scheme cannot quantize (2e38 in one tensor on rank 1; ORQ's and QSGD's
+    float32 ranges end at 2**127) in the gather, summable and scatter patterns: rank 1 raises
+    hvd_gradq's RangeError with the magnitude, and tells the others (a poison payload saying
+    why; in summable a statistic naming it), which raise one naming the tensor and rank 1. No
+    Horovod shutdown error, and a collective after it runs on both (nobody is left waiting)."""
+    reps = launch("worker_torch_hardening.py", np=2, args=["--mode", "range"], timeout=300)
+    for key in ("orq:levels=5/gather", "qsgd:levels=4/summable", "orq:levels=5/scatter"):
+        e1, e0 = reps[1][key], reps[0][key]
+        assert e1["type"] == "RangeError" and e0["type"] == "RangeError", (key, e0, e1)
+        assert re.match(r"4\.weight \(step 2\): (this rank had )?a finite value of magnitude 2e\+38", e1["error"]), e1
+        assert re.match(r"4\.weight( \(step 2\))?: rank(\(s\) \[1\]| 1) had a finite value in this gradient that "
+                        r"the scheme cannot quantize", e0["error"]), e0
+        assert e1["after"] == e0["after"] == 2, (key, e0, e1)
+
+
 def test_ranks_that_disagree_are_named() -> None:
     reps = launch("worker_torch_hardening.py", np=2, args=["--mode", "disagree"], timeout=200)
     for rep in reps.values():

@@ -3,6 +3,8 @@
 of the pattern; see worker_torch_hier.py."""
 from __future__ import annotations
 
+import re
+
 import pytest
 from harness import assert_ranks_equal, launch
 
@@ -29,3 +31,11 @@ def test_hierarchical(np_: int, per_host: int, link: float, cross: str) -> None:
     assert auto["want"] == "hierarchical" and "hierarchical" in auto["patterns"], auto
     for r, rep in reports.items():
         assert rep["nonfinite"] == f"raised:{np_}:True", (r, rep["nonfinite"])
+        # a value beyond the scheme's range on the last rank: every rank stops naming it
+        got = rep["range"]
+        assert got["type"] == "RangeError" and got["after"] == np_, (r, got)
+        if r == np_ - 1:
+            assert re.match(r"t\.range \(step 0\): a finite value of magnitude 2e\+38", got["message"]), (r, got)
+        else:
+            assert re.match(rf"t\.range( \(step 0\))?: rank(\(s\) \[{np_ - 1}\]| {np_ - 1}) had a finite value",
+                            got["message"]), (r, got)

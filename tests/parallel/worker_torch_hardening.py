@@ -3,7 +3,9 @@
 Modes (--mode): ``resume`` (checkpoint at step 50 == uninterrupted 100 steps, bitwise, on every
 rank; a different world size and another scheme are refused, the latter loads with
 ``strict=False``; ``state_dict(all_ranks=True)`` on rank 0 alone fails within its timeout), ``nonfinite`` (NaN on rank 1 at step 2, ``SPEC`` and
-``PATTERN`` from the environment: every rank stops with an error, none hangs), ``disagree``
+``PATTERN`` from the environment: every rank stops with an error, none hangs), ``range`` (a
+finite value beyond the scheme's float32 range on rank 1, one case a pattern: every rank stops
+with an error naming the tensor and the rank, and a collective after it still runs), ``disagree``
 (rank 1 uses another spec: every rank stops with an error naming the ranks and the difference),
 ``die`` (rank 1 exits mid-step),
 ``long`` (many steps of a model with >= 300 parameter tensors: memory flat, EF memory = one fp32
@@ -130,6 +132,30 @@ elif args.mode == "nonfinite":
         out["error"] = str(e)
     except RuntimeError as e:  # the rank that raised first may end Horovod before this one decodes
         out["error"] = "RuntimeError: " + str(e)
+elif args.mode == "range":
+    # 2e38 is finite in float32 and beyond 2**127 (~1.7e38), the limit of ORQ's and QSGD's ranges
+    for spec, pattern in (("orq:levels=5", "gather"), ("qsgd:levels=4", "summable"), ("orq:levels=5", "scatter")):
+        key = f"{spec}/{pattern}"
+        model, opt, comp = model_and_opt(spec, pattern=pattern)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        run(model, opt, 0, 2)
+        x, y = data(3)
+        if rank == 1:  # one tensor, finite values too large: the others are reduced as usual
+            model[4].weight.register_hook(lambda g: torch.full_like(g, 2e38))
+        try:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            out[key] = {"error": ""}
+        except hvd_gradq.GradqError as e:
+            out[key] = {"error": str(e), "type": type(e).__name__}
+        except RuntimeError as e:  # Horovod's shutdown: what must not happen
+            out[key] = {"error": "RuntimeError: " + str(e), "type": "RuntimeError"}
+        # every collective of the failed step was started on every rank: all of them finish, and
+        # the next one runs (nobody is left waiting in a collective another rank never joined)
+        for handle in list(mpi_ops._handle_map):
+            hvd.synchronize(handle)
+        out[key]["after"] = int(hvd.allreduce(torch.ones(1), op=hvd.Sum, name=f"after.{key}").item())
 elif args.mode == "disagree":
     spec = "orq:levels=5" if rank != 1 else "orq:levels=3"
     model, opt, comp = model_and_opt(spec)

@@ -191,4 +191,27 @@ def nonfinite_case() -> str:
 
 
 check("nonfinite", nonfinite_case)
+
+
+def range_case() -> dict:
+    """A finite value the scheme cannot quantize (2e38, beyond ORQ's 2**127) on the last rank:
+    the owner of that piece cannot encode its host's sum, sends a poison saying why and naming
+    itself (passed on by the cross phases and the last phase's flag), and every rank raises a
+    RangeError naming the tensor and that rank; nobody waits."""
+    name = "t.range"
+    comp = gq.from_spec("orq:levels=5", named_parameters=[(name, torch.nn.Parameter(torch.zeros(3000)))],
+                        pattern="hierarchical")
+    g = torch.ones(3000)
+    if rank == size - 1:
+        g[2999] = 2e38
+    try:
+        reduce_once(comp, name, g, hvd.Sum)
+        error = {"type": "", "message": ""}
+    except hvd_gradq.GradqError as e:
+        error = {"type": type(e).__name__, "message": str(e)}
+    # the next reduction still works: the failed one left no collective half-joined
+    return {**error, "after": int(hvd.allreduce(torch.ones(1), op=hvd.Sum, name="after.range").item())}
+
+
+check("range", range_case)
 report(rank, out)

@@ -1,0 +1,108 @@
+"""hvd_gradq/frontend/codec.py: how a rank that cannot encode a gradient tells the others why
+(the poison payload, the hierarchical flag, the summable statistic), and the errors they raise."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import hvd_gradq
+from hvd_gradq import GradqError, NonFiniteError, RangeError, RankMismatchError
+from hvd_gradq.api import split
+from hvd_gradq.frontend import codec
+from hvd_gradq.schemes.level import EvenLevelScheme
+from hvd_gradq.schemes.summable import local_stats
+from hvd_gradq.xp import NUMPY
+
+ORQ = hvd_gradq.parse("orq:levels=5")
+
+
+def _payload(n: int, seed: int = 0) -> np.ndarray:
+    x = np.random.default_rng(seed).standard_normal(n).astype(np.float32)
+    return codec.encode(ORQ, x, seed, "t")[0]
+
+
+def test_the_errors_of_encoding_say_why() -> None:
+    nan = np.ones(600, np.float32)
+    nan[3] = np.nan
+    big = np.ones(600, np.float32)
+    big[3] = 2e38  # finite, beyond 2**127
+    with pytest.raises(NonFiniteError) as e1:
+        codec.encode(hvd_gradq.parse("orq:levels=5,nonfinite=raise"), nan, 0, "t")
+    with pytest.raises(RangeError, match="magnitude 2e\\+38") as e2:
+        codec.encode(ORQ, big, 0, "t")
+    with pytest.raises(RangeError, match="exceeds fp16's range") as e3:
+        codec.encode(hvd_gradq.parse("fp16:overflow=raise"), np.full(8, 1e6, np.float32), 0, "t")
+    assert codec.stop_of(e1.value) is codec.Stop.NONFINITE
+    assert codec.stop_of(e2.value) is codec.Stop.RANGE and codec.stop_of(e3.value) is codec.Stop.RANGE
+    assert codec.stop_of(GradqError("other")) is codec.Stop.ERROR
+    assert issubclass(RangeError, GradqError) and issubclass(RangeError, ValueError)
+
+
+@pytest.mark.parametrize("why", list(codec.Stop))
+def test_a_poison_says_why_and_names_the_rank(why: codec.Stop) -> None:
+    p = split(codec.poison(why))[0]
+    assert p.n == 0 and codec.stop_in(p) == (why, None)
+    buf = np.concatenate([_payload(700, 0), codec.poison(why), _payload(700, 2)])
+    cls = {codec.Stop.NONFINITE: NonFiniteError, codec.Stop.RANGE: RangeError}.get(why, GradqError)
+    with pytest.raises(cls, match=r"^w: rank\(s\) \[1\] ") as info:
+        codec.split_checked(buf, "w")
+    assert codec.stops_of(info.value) == {1: why}
+    with pytest.raises(cls, match=r"^w: rank\(s\) \[6\] "):  # payload i is rank ranks[i]
+        codec.decode_sum(buf, 0, None, "w", ranks=[2, 6, 10])
+    # a rank that passes on another's stop names that one (the hierarchical pattern's relays)
+    relay = np.concatenate([_payload(700, 0), codec.poison(why, origin=5)])
+    assert codec.stop_in(split(codec.poison(why, origin=5))[0]) == (why, 5)
+    with pytest.raises(cls, match=r"^w: rank\(s\) \[5\] "):
+        codec.split_checked(relay, "w", ranks=[0, 2])
+
+
+def test_empty_payloads_are_not_poisons() -> None:
+    """A tensor's chunk may be empty (scatter, a tensor smaller than a bucket a rank): such a
+    payload is flat, the poison is two-dimensional, so neither is taken for the other, even
+    when every rank sent a poison (all of one size)."""
+    empty = codec.encode(ORQ, np.zeros(0, np.float32), 0, "t")[0]
+    assert codec.stop_in(split(empty)[0]) is None
+    total, count = codec.decode_sum(np.concatenate([empty, empty]), 0, None, "w")
+    assert count == 2 and total.shape == (0,)
+    with pytest.raises(NonFiniteError, match=r"rank\(s\) \[0, 1\]"):
+        codec.split_checked(np.concatenate([codec.poison(), codec.poison()]), "w")
+    with pytest.raises(RankMismatchError):  # sizes that differ without a poison: another model
+        codec.split_checked(np.concatenate([_payload(700), _payload(300)]), "w")
+
+
+def test_mixed_reasons_name_each_group() -> None:
+    stops = {0: codec.Stop.RANGE, 2: codec.Stop.NONFINITE, 3: codec.Stop.RANGE}
+    e = codec.stopped("w (step 4)", stops)
+    assert isinstance(e, NonFiniteError)  # NaN/Inf somewhere: the non-finite error users catch
+    text = str(e)
+    assert text.startswith("w (step 4): rank(s) [2] had non-finite values")
+    assert "rank(s) [0, 3] had a finite value in this gradient that the scheme cannot quantize" in text
+    assert codec.stops_of(e) == stops and codec.stops_of(ValueError("x")) == {}
+
+
+def test_the_hierarchical_flag_round_trips_in_float32() -> None:
+    assert codec.flag_stop(0.0) is None
+    for why in codec.Stop:
+        for rank in (0, 1, 7, 1000, (1 << 21) - 1):
+            flag = float(np.float32(codec.stop_flag(why, rank)))
+            assert codec.flag_stop(flag) == (why, rank)
+
+
+@pytest.mark.parametrize("spec", ["uniform:bits=4", "uniform:bits=8,clip=2.5", "qsgd:levels=4", "qsgd:levels=2,norm=l2",
+                                  "terngrad", "terngrad:clip=0"])
+def test_the_summable_range_statistic_is_no_buckets(spec: str) -> None:
+    """Every statistic of values inside the scheme's limit stays below 2**127, where the
+    statistics that name a rank (codec.range_stat) begin; the Max of several names the lowest."""
+    scheme = hvd_gradq.parse(spec)
+    assert isinstance(scheme, EvenLevelScheme)
+    below = np.float32(np.nextafter(np.float32(scheme.limit), np.float32(0)))
+    x = np.concatenate([np.full(512, below), np.full(512, -below), np.linspace(-below, below, 512, dtype=np.float32)])
+    stats = np.asarray(local_stats(scheme, NUMPY, x.astype(np.float32)))
+    finite = stats[np.isfinite(stats)]
+    assert finite.size and float(finite.max()) < 2.0**127
+    assert codec.range_rank(float(finite.max())) is None
+    for rank in (0, 1, 3, 4095):
+        assert float(np.float32(codec.range_stat(rank))) == codec.range_stat(rank)  # exact in float32
+        assert codec.range_rank(codec.range_stat(rank)) == rank
+    assert max(codec.range_stat(3), codec.range_stat(1)) == codec.range_stat(1)
+    assert codec.range_rank(float("inf")) is None and codec.range_rank(float("nan")) is None
