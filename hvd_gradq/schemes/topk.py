@@ -3,6 +3,10 @@
 the kept values are coded by another scheme (``values``: fp16 by default, or any registered
 scheme name with its default parameters, e.g. ``values=orq``). Biased without ``ef``.
 
+Which elements are kept is one total order in every namespace (:data:`hvd_gradq.xp.TOPK_TIES`:
+larger magnitude first, equal magnitudes by lower index), so the host kernels, ``codec=device``
+and TensorFlow keep the same ones when fp16/bf16 gradients tie at the k-th place.
+
 Non-finite input (``nonfinite=propagate``): NaN and +-Inf rank above every finite magnitude, so
 they are kept first and come through as the value scheme codes them (fp16 and none: as they are;
 a bucketed value scheme: their bucket of kept values decodes as NaN). The decoded tensor then

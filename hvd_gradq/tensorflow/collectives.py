@@ -90,7 +90,7 @@ def gather_finish(ctx: Ctx) -> Any:
     the same computation on every rank), and this rank's own (for error feedback)."""
     rows = tf.reshape(ctx.result, (ctx.size, -1))
     poison = nonfinite_message(ctx) if ctx.finite is not None else None
-    return host.gathered_decoder(ctx.n, ctx.size, ctx.rank, poison)(rows)
+    return host.gathered_decoder(ctx.n, ctx.size, ctx.rank, poison, ctx.what)(rows)
 
 
 def summable_start(scheme: Scheme, cid: str, x: Any, words: Any, key: str, ctx: Ctx, ps: Any) -> Any:

@@ -71,9 +71,9 @@ import tensorflow as tf
 
 from ..errors import GradqError
 from ..feedback import Memory, host_key, reduced_key
+from ..frontend import hosts
+from ..frontend.codec import stops_on_values
 from ..frontend.guards import check_tensor, instance_only
-from ..frontend.hosts import layout
-from ..frontend.hosts import link_gbps as link_rate
 from ..frontend.membership import membership
 from ..frontend.patterns import EVERY, Pattern, choose, decide_why, fp32_cost, parse_pattern
 from ..schemes.level import LevelScheme
@@ -92,7 +92,7 @@ from .state import Bookkeeping, Slot, SlotStore, check_slot, describe, make_vari
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 #: Patterns with collectives started in ``decompress()``, after a decode that may raise: not
-#: with ``nonfinite=raise`` (see ``GradqCompressor.__init__``).
+#: with an option that stops a step on values (``codec.stops_on_values``; ``GradqCompressor.__init__``).
 LATE_PHASES = frozenset({Pattern.SCATTER, Pattern.HIERARCHICAL})
 
 
@@ -139,15 +139,15 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
         self._math = scheme.replace(ef=False) if scheme.ef else scheme  # what the encoders depend on
         self.seed = seed
         self.pattern = parse_pattern(pattern)
-        self.link_gbps = link_rate(link_gbps)
+        self.link_gbps = hosts.link_gbps(link_gbps)
         if self.pattern is Pattern.SUMMABLE:
             choose(scheme, 1, 1, 2, Pattern.SUMMABLE)  # refuse now, not at the first step
-        if scheme.nonfinite is NonFinite.RAISE and self.pattern in LATE_PHASES:
+        if (stops := stops_on_values(scheme)) and self.pattern in LATE_PHASES:
             raise GradqError(
-                f"nonfinite=raise with pattern={self.pattern.value} is not supported by hvd_gradq.tensorflow: its "
-                "later phases start in decompress(), and a step that stops on one tensor's NaN could leave another "
+                f"{stops} with pattern={self.pattern.value} is not supported by hvd_gradq.tensorflow: its later "
+                "phases start in decompress(), and a step that stops on one tensor's values could leave another "
                 "tensor's later phase started on some ranks only (a TF graph cannot hold back its other ops). "
-                "Use nonfinite=propagate (the default) or pattern=gather / summable / auto")
+                "Use the option's default (nonfinite=propagate, fp16:overflow=inf) or pattern=gather / summable / auto")
         self.check_ranks = check_ranks
         self.cid = cid
         self.steps: dict[str, Any] = {}  # tracked: checkpoint keys steps/<variable name>
@@ -170,13 +170,13 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
         self._host.checked.add(ps.process_set_id)
         if self.check_ranks and membership(mpi_ops._basics, ps).size > 1:
             local = hier.ranks_per_host_of(ps)
-            check_configs(self.config() + layout(hvd.size(), local, self.link_gbps), ps, set_suffix(ps))
+            check_configs(self.config() + hosts.layout(hvd.size(), local, self.link_gbps), ps, set_suffix(ps))
 
     # -- identity ------------------------------------------------------------------------------
     def _pattern_for(self, n: int, ndim: int, size: int, local: int) -> tuple[Pattern | None, str]:
         """The pattern of a tensor of ``n`` elements and why (the policy both frontends share,
         :func:`hvd_gradq.frontend.patterns.decide_why`); None: Horovod's own allreduce, exactly."""
-        offered = EVERY - LATE_PHASES if self.scheme.nonfinite is NonFinite.RAISE else EVERY
+        offered = EVERY - LATE_PHASES if stops_on_values(self.scheme) else EVERY
         p, why = decide_why(self.scheme, n, ndim, size, self.pattern, offered, local, self.link_gbps)
         return None if p is Pattern.FP32 else p, why
 

@@ -105,6 +105,10 @@ def _check_tape(reports, sections):
             for spec, msg in rep["nonfinite"].items():
                 assert "non-finite" in msg or "Horovod has been shut down" in msg, (r, spec, msg)
         assert all("non-finite" in m for m in reports[1]["nonfinite"].values()), reports[1]["nonfinite"]
+        # fp16:overflow=raise on rank 1 (gather): it sent a marked row, so decoding stops every rank
+        refused = "rank(s) [1] had a finite value in this gradient that the scheme cannot quantize"
+        assert refused in reports[1]["fp16_overflow"], reports[1]["fp16_overflow"]
+        assert refused in reports[0]["fp16_overflow"] or "Horovod has been shut down" in reports[0]["fp16_overflow"]
     if "telemetry" in sections:
         _check_telemetry(reports)
     if "mismatch" in sections:

@@ -287,6 +287,25 @@ if want("nonfinite"):
         except Exception as e:  # TF wraps it (InvalidArgumentError); the message is hvd_gradq's
             res[spec] = f"{type(e).__name__}: {e}"[:2000]
     out["nonfinite"] = res
+    # a finite value the scheme refuses (fp16:overflow=raise, gather) on rank 1: it sends a marked
+    # row instead of raising before the allgather, and every rank's decode raises naming it
+    model, comp, opt = build(), gq.from_spec("fp16:overflow=raise", name="ov"), tf.keras.optimizers.SGD(0.1)
+    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
+
+    @tf.function
+    def scaled_step(x, y, scale):
+        with tf.GradientTape() as tape:
+            loss = loss_fn(y, model(x, training=True)) * scale
+        tape = hvd.DistributedGradientTape(tape, compression=comp)
+        opt.apply_gradients(zip(tape.gradient(loss, model.trainable_variables), model.trainable_variables))
+        return loss
+
+    scaled_step(*batch(0), tf.constant(1.0))
+    try:
+        scaled_step(*batch(1), tf.constant(1e9 if rank == 1 else 1.0))  # gradients far beyond 65504
+        out["fp16_overflow"] = "no error"
+    except Exception as e:
+        out["fp16_overflow"] = f"{type(e).__name__}: {e}"[:2000]
     done("nonfinite")
 
 # -- 8. a rank that dies mid-run ends the whole job (the launcher names it) -------------------------

@@ -352,6 +352,27 @@ def test_compressor_nonfinite_policies(hvd):
     assert np.isnan(out[512:1024]).all() and np.isfinite(out[:512]).all() and np.isfinite(out[1024:]).all()
 
 
+def test_compressor_fp16_overflow_raise_stops_after_the_gather(hvd):
+    """fp16:overflow=raise: a value beyond 65504 makes the host encoder send the marked row
+    (host.RANGE_FILL) instead of raising before the allgather; decoding raises on every rank
+    naming the ranks that sent one (here the only one). Patterns whose later phases start after
+    a decode are refused with it, as with nonfinite=raise."""
+    import hvd_gradq.tensorflow as gq
+
+    big = np.ones(1100, np.float32)
+    big[7] = 1e6
+    comp = gq.from_spec("fp16:overflow=raise", pattern="gather")
+    with pytest.raises(tf.errors.InvalidArgumentError, match=r"rank\(s\) \[0\] had a finite value in this gradient"):
+        tf.function(lambda t: _reduce(comp, hvd, [t])[0])(tf.constant(big))
+    ok = tf.function(lambda t: _reduce(comp, hvd, [t])[0])(tf.constant(big / 1e3))[0].numpy()
+    assert np.array_equal(ok, (big / 1e3).astype(np.float16).astype(np.float32))
+    for pattern in ("scatter", "hierarchical"):
+        with pytest.raises(GradqError, match=f"fp16:overflow=raise with pattern={pattern}"):
+            gq.from_spec("fp16:overflow=raise", pattern=pattern)
+        with pytest.raises(GradqError, match=f"nonfinite=raise with pattern={pattern}"):
+            gq.from_spec("orq:nonfinite=raise", pattern=pattern)
+
+
 def test_sparse_and_eager_paths(hvd):
     import hvd_gradq.tensorflow as gq
 
