@@ -13,7 +13,6 @@ collective can run, and the check is skipped.
 from __future__ import annotations
 
 import itertools
-import os
 import re
 from typing import Any
 
@@ -21,6 +20,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from ..errors import GradqError
+from ..frontend import elastic
 from ..frontend.codec import check_config_blocks, config_block
 from ..frontend.guards import check_initialized
 from ..schemes.options import NonFinite
@@ -38,11 +38,7 @@ def check_arguments(scheme: Scheme, seed: Any, loss_scale: Any, process_set: Any
     check_initialized("hvd_gradq.tensorflow", bool(hvd.is_initialized()))
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise GradqError(f"seed must be an integer, not {type(seed).__name__}")
-    if os.environ.get("HOROVOD_ELASTIC", "0") not in ("", "0"):
-        raise GradqError(
-            "hvd_gradq.tensorflow does not support elastic Horovod (HOROVOD_ELASTIC is set): a worker that "
-            "joins later would run the one-time rank check alone, and error-feedback state is per rank. "
-            "Run without elastic mode (horovodrun without --min-np/--max-np/--host-discovery-script)")
+    elastic.refuse_graph_frontend("hvd_gradq.tensorflow")
     if scheme.nonfinite is NonFinite.SKIP:
         raise GradqError(
             f"{scheme.name}: nonfinite=skip is not supported by hvd_gradq.tensorflow: it changes a "

@@ -38,7 +38,7 @@ _LEN = 8  # bytes of the length before each rank's serialized residuals
 
 
 def state_dict(config: str, steps: Mapping[str, int], store: TensorStore, all_ranks: bool = False,
-               timeout: float | None = STATE_TIMEOUT) -> dict[str, Any]:
+               timeout: float | None = STATE_TIMEOUT, name: str | None = None) -> dict[str, Any]:
     """Error-feedback residuals and per-tensor step counters (the random streams' positions).
 
     With ``all_ranks=True`` (a collective: call it on every rank) the state holds every rank's
@@ -58,18 +58,20 @@ def state_dict(config: str, steps: Mapping[str, int], store: TensorStore, all_ra
         "residuals": residuals,
     }
     if all_ranks:
-        state["ranks"] = gather(residuals, timeout)
+        state["ranks"] = gather(residuals, timeout, name)
     return state
 
 
-def gather(residuals: dict[str, torch.Tensor], timeout: float | None) -> dict[int, dict[str, torch.Tensor]]:
+def gather(residuals: dict[str, torch.Tensor], timeout: float | None,
+           name: str | None = None) -> dict[int, dict[str, torch.Tensor]]:
     """Every rank's residuals, by rank: one allgather of each rank's serialized dict (its length
     first), waited for at most ``timeout`` seconds."""
     buf = io.BytesIO()
     torch.save(residuals, buf)
     data = buf.getvalue()
     block = torch.frombuffer(bytearray(len(data).to_bytes(_LEN, "little") + data), dtype=torch.uint8)
-    name = f"hvd_gradq.state.{next(_CALLS)}"
+    # ``name``: an elastic job's own count a generation (:mod:`.elastic`): a rank that joined has made fewer
+    name = name or f"hvd_gradq.state.{next(_CALLS)}"
     handle = hvd.allgather_async(block, name=name)
     deadline = None if timeout is None else time.monotonic() + timeout
     pause = 0.001

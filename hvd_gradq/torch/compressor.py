@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import hashlib
 import itertools
-import os
 from collections.abc import Iterable
 from typing import Any
 
@@ -70,6 +69,7 @@ from . import checkpoint
 from .callsite import CallSite, inspect_call
 from .context import Ctx, Group, Pass
 from .device import resolve_codec
+from .elastic import Elastic, register
 from .feedback import LossScale, TensorStore, check_loss_scale, read_loss_scale
 from .hier import HierCtx
 from .ops import TorchOps
@@ -131,12 +131,6 @@ class GradqCompressor(Reports):
         codec: str | None = None,
         link_gbps: float | None = None,
     ) -> None:
-        if os.environ.get("HOROVOD_ELASTIC") == "1":
-            raise GradqError(
-                "hvd_gradq does not support elastic Horovod (hvd.elastic): error-feedback residuals, "
-                "random streams and the rank-configuration check are per rank and would not follow "
-                "workers that join or leave. Run with a fixed number of workers (horovodrun -np N)"
-            )
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise GradqError(f"seed must be an integer, not {type(seed).__name__}")
         self.scheme = scheme
@@ -171,6 +165,7 @@ class GradqCompressor(Reports):
         self._reducer = Reducer(scheme, seed, self.memory, self._stats, self.workers, resolve_codec(codec))
         self._checked: set[str] = set()  # process sets whose ranks' configurations were compared
         self._decompressing = True  # the next compress() starts a new step
+        self._elastic = Elastic(self)  # elastic Horovod: generation, commit/restore/sync (.elastic)
 
     @property
     def _residuals(self) -> dict[str, torch.Tensor]:
@@ -201,11 +196,11 @@ class GradqCompressor(Reports):
             if self._local is None:
                 self._local = hosts.ranks_per_host(hvd.size(), hvd.rank(), hvd.local_size(), hvd.local_rank(),
                                                    hvd.cross_rank(), bool(mpi_ops._basics.is_homogeneous()))
-            return Group(hvd.global_process_set, hvd.rank(), hvd.size(), "", self._local)
+            return Group(hvd.global_process_set, hvd.rank(), hvd.size(), self._elastic.prefix(), self._local)
         member = membership(mpi_ops._basics, ps)
         if not member.included:
             raise GradqError(f"this rank ({hvd.rank()}) is not in {ps}, the process set of this reduction")
-        return Group(ps, member.rank, member.size, f"ps{ps.process_set_id}.")
+        return Group(ps, member.rank, member.size, f"{self._elastic.prefix()}ps{ps.process_set_id}.")
 
     @staticmethod
     def _refuse(site: CallSite | None, tensor: torch.Tensor) -> None:
@@ -255,6 +250,7 @@ class GradqCompressor(Reports):
         site = inspect_call()
         self._refuse(site, tensor)
         if self._decompressing:  # the first compress() after a decompress(): a new step
+            self._elastic.begin_step()  # an elastic reset: a new generation, decisions made again
             self._decompressing = False
             self._telemetry.begin_step()
             self.memory.begin_step(read_loss_scale(self._loss_scale))
@@ -328,7 +324,8 @@ class GradqCompressor(Reports):
     def state_dict(self, all_ranks: bool = False, timeout: float | None = checkpoint.STATE_TIMEOUT) -> dict[str, Any]:
         """Error-feedback residuals and per-tensor step counters; see :func:`.checkpoint.state_dict`
         (``all_ranks=True`` is a collective: every rank calls it, or it fails after ``timeout`` s)."""
-        return checkpoint.state_dict(self.config(), self._steps, self._store, all_ranks, timeout)
+        return checkpoint.state_dict(self.config(), self._steps, self._store, all_ranks, timeout,
+                                     self._elastic.state_name() if all_ranks else None)
 
     def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
         """Restore :meth:`state_dict`; ``strict=False`` takes another scheme's state (step counters
@@ -361,3 +358,6 @@ def _tagger(name: str) -> Any:
             setattr(p.grad, TAG, name)
 
     return hook
+
+
+register(GradqCompressor)  # hvd.elastic.TorchState commits, restores and syncs it (.elastic)

@@ -254,9 +254,12 @@ def checkpoint() -> dict:
 
 
 def elastic() -> str:
+    """In an elastic job a compressor is built, but one that no elastic state holds refuses its
+    first step (nothing would restore or sync it); tests/parallel/test_elastic_torch.py runs one."""
     os.environ["HOROVOD_ELASTIC"] = "1"
     try:
-        gq.ORQ(levels=5)
+        comp = gq.ORQ(levels=5)
+        comp.compress(torch.ones(4096))
         return "accepted"
     except hvd_gradq.GradqError as e:
         return str(e)
