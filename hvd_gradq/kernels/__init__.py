@@ -15,7 +15,9 @@ The package imports with NumPy alone; numba is imported on first use. ``availabl
 whether it is there; the environment variable ``HVD_GRADQ_KERNELS=0`` turns the fast paths off
 for the process, ``with kernels.disabled():`` for a block of code (both make every caller run
 the NumPy reference: an oracle that shares no code with the kernels). The first call of each
-kernel compiles it (cached on disk afterwards, next to the module). Input must be finite and
+kernel compiles it, with one INFO line on the ``hvd_gradq.kernels`` logger, and numba caches it
+on disk (:mod:`._cache`: beside the module, or in the user's cache folder when the package's is
+read-only; ``python -m hvd_gradq warm`` compiles them all ahead). Input must be finite and
 within ``scheme.limit``, as ``hvd_gradq.quantize`` ensures before encoding (it runs the
 reference otherwise, which marks such buckets NaN); see ``_numba``'s docstring for the corner
 case that is not bitwise (the sign of a zero meta: a min/max, or a level taken from a sorted

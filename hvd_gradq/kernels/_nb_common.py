@@ -12,9 +12,9 @@ from numba import njit, types
 from numba.core.extending import intrinsic
 
 from ..xp import _M1, _M2, _M3
-from ._cache import refresh
+from ._nb_cache import install
 
-refresh()  # every kernel module imports this one first: stale cached kernels go before any loads
+install()  # every kernel module imports this one first: the cache's place and freshness before any decorating
 
 _OPTS = {"cache": True, "nogil": True, "error_model": "numpy", "boundscheck": False}
 
