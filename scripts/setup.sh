@@ -164,12 +164,17 @@ if ! "$PY" -c 'import hvd_gradq' >/dev/null 2>&1 || [ setup.cfg -nt "$VENV/.proj
 fi
 
 # ---- 5. the kernels, compiled once --------------------------------------------------------
-# numba compiles each kernel at its first call (5-6 s a scheme here); warming the cache now means
-# no training step or test pays for it. Redone when any kernel source changes (their hash).
-kern=$(cat hvd_gradq/kernels/*.py | sha256sum | cut -c1-16)
-if [ "$(cat "$VENV/.kernels-stamp" 2>/dev/null)" != "$kern" ]; then
+# numba compiles each kernel at its first call (about 70 s of CPU for all of them here); warming
+# the cache now means no training step or test pays for it. The stamp is the kernel sources'
+# hash, the cache folder (python -m hvd_gradq warm prints it) and how many kernels it holds: a
+# source change, another HVD_GRADQ_CACHE_DIR or a cleared cache warms again.
+kernels_state() {
+  "$PY" -c 'from hvd_gradq.kernels import _cache as c; d = c.cache_dir()
+print(c.sources_hash()[:16], d, len(list(d.glob("*.nbi"))))'
+}
+if [ "$(cat "$VENV/.kernels-stamp" 2>/dev/null)" != "$(kernels_state)" ]; then
   say "kernels: compiling (python -m hvd_gradq warm; log: $LOGS/kernels-warm.log)"
   step kernels-warm "$PY" -m hvd_gradq warm
-  echo "$kern" >"$VENV/.kernels-stamp"
+  kernels_state >"$VENV/.kernels-stamp"
 fi
 say "done: activate with 'source .venv/bin/activate'"

@@ -130,14 +130,14 @@ def run(args: argparse.Namespace) -> int:
         print(f"\n== {gbps:g} Gbit/s between hosts: Horovod fp32 allreduce moves {fp32 / 1e6:,.1f} MB a host "
               f"each way a step ({fp32 * 8 / (gbps * 1e9) * 1e3:,.1f} ms of link), fp16 {fp16 / 1e6:,.1f} MB "
               f"({t16 * 1e3:,.1f} ms)")
-        head = f"{'scheme':12s} {'MB a step':>10s} {'vs fp32':>8s} {'model ms':>9s} " \
-               f"{'vs fp16':>8s}  {'patterns (tensors)':24s} accuracy vs fp32 (study)"
+        head = f"{'scheme':12s} {'MB a step':>10s} {'fp32/this':>9s} {'model ms':>9s} " \
+               f"{'% of fp16':>9s}  {'auto picks (tensors)':22s} accuracy vs fp32 (study)"
         print(head)
         print("-" * len(head))
         for r in rows:
             pats = ", ".join(f"{k} {v}" for k, v in sorted(r.patterns.items()))
-            print(f"{r.label:12s} {r.bytes / 1e6:10,.2f} {fp32 / max(r.bytes, 1):7.1f}x "
-                  f"{r.seconds * 1e3:9,.1f} {r.seconds / t16:7.2f}x  {pats:24s} {study.describe(r.spec)}")
+            print(f"{r.label:12s} {r.bytes / 1e6:10,.2f} {fp32 / max(r.bytes, 1):8.1f}x "
+                  f"{r.seconds * 1e3:9,.1f} {100 * r.seconds / t16:8.0f}%  {pats:22s} {study.describe(r.spec)}")
         ok = [r for r in rows if study.kept(r.spec, args.optimizer)]
         best = min(ok, key=lambda r: r.seconds) if ok else None
         kept = {"sgd": "within 1 point of fp32 with SGD at 4 and 8 workers",

@@ -1,22 +1,21 @@
 """Say what a scheme spec means: canonical form, bits an element on the wire, patterns, refusals.
 
-The bits are measured, not computed: the spec quantizes ``--elements`` standard-normal float32
-values with :func:`hvd_gradq.quantize` and the whole payload (header, per-bucket levels, packed
-codes) is counted. Patterns are asked of the library's own policy
-(:func:`hvd_gradq.frontend.patterns.choose`) at ``--ranks`` ranks: a pattern the scheme cannot
-use prints the error a compressor would raise.
+The bits are the payload's size for a 1-D float32 tensor of ``--elements`` values, from the wire
+format (:func:`hvd_gradq.wire.payload.header_size`: header, dimensions and the canonical spec)
+and the scheme's own sections (per-bucket levels or scales, packed codes): what
+:func:`hvd_gradq.quantize` lays down, byte for byte, without compiling or running a kernel.
+Patterns are asked of the library's own policy (:func:`hvd_gradq.frontend.patterns.choose`) at
+``--ranks`` ranks: a pattern the scheme cannot use prints the error a compressor would raise.
 """
 from __future__ import annotations
 
 import argparse
 
-import numpy as np
-
-from ..api import quantize
 from ..errors import SpecError
 from ..frontend.patterns import REQUESTABLE, Pattern, choose, decide_why
 from ..schemes.options import NonFinite
 from ..spec import parse
+from ..wire.payload import header_size
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -33,14 +32,14 @@ def run(args: argparse.Namespace) -> int:
         raise SpecError("--elements must be >= 1, --ranks >= 2 and --link-gbps > 0")
     scheme = parse(args.spec)
     n = args.elements
-    x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
-    nbytes = quantize(x, scheme).nbytes
+    body = scheme.nbytes(n)
+    nbytes = header_size(scheme.spec, 1) + body
     bits = 8 * nbytes / n
     print(f"spec        {args.spec}")
     print(f"canonical   {scheme.spec}")
     print(f"unbiased    {'yes' if scheme.unbiased else 'no (use ef=true to carry the bias over steps)'}")
     print(f"wire        {bits:.4f} bits an element at {n:,} elements, header included ({nbytes:,} bytes; "
-          f"{32 / bits:.2f}x fewer than fp32)")
+          f"{32 / bits:.2f}x fewer than fp32); {8 * body / n:.4f} without the header")
     limit = scheme.limit
     if limit != float("inf"):
         print(f"limit       finite |x| >= {limit:.3g} cannot be computed in float32: refused "

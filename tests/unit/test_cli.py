@@ -2,10 +2,12 @@
 
 The oracles here are independent of the code the commands call: wire bits from the payload
 format's own definition (base-3 packing, 5 codes to a byte, plus levels and header), Horovod's
-ring allreduce as 2(N-1)/N x bytes, and a second run of ``warm`` that must compile nothing.
+ring allreduce as 2(N-1)/N x bytes, and ``warm`` into an empty cache folder, whose second run
+must compile nothing.
 """
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -19,9 +21,9 @@ from hvd_gradq.cli import main, parser
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def cli(*args: str) -> tuple[int, str, str]:
+def cli(*args: str, env: dict[str, str] | None = None) -> tuple[int, str, str]:
     cp = subprocess.run([sys.executable, "-m", "hvd_gradq", *args], capture_output=True, text=True, cwd=ROOT,
-                        timeout=300)
+                        timeout=300, env=env)
     return cp.returncode, cp.stdout, cp.stderr
 
 
@@ -41,15 +43,22 @@ def test_every_command_has_help() -> None:
 def test_check_gives_canonical_spec_bits_and_refusals(capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["check", "orq:levels=3", "--elements", "65536", "--ranks", "4"]) == 0
     out = capsys.readouterr().out
-    assert "canonical   orq:bucket=512,ef=false" in out and "levels=3" in out
-    # ORQ-3 on the wire: 3 codes packed 5 to a byte (1.6 bits), 3 float32 levels a bucket of 512
-    # (0.1875 bits), plus one header: between those and a few hundred bytes above
-    bits = float(re.search(r"wire\s+([\d.]+) bits an element", out).group(1))  # type: ignore[union-attr]
-    n, buckets = 65536, 65536 // 512
-    floor = (-(-n // 5) + 3 * 4 * buckets) * 8 / n
-    assert floor <= bits <= floor + 8 * 512 / n, (bits, floor)
+    canonical = re.search(r"^canonical\s+(\S+)$", out, re.M).group(1)  # type: ignore[union-attr]
+    assert canonical.startswith("orq:bucket=512,ef=false") and canonical.endswith("levels=3")
+    # ORQ-3's payload by the format's definition: a 22-byte fixed header, 8 bytes a dimension and
+    # the canonical spec; 3 symbols packed 5 to a byte; 3 float32 levels for each bucket of 512
+    n = 65536
+    header = 22 + 8 * 1 + len(canonical)
+    expect = header + -(-n // 5) + 3 * 4 * (n // 512)
+    m = re.search(r"wire\s+([\d.]+) bits an element at 65,536 elements, header included \(([\d,]+) bytes; "
+                  r"([\d.]+)x fewer than fp32\)", out)
+    assert m, out
+    assert int(m.group(2).replace(",", "")) == expect
+    assert float(m.group(1)) == pytest.approx(8 * expect / n, abs=1e-4)
+    assert float(m.group(3)) == pytest.approx(32 * n / (8 * expect), abs=0.01)
     assert re.search(r"summable\s+refused: .*Valid here: auto, gather, scatter, hierarchical", out), out
     assert re.search(r"scatter\s+ok", out) and re.search(r"gather\s+ok", out)
+    assert re.search(r"^limit\s+finite \|x\| >= 1.7e\+38", out, re.M), out  # float32's largest, squared away
 
 
 def test_check_a_bad_spec_exits_2_and_says_what_is_valid() -> None:
@@ -96,19 +105,33 @@ def test_advise_reads_a_state_dict(tmp_path: Path, capsys: pytest.CaptureFixture
     assert rc == 2 and "--ranks-per-host must divide" in err
 
 
-def test_warm_twice_compiles_nothing_the_second_time() -> None:
-    rc, out, err = cli("warm", "--quiet")
+def test_warm_compiles_into_the_cache_folder_once(tmp_path: Path) -> None:
+    # fp16 needs one kernel (the input scan): a cold compile that takes seconds, not minutes
+    env = {**os.environ, "HVD_GRADQ_CACHE_DIR": str(tmp_path)}
+    rc, out, err = cli("warm", "fp16", "none", env=env)
     assert rc == 0, err
-    rc, out, err = cli("warm")
+    assert re.search(r"\[ 1/2\] fp16\s+[\d.]+ s  compiled 1 kernel\(s\)", out), out
+    cached = list(tmp_path.rglob("*.nbi"))
+    assert cached and re.search(rf"cache: {re.escape(str(cached[0].parent))} \(1 kernel\(s\) cached\)", out), out
+    rc, out, err = cli("warm", "fp16", "none", env=env)
     assert rc == 0, err
-    assert re.search(r"warm: 16 schemes in [\d.]+ s, 0 kernel\(s\) compiled; cache: \S", out), out
-    assert out.count("from the cache") == 16
+    assert re.search(r"warm: 2 schemes in [\d.]+ s, 0 kernel\(s\) compiled", out), out
+    assert out.count("from the cache") == 2
+    rc, _, err = cli("warm", "orq:levls=3", env=env)
+    assert rc == 2 and "levels" in err
 
 
-def test_calibrate_times_the_codec(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["calibrate", "--elements", "8192", "--reps", "1", "orq:levels=5", "uniform:bits=4"]) == 0
+def test_calibrate_times_the_codec(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    table = tmp_path / "table.py"
+    assert main(["calibrate", "--elements", "8192", "--reps", "1", "orq:levels=5", "uniform:bits=4",
+                 "--write", str(table)]) == 0
     out = capsys.readouterr().out
     rows = re.findall(r"^(orq:levels=5|uniform:bits=4)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)\s+([\d.]+)$", out, re.M)
     assert [r[0] for r in rows] == ["orq:levels=5", "uniform:bits=4"]
     assert all(float(r[1]) > 0 and float(r[2]) > 0 for r in rows)
+    written: dict[str, object] = {}
+    exec(table.read_text(), written)  # the cost model's module form: a dict by table key
+    got = written["NS_PER_ELEMENT"]
+    assert isinstance(got, dict) and set(got) == {"orq:5", "uniform:4"}
+    assert got["orq:5"] == pytest.approx((float(rows[0][1]), float(rows[0][2])), abs=0.006)
     assert main(["calibrate", "nosuchscheme"]) == 2
