@@ -38,6 +38,7 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import time
 from collections.abc import Iterable
 from typing import Any
 
@@ -74,7 +75,7 @@ from .feedback import LossScale, TensorStore, check_loss_scale, read_loss_scale
 from .hier import HierCtx
 from .ops import TorchOps
 from .reduce import GatherCtx, Reducer, ScatterCtx, SummableCtx
-from .telemetry import Telemetry, timed_call
+from .telemetry import Telemetry
 
 TAG = "_hvd_gradq_name"
 
@@ -160,7 +161,7 @@ class GradqCompressor(Reports):
         self._store = TensorStore()
         self.memory = Memory(TorchOps("cpu"), self._store)
         self._stats = Stats()
-        self._telemetry = Telemetry(self._stats, self._world)
+        self._telemetry: Telemetry = Telemetry(self._stats, self._world)
         self.workers = Workers(resolve_threads(threads, _local_size()))
         self._reducer = Reducer(scheme, seed, self.memory, self._stats, self.workers, resolve_codec(codec))
         self._checked: set[str] = set()  # process sets whose ranks' configurations were compared
@@ -244,8 +245,8 @@ class GradqCompressor(Reports):
 
     # -- Horovod's interface -------------------------------------------------------------------
     @instance_only
-    @timed_call
     def compress(self, tensor: torch.Tensor) -> tuple[torch.Tensor, Any]:
+        t0 = time.perf_counter()  # stats: the training thread's time in here
         check_tensor(tensor, "hvd_gradq.torch")  # before Horovod: a TF tensor means the wrong frontend
         site = inspect_call()
         self._refuse(site, tensor)
@@ -278,7 +279,8 @@ class GradqCompressor(Reports):
             # Horovod's own fp32 allreduce, exactly (torch's allreduce has no bf16: sent as fp32).
             c = fp32_cost(n, group.size)
             self._stats.record(name, c.sent, c.received)
-            return tensor.to(torch.float32) if tensor.dtype == torch.bfloat16 else tensor, Pass(name, tensor.dtype)
+            out = tensor.to(torch.float32) if tensor.dtype == torch.bfloat16 else tensor
+            return self._telemetry.compressed(t0, (out, Pass(name, tensor.dtype)))
         x = tensor.detach().reshape(-1).to(torch.float32)
         if self.scheme.ef:
             x = self.memory.compensate(name, x)
@@ -289,17 +291,17 @@ class GradqCompressor(Reports):
             ctx.hosts = Hosts(group.size, group.local, group.rank)
             ctx.cross = hier_cross(self.scheme, n, group.size, group.local, self.link_gbps)
         self._reducer.start(ctx, x)
-        return torch.ones(1, dtype=torch.float32), ctx
+        return self._telemetry.compressed(t0, (torch.ones(1, dtype=torch.float32), ctx))
 
-    @timed_call
     def decompress(self, tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
         if ctx is None:  # sparse gradients bypass compression
             return tensor
+        t0 = time.perf_counter()
         self._decompressing = True
         if isinstance(ctx, Pass):
             out = tensor.to(ctx.dtype)
             self._check_output(out)
-            return out
+            return self._telemetry.decompressed(t0, out)
         if not isinstance(ctx, Ctx):
             raise GradqError("decompress() got a context hvd_gradq did not make")
         total = self._reducer.finish(ctx)
@@ -312,7 +314,7 @@ class GradqCompressor(Reports):
             total = total * (v / size)
         out = total.reshape(ctx.shape).to(device=ctx.device, dtype=ctx.dtype)
         self._check_output(out)
-        return out
+        return self._telemetry.decompressed(t0, out)
 
     def _check_output(self, out: torch.Tensor) -> None:
         """A step whose reduced gradients hold NaN/Inf is skipped by GradScaler on every rank

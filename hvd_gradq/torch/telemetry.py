@@ -1,6 +1,10 @@
 """The PyTorch compressor's steps as telemetry sees them: where one ends, the training thread's
 time inside ``compress()`` / ``decompress()``, and the log lines (:mod:`hvd_gradq.log`).
 
+The compressor calls :meth:`Telemetry.compressed` / :meth:`Telemetry.decompressed` as it
+returns, rather than being wrapped by a decorator: ``compress()`` reads Horovod's calling frame
+a fixed depth up (:mod:`.callsite`), which a wrapper's frame would shift.
+
 A step starts at the first ``compress()`` after a ``decompress()`` (the compressor's own rule)
 and ends at the ``decompress()`` that settles the last tensor it compressed: Horovod's
 ``synchronize()`` compresses every tensor of a step before it waits on any (NOTES section 9),
@@ -9,17 +13,16 @@ zero is the step's end, with every figure in. A step that stopped on an error is
 next step's start instead."""
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable
-from typing import Any, TypeVar, cast
+from typing import Any, TypeVar
 
 import horovod.torch as hvd
 
 from .. import log
 from ..frontend.stats import Stats
 
-_F = TypeVar("_F", bound=Callable[..., Any])
+T = TypeVar("T")
 
 
 class Telemetry:
@@ -38,15 +41,19 @@ class Telemetry:
         self._open = 0
         self.stats.begin_step()
 
-    def called(self, method: str, seconds: float, ok: bool, has_ctx: bool) -> None:
-        """After ``compress()`` or ``decompress()`` ran on the training thread for ``seconds``."""
-        self.stats.clock.add("compressor", seconds)
-        if method == "compress" and ok:
-            self._open += 1
-        elif method == "decompress" and has_ctx:
-            self._open -= 1
-            if self._open <= 0:
-                self._close()
+    def compressed(self, t0: float, out: T) -> T:
+        """``compress()``, started at ``t0`` (``time.perf_counter()``), hands Horovod ``out``."""
+        self.stats.clock.add("compressor", time.perf_counter() - t0)
+        self._open += 1
+        return out
+
+    def decompressed(self, t0: float, out: T) -> T:
+        """``decompress()``, started at ``t0``, returns ``out``: the step ends with its last tensor."""
+        self.stats.clock.add("compressor", time.perf_counter() - t0)
+        self._open -= 1
+        if self._open <= 0:
+            self._close()
+        return out
 
     def summary(self) -> dict[str, Any]:
         return self.stats.summary(self.world())
@@ -62,20 +69,3 @@ class Telemetry:
         elif log.wants_steps(rank):
             log.step(self.summary(), rank)
 
-
-def timed_call(method: _F) -> _F:
-    """Wrap ``compress`` / ``decompress`` of an object with a ``_telemetry``: their wall time on the
-    calling thread, and the step's end."""
-
-    @functools.wraps(method)
-    def call(self: Any, tensor: Any, *rest: Any) -> Any:
-        t0 = time.perf_counter()
-        ok = False
-        try:
-            out = method(self, tensor, *rest)
-            ok = True
-            return out
-        finally:
-            self._telemetry.called(method.__name__, time.perf_counter() - t0, ok, bool(rest) and rest[0] is not None)
-
-    return cast(_F, call)
