@@ -28,13 +28,13 @@ import torch
 
 from ..errors import GradqError
 from ..feedback import parameter_of
+from ..wire import blocks
 from .feedback import TensorStore
 
 #: Seconds ``state_dict(all_ranks=True)`` waits for every rank to join before it refuses. Long
 #: enough for ranks that reach a checkpoint apart (rank 0 evaluating first), short of "forever".
 STATE_TIMEOUT = 120.0
 _CALLS = itertools.count()  # this process's all-ranks states so far: the gathers' names
-_LEN = 8  # bytes of the length before each rank's serialized residuals
 
 
 def state_dict(config: str, steps: Mapping[str, int], store: TensorStore, all_ranks: bool = False,
@@ -69,10 +69,10 @@ def gather(residuals: dict[str, torch.Tensor], timeout: float | None,
     buf = io.BytesIO()
     torch.save(residuals, buf)
     data = buf.getvalue()
-    block = torch.frombuffer(bytearray(len(data).to_bytes(_LEN, "little") + data), dtype=torch.uint8)
+    framed = torch.from_numpy(blocks.block(data))
     # ``name``: an elastic job's own count a generation (:mod:`.elastic`): a rank that joined has made fewer
     name = name or f"hvd_gradq.state.{next(_CALLS)}"
-    handle = hvd.allgather_async(block, name=name)
+    handle = hvd.allgather_async(framed, name=name)
     deadline = None if timeout is None else time.monotonic() + timeout
     pause = 0.001
     while not hvd.poll(handle):
@@ -88,11 +88,8 @@ def gather(residuals: dict[str, torch.Tensor], timeout: float | None,
         pause = min(2 * pause, 0.05)
     raw = memoryview(hvd.synchronize(handle).numpy()).tobytes()
     out: dict[int, dict[str, torch.Tensor]] = {}
-    pos = 0
-    for r in range(hvd.size()):
-        n = int.from_bytes(raw[pos : pos + _LEN], "little")
-        out[r] = torch.load(io.BytesIO(raw[pos + _LEN : pos + _LEN + n]), weights_only=True)
-        pos += _LEN + n
+    for r, chunk in enumerate(blocks.split_blocks(raw, hvd.size())):
+        out[r] = torch.load(io.BytesIO(chunk), weights_only=True)
     return out
 
 

@@ -207,10 +207,10 @@ class OptimizerStateHandler(hvd_state.OptimizerStateHandler):  # type: ignore[mi
 
     def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         super().__init__(optimizer)
-        from .compressor import GradqCompressor  # (the compressor imports this module)
-
         comp = getattr(optimizer, "_compression", None)
-        self._compressor = CompressorStateHandler(comp) if isinstance(comp, GradqCompressor) else None
+        # the compressor class registered itself (register()): no import back up to .compressor
+        ours = _COMPRESSOR_TYPES and isinstance(comp, _COMPRESSOR_TYPES)
+        self._compressor = CompressorStateHandler(comp) if ours and comp is not None else None
 
     def save(self) -> None:
         super().save()
@@ -228,8 +228,14 @@ class OptimizerStateHandler(hvd_state.OptimizerStateHandler):  # type: ignore[mi
             self._compressor.sync()
 
 
+_COMPRESSOR_TYPES: tuple[type, ...] = ()
+
+
 def register(compressor_type: type) -> None:
     """Put the two handlers at the front of Horovod's registry (once)."""
+    global _COMPRESSOR_TYPES
+    if compressor_type not in _COMPRESSOR_TYPES:
+        _COMPRESSOR_TYPES += (compressor_type,)
     registry = list(hvd_state.get_handler_registry())
     if any(cls is CompressorStateHandler for _, cls in registry):
         return

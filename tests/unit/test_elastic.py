@@ -4,6 +4,7 @@ multi-rank run is tests/parallel/test_elastic_torch.py)."""
 from __future__ import annotations
 
 import horovod.torch as hvd
+import pytest
 import torch
 
 import hvd_gradq.torch as gq
@@ -11,6 +12,15 @@ from hvd_gradq.frontend.elastic import Generation, World, carry_over
 from hvd_gradq.torch.elastic import CompressorStateHandler, of
 
 hvd.init()  # one process: a one-rank Horovod job
+
+
+@pytest.fixture(autouse=True)
+def _horovod() -> None:
+    """Another unit test of the same process may have shut Horovod down: start it again."""
+    try:
+        hvd.size()
+    except ValueError:
+        hvd.init()
 W2 = World(2, 0, 2, 0, 0)
 W3 = World(3, 0, 2, 0, 0)
 KEYS = ["fc.weight", "fc.weight#reduce", "fc.bias#host", "fc.bias#host#reduce", "fc.bias"]
