@@ -29,6 +29,7 @@ F64_TWO63 = 2.0**63
 INT64_MIN = np.int64(-(2**63))
 TWO52 = 2.0**52
 M9 = (1 << 32) // 9 + 1
+F_RANGE = np.float32(2.0**127)  # schemes.level.RANGE_LIMIT
 
 
 
@@ -170,10 +171,29 @@ def _clip_bucket(xb, w, c, buf, xc):
     (Kernels index views from 0: an index ``off + i`` that numba cannot prove non-negative
     gets a wrap-around test, which stops LLVM from vectorizing the loop; hence the views.)"""
     inv = np.float32(1.0 / w)
-    mean = _tree_of(xb, w, 0, F0, buf) * inv
-    std = np.sqrt(_tree_of(xb, w, 3, mean, buf) * inv)
-    lo = mean - c * std
-    hi = mean + c * std
+    h = np.int32(0)  # log2 of schemes.level.sqrt_pow2_at_least(w): at, down as clip_scaling(w)
+    v = w - 1
+    while v > 0:
+        h += 1
+        v >>= 1
+    h = (h + 1) // 2
+    at = _i2f(np.int32((127 + 62 - h) << 23))
+    mn, mx = _minmax(xb, w)
+    if _fmax(-mn, mx) >= at:  # the sum of squares would overflow: statistics of xb * down
+        down = _i2f(np.int32((127 - 66 - h) << 23))
+        back = _i2f(np.int32((127 + 66 + h) << 23))
+        for i in range(w):
+            xc[i] = xb[i] * down
+        xs = xc
+    else:
+        down = F1
+        back = F1
+        xs = xb
+    mean = _tree_of(xs, w, 0, F0, buf) * inv
+    std = np.sqrt(_tree_of(xs, w, 3, mean, buf) * inv)
+    bound = down * F_RANGE
+    lo = _fmin(_fmax(mean - c * std, -bound), bound) * back
+    hi = _fmin(_fmax(mean + c * std, -bound), bound) * back
     for i in range(w):
         xc[i] = _fmin(_fmax(xb[i], lo), hi)
     return lo, hi

@@ -42,6 +42,16 @@ def sqrt_pow2_at_least(w: int) -> int:
     return 1 << -(-(w - 1).bit_length() // 2)
 
 
+def clip_scaling(w: int) -> tuple[float, float]:
+    """(at, down) for clipping rows ``w`` wide: a row whose max|x| reaches ``at`` (the square
+    limit for w) has its mean and standard deviation computed on ``x * down``, an exact power of
+    two that brings every |x| < RANGE_LIMIT below ``at`` (down = 2**-(66 + h), at = 2**(62 - h),
+    h = log2 sqrt_pow2_at_least(w); the row's max stays >= 2**(-4 - 2h), a normal float32).
+    Shared with the numba kernels' ``_clip_bucket``, which computes the same two numbers."""
+    h = sqrt_pow2_at_least(w).bit_length() - 1
+    return 2.0 ** (62 - h), 2.0 ** -(66 + h)
+
+
 def bucket_rows(n: int, d: int) -> list[tuple[int, int, int]]:
     """[(start, rows, width)]: full buckets as one block, then the short tail bucket, if any."""
     out = []
@@ -74,9 +84,8 @@ class LevelScheme(Scheme):
 
     @property
     def limit(self) -> float:
-        # ranges and differences (x - lo, hi - lo); clipping adds a mean and a sum of squares
-        if self.clip > 0:
-            return min(RANGE_LIMIT, SQUARE_LIMIT / sqrt_pow2_at_least(self.bucket))
+        # ranges and differences (x - lo, hi - lo); clipping's mean and sum of squares are taken
+        # on a scaled row where they would overflow (clip_rows), so they add no limit
         return RANGE_LIMIT
 
     def check_parts(self, parts: dict[str, NDArray[Any]], n: int) -> None:
@@ -132,11 +141,24 @@ class LevelScheme(Scheme):
             return x
         w = ops.shape(x)[1]
         inv = np.float32(1.0 / w)
-        mean = tree_sum(ops, x) * inv
-        dev = x - mean
+        # A row with max|x| >= at would overflow the sum of squares: its statistics are taken on
+        # x * down (exact: a power of two) and its bounds scaled back; other rows are untouched
+        # (down = 1). The bounds are clamped to +-RANGE_LIMIT first, which no |x| < limit
+        # reaches, so the scaling back cannot overflow and the clipped row is the same.
+        at, down = clip_scaling(w)
+        one = ops.full((1, 1), 1.0)
+        big = ops.amax(ops.abs(x), 1) >= np.float32(at)
+        p = ops.where(big, ops.full((1, 1), down), one)
+        xs = x * p
+        mean = tree_sum(ops, xs) * inv
+        dev = xs - mean
         std = ops.sqrt(tree_sum(ops, dev * dev) * inv)
         c = np.float32(self.clip)
-        return ops.clip(x, mean - c * std, mean + c * std)
+        bound = p * np.float32(RANGE_LIMIT)
+        back = ops.where(big, ops.full((1, 1), 1.0 / down), one)
+        lo = ops.clip(mean - c * std, -bound, bound) * back
+        hi = ops.clip(mean + c * std, -bound, bound) * back
+        return ops.clip(x, lo, hi)
 
     def round_meta(self, ops: Ops, meta: Array) -> Array:
         """Meta as the receiver will see it, so codes are chosen against the levels decoded."""

@@ -363,7 +363,8 @@ def _nonfinite():
         step(tf.constant(c))
         return {"error_text": "no error", "refused": refused}
     except Exception as e:  # TF wraps it (InvalidArgumentError); the message is hvd_gradq's
-        return {"error_text": f"{type(e).__name__}: {e}"[:2000], "refused": refused,
+        text = f"{type(e).__name__}: {e}"  # TF puts the traced graph's call stack first, our message last
+        return {"error_text": text if len(text) <= 2000 else text[:400] + " ... " + text[-1600:], "refused": refused,
                 "patterns": [s["pattern"] for s in comp.slots()]}
 
 

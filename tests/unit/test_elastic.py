@@ -16,11 +16,20 @@ hvd.init()  # one process: a one-rank Horovod job
 
 @pytest.fixture(autouse=True)
 def _horovod() -> None:
-    """Another unit test of the same process may have shut Horovod down: start it again."""
+    """Another unit test of the same process may have shut Horovod down, or imported
+    horovod.tensorflow, whose import points ``horovod.common.process_sets`` (a module global that
+    ``hvd.DistributedOptimizer`` asks) at TensorFlow's uninitialised library: start PyTorch's again
+    and point the process sets back at it."""
+    from horovod.common import process_sets
+    from horovod.torch.mpi_ops import _basics
+
     try:
         hvd.size()
     except ValueError:
         hvd.init()
+    process_sets._setup(_basics)
+
+
 W2 = World(2, 0, 2, 0, 0)
 W3 = World(3, 0, 2, 0, 0)
 KEYS = ["fc.weight", "fc.weight#reduce", "fc.bias#host", "fc.bias#host#reduce", "fc.bias"]

@@ -1,7 +1,8 @@
 """Inputs near float32's limit, and what each scheme claims about bias (issue 12).
 
 Every level scheme computes in float32: a bucket's range (hi - lo, x - lo), a sum of |x| (sign)
-or of squares (an L2 norm, the standard deviation that ``clip`` uses). Values whose magnitude
+or of squares (an L2 norm; ``clip`` takes its standard deviation on a row scaled down where it
+would overflow, so it adds no limit). Values whose magnitude
 would overflow one of those are refused with an error that says so (``scheme.limit``); below
 the limit the decoded values are right. Runs with the NumPy reference and the compiled kernels.
 """
@@ -151,3 +152,40 @@ def test_terngrad_default_is_biased_on_outliers():
         stderr = float(ys[:, 7].std()) / np.sqrt(400) + 1e-6
         assert abs(mean - target) < 6 * stderr + 1e-3 * abs(target), (spec, mean, target)
     assert 12.0 - bound > 5.0
+
+
+CLIPPED = ["terngrad", "uniform:clip=2", "orq:levels=3,clip=2.5", "qsgd:clip=1", "bingrad:clip=3"]
+
+
+@pytest.mark.parametrize("spec", CLIPPED)
+def test_clipping_huge_rows_matches_a_float64_oracle(spec):
+    """Clipping takes a row's mean and standard deviation, whose float32 sum of squares would
+    overflow from ~1e17 on: such rows are scaled by a power of two first. The clipped row must be
+    what float64 arithmetic gives (mean +- clip*std, relative 1e-5: float32 sums of 512 terms),
+    and the compiled kernels must agree with the reference to the bit (test_kernels' rule)."""
+    from hvd_gradq import kernels
+
+    scheme = hvd_gradq.parse(spec)
+    rng = np.random.default_rng(11)
+    for mag in (1e3, 5e16, 6e18, 1e30, 1e37):  # below, at and far beyond the old square limit
+        x = np.clip(rng.standard_normal((4, 512)) * mag, -1.6e38, 1.6e38).astype(np.float32)
+        x[1, 9] = np.float32(min(40 * mag, 1.7e38))  # an outlier clipping must pull in
+        x[2] = np.float32(mag)  # a constant row: std 0, nothing moves
+        with np.errstate(over="raise", invalid="raise"):
+            got = np.asarray(scheme.clip_rows(NUMPY, x), np.float64)
+        x64 = x.astype(np.float64)
+        mean = x64.mean(axis=1, keepdims=True)
+        std = x64.std(axis=1, keepdims=True)
+        want = np.clip(x64, mean - scheme.clip * std, mean + scheme.clip * std)
+        assert np.all(np.isfinite(got)), (spec, mag)
+        assert np.allclose(got, want, rtol=1e-5, atol=0), (spec, mag, np.abs(got - want).max())
+        assert got[1, 9] < 0.5 * float(x[1, 9]), (spec, mag)  # the outlier was pulled in
+        assert np.array_equal(got[2], x64[2]), (spec, mag)
+        if kernels.available():
+            flat = x.reshape(-1)
+            ref = scheme.encode(NUMPY, flat, 7)
+            ker = kernels.encode(scheme, flat, 7)
+            assert ker is not None, spec
+            meta_r, meta_k = (np.asarray(p["meta"], np.float32).view(np.uint32) for p in (ref, ker))
+            assert np.array_equal(meta_r, meta_k), (spec, mag)
+            assert np.array_equal(np.asarray(ref["codes"]).astype(np.int64), ker["codes"].astype(np.int64)), (spec, mag)
