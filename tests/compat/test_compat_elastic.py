@@ -30,23 +30,27 @@ from elastic_run import run
 pytestmark = pytest.mark.parallel
 HERE = Path(__file__).parent
 SUITE = HERE / "horovod_tests" / "elastic"
-TESTS = "hosts_added_and_removed or all_ranks_failure or reset_limit"
-# (case, spec, pattern): stock, then one scheme of each family
+ALL = "hosts_added_and_removed or all_ranks_failure or reset_limit"
+# The scheme families run the test whose worlds change size both ways with a worker that fails
+# (the others stop the whole job, which involves no compressor state): the suite's time stays
+# inside the CI budget. Stock runs all three, as the baseline.
+RESIZE = "hosts_added_and_removed"
+# (case, spec, pattern, tests): stock, then one scheme of each family
 CASES = [
-    ("stock", "stock", ""),
-    ("orq5-ef-scatter", "orq:levels=5,ef=true", "scatter"),
-    ("bingrad-ef-gather", "bingrad:ef=true", "gather"),
-    ("qsgd4-summable", "qsgd:levels=4", "summable"),
-    ("topk-ef-gather", "topk:ratio=0.5,ef=true", "gather"),
+    ("stock", "stock", "", ALL),
+    ("orq5-ef-scatter", "orq:levels=5,ef=true", "scatter", RESIZE),
+    ("bingrad-ef-gather", "bingrad:ef=true", "gather", RESIZE),
+    ("qsgd4-summable", "qsgd:levels=4", "summable", RESIZE),
+    ("topk-ef-gather", "topk:ratio=0.5,ef=true", "gather", RESIZE),
 ]
 
 
-def run_suite(tmp: Path, spec: str, pattern: str) -> tuple[dict[str, str], list[dict[str, object]], str]:
+def run_suite(tmp: Path, spec: str, pattern: str, tests: str) -> tuple[dict[str, str], list[dict[str, object]], str]:
     """Horovod's torch elastic suite with ``spec``: (test -> outcome, worker records, output)."""
     out = tmp / "records"
     out.mkdir()
     junit = tmp / "junit.xml"
-    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_elastic_torch.py", "-k", TESTS,
+    cmd = [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "test_elastic_torch.py", "-k", tests,
            f"--junitxml={junit}"]
     env = {"PYTHONPATH": f"{HERE / 'elastic_hook'}:{Path(__file__).parents[2]}", "COMPAT_ELASTIC_SPEC": spec,
            "COMPAT_ELASTIC_PATTERN": pattern, "COMPAT_ELASTIC_OUT": str(out)}
@@ -60,13 +64,14 @@ def run_suite(tmp: Path, spec: str, pattern: str) -> tuple[dict[str, str], list[
     return outcomes, records, done.stdout
 
 
-@pytest.mark.parametrize("case,spec,pattern", CASES, ids=[c[0] for c in CASES])
-def test_horovod_elastic_torch_suite(tmp_path: Path, case: str, spec: str, pattern: str) -> None:
-    outcomes, records, output = run_suite(tmp_path, spec, pattern)
+@pytest.mark.parametrize("case,spec,pattern,tests", CASES, ids=[c[0] for c in CASES])
+def test_horovod_elastic_torch_suite(tmp_path: Path, case: str, spec: str, pattern: str, tests: str) -> None:
+    outcomes, records, output = run_suite(tmp_path, spec, pattern, tests)
     passed = sum(v == "passed" for v in outcomes.values())
     print(f"compat elastic torch {case} ({spec}{', pattern=' + pattern if pattern else ''}): "
           f"{passed}/{len(outcomes)} passed")
-    assert len(outcomes) == 3 and passed == 3, f"{outcomes}\n{output[-12000:]}"
+    want = len(tests.split(" or "))
+    assert len(outcomes) == want and passed == want, f"{outcomes}\n{output[-12000:]}"
     if spec == "stock":
         return
     # the substitution happened: workers built hvd_gradq compressors and compressed gradients with them
