@@ -24,7 +24,8 @@ only removed) and reset callbacks. A compressor has four kinds of state, and eac
   them would hand one owner's error to another rank, whose chunk bounds no longer match.
 
 :func:`carry_over` is that rule, written once; the frontends' adapters
-(:mod:`hvd_gradq.torch.elastic`) call it and own only the copying and broadcasting.
+(:mod:`hvd_gradq.torch.elastic`, :mod:`hvd_gradq.tensorflow.elastic`) call it and own only the
+copying and broadcasting.
 """
 from __future__ import annotations
 
@@ -104,18 +105,3 @@ class Generation:
 
     def prefix(self) -> str:
         return f"g{self.number}." if self.number else ""
-
-
-def refuse_graph_frontend(frontend: str) -> None:
-    """Where elastic Horovod is not served: the TensorFlow frontend bakes the world (its size, this
-    rank, each tensor's pattern, the collective names, the one-time rank check) into the graphs it
-    traces, and Horovod's elastic recipe keeps running those graphs after a reset (a joining worker
-    would run the rank check alone and wait forever). Raises unless this is not an elastic job."""
-    if active():
-        from ..errors import GradqError
-
-        raise GradqError(
-            f"{frontend} does not support elastic Horovod ({ENV} is set): its traced graphs hold the world they "
-            "were traced in (size, rank, patterns, collective names) and an elastic reset does not retrace them. "
-            "Use hvd_gradq.torch for elastic jobs, or run without elastic mode (horovodrun without "
-            "--min-np/--max-np/--host-discovery-script)")

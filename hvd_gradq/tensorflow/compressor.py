@@ -17,45 +17,33 @@ are ``hvd_gradq.<name>.<kind><i>[.p<set>]``, ``i`` the slot's creation order, id
 every rank; ``<name>`` is ``name=`` or ``c<k>`` for the k-th compressor this process built,
 which the one-time configuration check (an eager allgather on the process set) compares.
 
-**Patterns.** ``gather`` (the payload made on the host and ``hvd.allgather`` ed; every rank
-decodes every payload in rank order; ``ef`` sets the residual in ``decompress``), ``summable``
-(evenly spaced levels: a shared table agreed by a Max-allreduce, int32 code lanes Sum-allreduced)
-``scatter`` (PyTorch's scatter-reduce: per-chunk payloads alltoall'ed, each rank's chunk
-summed, re-encoded finer with its own residual ``<key>#reduce`` and allgathered) and
-``hierarchical`` (several ranks a host: fp32 pieces summed inside the host, each owner's piece
-reduced among the hosts, :mod:`.hier`) are started in ``compress`` and finished in
-``decompress`` by :mod:`.collectives`, :mod:`.scatter` and :mod:`.hier`; ``auto`` weighs link
-bytes at ``link_gbps`` against the encoding CPU (:func:`hvd_gradq.frontend.patterns.decide`); this
-module keeps the rest, error feedback included. Horovod's own allreduce carries a float32 ``[1.0]``
-that comes back as ``v = post * pre * N`` (Sum) or ``post * pre`` (Average), so the result is
-``sum_of_decoded * v / N`` (computed as ``/ N`` when ``v == 1`` and as is when ``v == N``).
-Under ``pattern=auto``, a tensor whose compressed traffic would not be below a plain fp32 ring
-allreduce (a bias of a few elements) is handed to Horovod's allreduce unchanged; so is a
-gradient whose shape is not static and whose variable's shape is unknown too (with
-``sparse_as_dense`` the variable's static shape is used). Horovod's tensor fusion makes such a
-sum's order (and so its bits, beyond 2 ranks) depend on what it fused: set
-``HOROVOD_FUSION_THRESHOLD=0`` or ``pattern=gather`` where runs must reproduce bit for bit
-(ranks agree either way).
+**Patterns** (started in ``compress``, finished in ``decompress``): ``gather`` (host-made
+payloads ``hvd.allgather`` ed, each decoded in rank order, :mod:`.collectives`), ``summable``
+(a shared table agreed by a Max-allreduce, int32 code lanes Sum-allreduced), ``scatter``
+(per-chunk payloads alltoall'ed, each rank's chunk summed, re-encoded finer with its residual
+``<key>#reduce`` and allgathered, :mod:`.scatter`), ``hierarchical`` (fp32 sums inside a host,
+each owner's piece reduced among hosts, :mod:`.hier`); ``auto`` weighs bytes at ``link_gbps``
+against CPU (:func:`hvd_gradq.frontend.patterns.decide`) and hands a tensor whose compressed
+traffic would not beat an fp32 ring (a bias), or whose shape is not static, to Horovod's own
+allreduce (whose fusion makes a sum's bits beyond 2 ranks depend on what it fused: set
+``HOROVOD_FUSION_THRESHOLD=0`` or ``pattern=gather`` to reproduce runs bit for bit). Horovod's
+allreduce carries a float32 ``[1.0]`` that comes back as ``v = post * pre * N`` (Sum) or
+``post * pre`` (Average): the result is ``sum_of_decoded * v / N`` (``/ N`` when ``v == 1``,
+as is when ``v == N``).
 
 **Warm-up** (``warmup=K``): the first K steps of each variable's gradient are an exact fp32
-sum (``hvd.allreduce``, named ``w<i>``) chosen by a ``tf.cond`` on the slot's step counter
-(:meth:`GradqCompressor._warm_or_compressed`); an eager ``hvd.allreduce`` without a variable
-has no step of its own and is never warm.
-
-**Not compressed.** ``tf.IndexedSlices`` (embeddings) never reach ``compress()``: Horovod
-allgathers their values and indices itself, unless ``sparse_as_dense=True``.
-**Non-finite values.** ``nonfinite=propagate`` (as Horovod carries infs through): in level
-schemes a bucket holding NaN/Inf on any rank decodes to NaN on every rank (gather and scatter:
-its scale is sent as NaN; summable: the rank sends +inf statistics for it in the Max-allreduce); ``none`` and
-``fp16`` carry the values themselves; other schemes (Top-K) make Horovod's ``[1.0]`` NaN, which
-turns the whole tensor NaN. Error feedback keeps its previous residual wherever the result is
-not finite, so training recovers after a skipped step (``loss_scale=`` keeps residuals in
-unscaled units for loss-scaled gradients). ``nonfinite=raise`` stops the step on every rank with
-an ``InvalidArgumentError`` that says so (the rank with NaN still takes part in the collective,
-with a poison payload or +inf statistics, so that no rank waits for it); ``nonfinite=skip`` is
-refused (payload sizes are fixed when the graph is traced). Errors raised while tracing (a rank
-mismatch, Adasum) surface as AutoGraph ``StagingError`` s carrying the message when the caller
-was converted by AutoGraph. Elastic Horovod is refused at construction.
+sum (``hvd.allreduce``, named ``w<i>``), chosen by a ``tf.cond`` on the slot's step counter.
+**Not compressed.** ``tf.IndexedSlices`` (embeddings): Horovod allgathers them itself, unless
+``sparse_as_dense=True``. **Non-finite values** (``nonfinite=propagate``, as Horovod carries
+infs): a level scheme's bucket holding NaN/Inf on any rank decodes to NaN on every rank (its
+scale sent as NaN; summable: +inf statistics); ``none`` and ``fp16`` carry the values; other
+schemes make Horovod's ``[1.0]`` NaN, the whole tensor. Error feedback keeps its previous
+residual wherever the result is not finite (``loss_scale=`` keeps residuals unscaled).
+``nonfinite=raise`` stops the step on every rank with an ``InvalidArgumentError`` that says so
+(the rank with NaN still takes part, with a poison payload or +inf statistics, so no rank
+waits); ``nonfinite=skip`` is refused (payload sizes are fixed when the graph is traced).
+**Elastic Horovod**: the reduction runs eagerly at each step in the world of the moment
+(:mod:`.elastic`).
 """
 from __future__ import annotations
 
@@ -83,6 +71,7 @@ from ..schemes.scheme import Scheme
 from ..wire.payload import DTYPE_CODES, MAX_NDIM
 from ..xp import stream_seed
 from . import codec, collectives, hier, telemetry
+from . import elastic as tf_elastic
 from .callsite import check_op, function_graph, horovod_call_site, resolve_process_set, set_suffix
 from .collectives import Ctx
 from .handshake import check_arguments, check_configs
@@ -121,18 +110,9 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
             gradients arrive scaled (mixed precision): residuals are stored divided by it.
     """
 
-    def __init__(
-        self,
-        scheme: Scheme,
-        *,
-        seed: int = 0,
-        pattern: str | Pattern = "auto",
-        check_ranks: bool = True,
-        name: str | None = None,
-        process_set: Any = None,
-        loss_scale: Any = None,
-        link_gbps: float | None = None,
-    ) -> None:
+    def __init__(self, scheme: Scheme, *, seed: int = 0, pattern: str | Pattern = "auto", check_ranks: bool = True,
+                 name: str | None = None, process_set: Any = None, loss_scale: Any = None,
+                 link_gbps: float | None = None) -> None:
         super().__init__(name="hvd_gradq_compressor")
         cid = check_arguments(scheme, seed, loss_scale, process_set, name)
         self.scheme = scheme
@@ -157,6 +137,7 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
         self.memory = Memory(TF, SlotStore(self.residuals, self.owners, hvd.rank()), undo=False)
         self._host.process_set = process_set
         self._telemetry = telemetry.Telemetry(scheme, self.pattern, self.link_gbps, self._host.slots.values)
+        self._elastic = tf_elastic.attach(self, cid)
 
     # -- configuration ---------------------------------------------------------------------------
     def config(self) -> str:
@@ -180,16 +161,21 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
         p, why = decide_why(self.scheme, n, ndim, size, self.pattern, offered, local, self.link_gbps)
         return None if p is Pattern.FP32 else p, why
 
-    def _slot(self, shape: tuple[int, ...], dtype: str, variable: Any, size: int, local: int) -> Slot:
+    def _position_key(self) -> str:
+        """The key of a gradient without a known variable: its position in this trace."""
+        g = function_graph()
+        i = self._host.positions.get(g, 0)
+        self._host.positions[g] = i + 1
+        return f"#{i}"
+
+    def _slot(self, shape: tuple[int, ...], dtype: str, variable: Any, size: int, local: int,
+              key: str | None = None) -> Slot:
         """The slot of this gradient: by its variable, else by its position in this trace."""
         h = self._host
         if variable is not None:
             key, ident = variable_key(variable, h.keys)
         else:
-            g = function_graph()
-            i = h.positions.get(g, 0)
-            h.positions[g] = i + 1
-            key, ident = f"#{i}", None
+            key, ident = key or self._position_key(), None
         slot = h.slots.get(key)
         if slot is not None:
             check_slot(slot, key, shape, dtype, size)
@@ -198,7 +184,11 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
         pattern, why = self._pattern_for(n, len(shape), size, local)
         self._telemetry.decide(key, pattern, why, n, size)
         c = hier.slot_cost(self.scheme, n, len(shape), size, local, pattern, self.link_gbps)
-        step, residual, owner = make_variables(key, n, self.scheme.ef, hvd.rank())
+        step, residual, owner = self.steps.get(key), self.residuals.get(key), self.owners.get(key)
+        if step is None:  # elastic: a new world's slot keeps its variables (tf_elastic.new_world)
+            step, residual, owner = make_variables(key, n, self.scheme.ef, hvd.rank())
+            if self._elastic is not None and (synced := self._elastic.step_of(key)) is not None:
+                step.assign(synced)
         self.steps[key] = step
         if residual is not None:
             self.residuals[key] = residual
@@ -209,7 +199,8 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
             elif pattern is Pattern.HIERARCHICAL:
                 extra = hier.residuals(self.scheme, key, n, size, local, self.link_gbps)
             for rk, res, own in extra:  # the scatter side's, or the hierarchical owner's pieces
-                self.residuals[rk], self.owners[rk] = res, own
+                if rk not in self.residuals:  # kept across an elastic reset in the same world
+                    self.residuals[rk], self.owners[rk] = res, own
         slot = Slot(len(h.slots), key, ident, shape, dtype, n, size, pattern, step, residual, owner,
                     c.sent, c.received, fp32_cost(n, size).sent)
         h.slots[key] = slot
@@ -234,6 +225,12 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
         member = membership(mpi_ops._basics, ps)
         if not member.included:  # Horovod traces the reduction on every rank; this branch never runs here
             return tensor, None
+        if self._elastic is not None and not tf.executing_eagerly():
+            return self._elastic.trace(tf.convert_to_tensor(tensor), site, ps)
+        return self._compress_at(tensor, site, ps, member)
+
+    def _compress_at(self, tensor: Any, site: Any, ps: Any, member: Any, key: str | None = None,
+                     host: bool = False) -> tuple[Any, Any]:
         size, prank = member.size, member.rank
         tensor = tf.convert_to_tensor(tensor)
         if not tensor.dtype.is_floating:
@@ -252,7 +249,7 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
         if ps.process_set_id not in self._host.checked:
             self._check_ranks(ps)
         slot = None
-        if tf.executing_eagerly():
+        if tf.executing_eagerly() and not host:
             if self.scheme.ef:
                 raise GradqError(
                     "error feedback needs to know which variable a gradient belongs to, and an eager "
@@ -266,7 +263,7 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
             pattern, _ = self._pattern_for(n, len(shape), size, hier.ranks_per_host_of(ps))
             index, stream = -1, stream_seed(self.seed, hvd.rank(), 1 << 40)
         else:
-            slot = self._slot(shape, dtype, site.variable, size, hier.ranks_per_host_of(ps))
+            slot = self._slot(shape, dtype, site.variable, size, hier.ranks_per_host_of(ps), key)
             key, n, pattern, index = f"{slot.index}", slot.n, slot.pattern, slot.index
             step = slot.step.assign_add(1, read_value=True) - 1
             stream = stream_seed(self.seed, hvd.rank(), slot.index)
@@ -358,6 +355,8 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
     def decompress(self, tensor: Any, ctx: Any) -> Any:
         if ctx is None:  # IndexedSlices, or a rank outside the process set: untouched
             return tensor
+        if isinstance(ctx, tf_elastic.Traced):
+            return ctx.finish(tensor)
         if not isinstance(ctx, Ctx):
             raise GradqError("decompress() got a context hvd_gradq did not make")
         if ctx.pattern is None:

@@ -20,7 +20,6 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from ..errors import GradqError
-from ..frontend import elastic
 from ..frontend.codec import check_config_blocks, config_block
 from ..frontend.guards import check_initialized
 from ..schemes.options import NonFinite
@@ -38,7 +37,6 @@ def check_arguments(scheme: Scheme, seed: Any, loss_scale: Any, process_set: Any
     check_initialized("hvd_gradq.tensorflow", bool(hvd.is_initialized()))
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise GradqError(f"seed must be an integer, not {type(seed).__name__}")
-    elastic.refuse_graph_frontend("hvd_gradq.tensorflow")
     if scheme.nonfinite is NonFinite.SKIP:
         raise GradqError(
             f"{scheme.name}: nonfinite=skip is not supported by hvd_gradq.tensorflow: it changes a "
