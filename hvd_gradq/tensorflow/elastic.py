@@ -16,15 +16,16 @@ ranks would wait for ever). The cost is Python's: an eager step, not a traced on
 **State** follows :mod:`hvd_gradq.frontend.elastic`'s rules, as in PyTorch. Horovod 0.28.1's
 TensorFlow states (``TensorFlowKerasState``, ``TensorFlowState``, Keras' ``KerasState``) have no
 handler registry, so the first compressor built in an elastic job wraps their ``save``,
-``restore`` and ``sync`` (once, calling Horovod's own first) to do the same for every live
+``restore`` and ``on_reset`` (once, calling Horovod's own first) to do the same for every live
 hvd_gradq compressor of the process: ``commit()`` copies residuals, owners and step counters;
-``restore()`` puts them back (a residual made after the commit goes back to zero);
-``sync()`` hands rank 0's generation + 1, step counters and seed to every rank (a joining rank's
-warm-up and streams then agree) and starts the new world: decisions made again, the rank check
-run again, collective names under the new generation, owner residuals dropped where the world
-changed, this rank's worker residuals kept and stamped with its new rank. A world change that no
-``sync()`` announced (Horovod skips it when hosts were only removed) is found at the next
-reduction and counts as a reset too (every survivor sees the same one).
+``restore()`` puts them back (a residual made after the commit goes back to zero); a reset marks
+the compressor for a sync. The sync itself happens at the first reduction of the new world, inside
+the host function, where every rank of that world is sure to be (a rank that joined may build its
+compressor only when it first traces its step, after Horovod's own ``sync()``, and a fresh
+compressor always syncs): rank 0's generation + 1, step counters and seed for every rank (so a
+joining rank's warm-up and streams agree), then the new world: decisions made again, the rank
+check run again, collective names under the new generation, owner residuals dropped where the
+world changed, this rank's worker residuals kept and stamped with its new rank.
 """
 from __future__ import annotations
 
@@ -49,7 +50,7 @@ if TYPE_CHECKING:
 
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()  # the Elastic of every compressor of this process
 _WRAPPED: list[type] = []
-_CALLS = {"save": "commit", "restore": "restore", "sync": "sync"}  # Horovod's state method -> Elastic's
+_CALLS = {"save": "commit", "restore": "restore", "on_reset": "reset"}  # Horovod's state method -> Elastic's
 
 
 def world() -> World:
@@ -88,6 +89,7 @@ class Elastic:
     made_in: World | None = None
     saved: Saved | None = None
     synced_steps: dict[str, int] = field(default_factory=dict)  # rank 0's, for slots made after sync()
+    pending: bool = True  # sync at the next reduction: a fresh compressor, or a reset since
 
     # -- the trace ----------------------------------------------------------------------------
     def trace(self, tensor: Any, site: CallSite, ps: Any) -> tuple[Any, Traced]:
@@ -101,25 +103,42 @@ class Elastic:
         key = None if site.variable is not None else self.c._position_key()
         shape, dtype = tensor.shape, tensor.dtype
 
-        def run(x: Any) -> Any:  # the compressor's own path, eagerly, and Horovod's [1.0] reduced here
+        def reduce(x: Any) -> Any:  # the compressor's own path, eagerly, and Horovod's [1.0] reduced here
             self.begin_step()
             c = self.c
             one, ctx = c._compress_at(x, site, ps, membership(mpi_ops._basics, ps), key, host=True)
             v = hvd.allreduce(one, op=site.op, prescale_factor=site.prescale, postscale_factor=site.postscale,
                               name=f"hvd_gradq.{c.cid}.v{ctx.slot_index}", ignore_name_scope=True, process_set=ps)
-            return c.decompress(v, ctx)
+            return c.decompress(v, ctx), tf.ones((1,), tf.float32)
 
-        out = tf.py_function(run, [tensor], dtype, name="hvd_gradq_elastic")
-        return tf.ones((1,), tf.float32), Traced(tf.ensure_shape(out, shape))
+        def run(x: Any) -> Any:
+            try:
+                return reduce(x)
+            except tf.errors.UnknownError as e:
+                if "Horovod" not in e.message:
+                    raise
+                # A peer failed mid-collective. Horovod's elastic.run turns an UnknownError into a
+                # reset only when it names one of its graph ops; an alltoall (scatter) does not.
+                text = f"HorovodAllreduce (hvd_gradq, elastic): {e.message}"
+                raise tf.errors.UnknownError(e.node_def, e.op, text) from e
+
+        # Horovod's operand comes out of the host function too: a constant [1.0] would be folded
+        # by Grappler, which runs Horovod's allreduce while it optimizes the graph (once, in the
+        # world of the first step) and bakes its value in; a rank that joins later would fold
+        # alone and wait for ever.
+        out, one = tf.py_function(run, [tensor], [dtype, tf.float32], name="hvd_gradq_elastic")
+        return tf.ensure_shape(one, (1,)), Traced(tf.ensure_shape(out, shape))
 
     # -- at each reduction ----------------------------------------------------------------------
     def begin_step(self) -> None:
+        """Before each reduction: the first one after a reset (or of a fresh compressor) takes rank
+        0's generation, steps and seed, here, where every rank of the new world is (a rank that
+        joined may build its compressor only when it first traces its step, after Horovod's own
+        ``sync()``); a world change that no reset announced counts as one too."""
         now = world()
-        if self.generation.world is None:
-            self.generation.world = now
-            self.made_in = self.made_in or now
-        elif self.generation.world != now:  # a reset no sync() announced: hosts only removed
-            self.new_world(self.generation.number + 1, now)
+        if self.pending or (self.generation.world is not None and self.generation.world != now):
+            self.pending = False
+            self.sync()
 
     # -- Horovod's state calls -------------------------------------------------------------------
     def commit(self) -> None:
@@ -140,6 +159,10 @@ class Elastic:
         for k, var in c.steps.items():
             var.assign(s.steps.get(k, 0))
         self.made_in = s.made_in
+
+    def reset(self) -> None:
+        """Horovod re-formed the world (``state.on_reset()``): sync at the next reduction."""
+        self.pending = True
 
     def sync(self) -> None:
         c = self.c
@@ -198,14 +221,14 @@ def _wrap_states() -> None:
         if cls in _WRAPPED:
             continue
         _WRAPPED.append(cls)
-        for name in ("save", "restore", "sync"):
+        for name in _CALLS:
             setattr(cls, name, _also(getattr(cls, name), name))
 
 
 def _also(original: Any, name: str) -> Any:
     def method(self: Any) -> None:
         original(self)
-        for e in sorted(_LIVE, key=lambda e: e.base):  # the same order on every rank (sync broadcasts)
+        for e in list(_LIVE):
             getattr(e, _CALLS[name])()
 
     method.__name__ = name
