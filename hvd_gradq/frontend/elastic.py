@@ -85,11 +85,11 @@ def log_carry_over(dropped: list[str], kept: list[str], made_in: World | None, n
         return
     workers = sum(not is_owner_key(k) for k in kept)
     if dropped:
-        logger.info("hvd_gradq: elastic reset, %s -> %s: dropped %d owner residual(s) (scatter/hierarchical "
+        logger.info("elastic reset, %s -> %s: dropped %d owner residual(s) (scatter/hierarchical "
                     "chunks follow the world; they restart from zero), kept %d worker residual(s) of this rank",
                     made_in, now, len(dropped), workers)
     else:
-        logger.info("hvd_gradq: elastic reset, %s -> %s: kept %d worker residual(s) of this rank",
+        logger.info("elastic reset, %s -> %s: kept %d worker residual(s) of this rank",
                     made_in, now, workers)
 
 

@@ -170,7 +170,7 @@ class Elastic:
         number, steps, seed = hvd.broadcast_object((self.generation.number + 1, steps, c.seed), root_rank=0,
                                                    name=f"hvd_gradq.elastic.sync.{self.base}")
         if seed != c.seed:
-            elastic.logger.warning("hvd_gradq: elastic sync: this rank's seed %d differs from rank 0's; using %d",
+            elastic.logger.warning("elastic sync: this rank's seed %d differs from rank 0's; using %d",
                                    c.seed, seed)
             c.seed = int(seed)
         self.synced_steps = {str(k): int(v) for k, v in steps.items()}

@@ -126,7 +126,7 @@ class Elastic:
                                                    root_rank=0, name="hvd_gradq.elastic.sync")
         c._steps = {str(k): int(v) for k, v in steps.items()}
         if seed != c.seed:
-            logger.warning("hvd_gradq: elastic sync: this rank's seed %d differs from rank 0's; using %d",
+            logger.warning("elastic sync: this rank's seed %d differs from rank 0's; using %d",
                            c.seed, seed)
             self._set_seed(int(seed))
         self.new_world(int(number), world())
