@@ -119,11 +119,13 @@ def test_a_dying_worker_ends_the_job(controller: str) -> None:
 
 @pytest.mark.timeout(1800)
 def test_long_run_memory_is_flat() -> None:
-    # 2,000 steps of 300 compressed tensors: 0.1-0.4 s a step on 2 shared cores (per-tensor
-    # Python and Horovod negotiation), so this is the suite's longest test
-    reps = launch("worker_torch_hardening.py", np=2, args=["--mode", "long", "--steps", "2000"], timeout=1700)
+    # 1,500 steps of 300 compressed tensors: 0.1-0.4 s a step on 2 shared cores (per-tensor
+    # Python and Horovod negotiation), so this is the suite's longest test (~330 s in CI; 2,000
+    # steps took 443 s and pushed the suite past its 30 minutes). A steady leak of L bytes a step
+    # shows as 1,200 * L after warm-up, against the 2% bound
+    reps = launch("worker_torch_hardening.py", np=2, args=["--mode", "long", "--steps", "1500"], timeout=1300)
     for r, rep in reps.items():
-        assert rep["tensors"] >= 300 and rep["steps"] == 2000
+        assert rep["tensors"] >= 300 and rep["steps"] == 1500
         rss = rep["rss"]  # every 50 steps
         warm = rss[5]  # after 300 steps: allocator pools, Horovod's response cache, numba's first calls
         growth = (max(rss[6:]) - warm) / warm
