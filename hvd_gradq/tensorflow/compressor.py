@@ -278,7 +278,7 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
     def _start(self, tensor: Any, ctx: Ctx, step: Any, stream: Any, key: str, ps: Any) -> Any:
         """Start the pattern's collectives on ``tensor`` (+ its residual); returns Horovod's operand."""
         n, shape, slot, pattern = ctx.n, ctx.shape, ctx.slot, ctx.pattern
-        one = tf.ones((1,), tf.float32)
+        one = self._host.one()  # a variable's [1.0]: Grappler would fold a constant operand (see Bookkeeping.one)
         if n == 0:
             return one
         x = self._compensate(ctx, tf.reshape(tf.cast(tensor, tf.float32), (n,)))

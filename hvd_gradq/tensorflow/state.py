@@ -77,6 +77,16 @@ class Bookkeeping:
         self.checked: set[int] = set()  # process set ids whose ranks were compared
         self.loss_scale = loss_scale
         self.process_set: Any = None
+        self._one: Any = None
+
+    def one(self) -> Any:
+        """Horovod's operand ``[1.0]``, read from a variable. A constant there would be folded by
+        Grappler, which runs Horovod's allreduce of it while optimizing the graph and bakes the
+        result in: a rank that retraces alone (a ragged last batch, a new input shape) then runs
+        that collective alone while the others do not, and the job hangs (seen at 2 ranks)."""
+        if self._one is None:
+            self._one = _variable(np.ones((1,), np.float32), "hvd_gradq_one")
+        return self._one.read_value()
 
 
 def variable_key(variable: Any, known: dict[Any, str]) -> tuple[str, Any]:

@@ -184,13 +184,14 @@ def _no_errors(reports, sections):
 def test_horovod_features_gloo():
     """Issue 12, wherever stock Horovod trains: Adasum refused, scale factors, process sets, state
     keyed by variable, sparse_as_dense, propagate for every scheme, loss scaling, checkpoints
-    restored on another rank, elastic refused (worker_tf_compat.py, two launches)."""
+    restored on another rank, elastic mode's eager reduction, a rank retracing alone
+    (worker_tf_compat.py, two launches)."""
     sections = ["adasum", "scale", "psets", "keys", "dynamic", "propagate", "lossscale", "ckptrank", "elastic",
-                "warmup"]
+                "warmup", "ragged"]
     reports = launch("worker_tf_compat.py", np=2, controller="gloo", timeout=420,
                      args=["--only", "adasum,scale,psets,keys,dynamic,elastic,warmup"])
     more = launch("worker_tf_compat.py", np=2, controller="gloo", timeout=420,
-                  args=["--only", "propagate,lossscale,ckptrank"])
+                  args=["--only", "propagate,lossscale,ckptrank,ragged"])
     for r in reports:
         reports[r].update({k: v for k, v in more[r].items() if k in sections})
     _no_errors(reports, sections)
@@ -270,6 +271,11 @@ def test_horovod_features_gloo():
             assert set(rec["steps"]) == {4} and ("gather" in rec["patterns"] or "summable" in rec["patterns"]), rec
         assert all(math.isfinite(v) for v in wu["fit"]["loss"]) and set(wu["fit"]["steps"]) == {8}, wu["fit"]
     assert len({rep["warmup"]["fit"]["weights"] for rep in reports.values()}) == 1  # ranks bitwise equal
+    # 11. a rank that retraced alone finished its steps with the others (no hang), ranks equal
+    for rep in reports.values():
+        assert sorted(rep["ragged"]) == ["gather", "scatter", "summable"], rep["ragged"]
+        assert all(set(rec["steps"]) == {3} for rec in rep["ragged"].values()), rep["ragged"]
+    assert_ranks_equal({r: {"ragged": rep["ragged"]} for r, rep in reports.items()}, "ragged")
     for key in ("scale", "keys"):
         assert_ranks_equal({r: {key: {k: v for k, v in rep[key].items() if k != "trace"}} for r, rep in reports.items()},
                            key)

@@ -434,5 +434,24 @@ def _warmup():
     return res
 
 
+# -- 11. a rank that retraces alone (a ragged last batch) ----------------------------------------
+@section("ragged")
+def _ragged():
+    """Rank 1's last batch is smaller: its tf.function retraces, the other's does not. Horovod's
+    operand must not be a constant (Grappler would run its allreduce while optimizing rank 1's new
+    graph only, and the job would hang); every pattern finishes the step, ranks equal."""
+    res = {}
+    for spec, pattern in (("orq:levels=5,ef=true", "gather"), ("qsgd:levels=4", "summable"),
+                          ("orq:levels=3,ef=true", "scatter")):
+        model = dense_model(width=300)
+        comp = gq.from_spec(spec, pattern=pattern, name=f"rg{len(res)}")
+        step = tape_step(model, tf.keras.optimizers.SGD(0.01), comp)
+        for i in range(3):
+            x, y = data(50 + i, batch=7 if (i == 2 and rank == 1) else 16)
+            step(x, y)
+        res[pattern] = {"steps": [int(v.numpy()) for v in comp.steps.values()], "weights": digest(model.get_weights())}
+    return res
+
+
 _ = GradqError
 report(rank, out)
