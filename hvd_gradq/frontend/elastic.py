@@ -33,6 +33,7 @@ import logging
 import os
 from collections.abc import Iterable
 from dataclasses import dataclass
+from typing import Any
 
 from ..feedback import parameter_of
 
@@ -61,6 +62,21 @@ class World:
 
     def __str__(self) -> str:
         return f"rank {self.rank} of {self.size} ({self.local_size} a host)"
+
+
+def world_of(hvd: Any) -> World:
+    """Horovod's world as this rank sees it now (``hvd``: ``horovod.torch`` or ``horovod.tensorflow``)."""
+    return World(hvd.size(), hvd.rank(), hvd.local_size(), hvd.local_rank(), hvd.cross_rank())
+
+
+def agree(hvd: Any, name: str, generation: int, steps: dict[str, int], seed: int) -> tuple[int, dict[str, int], int]:
+    """What every rank takes after a reset: rank 0's generation + 1, step counters and seed
+    (``hvd.broadcast_object`` of either frontend, named ``name``); one warning where this rank's
+    seed differed from rank 0's."""
+    number, steps0, seed0 = hvd.broadcast_object((generation + 1, steps, seed), root_rank=0, name=name)
+    if seed0 != seed:
+        logger.warning("elastic sync: this rank's seed %d differs from rank 0's; using %d", seed, seed0)
+    return int(number), {str(k): int(v) for k, v in steps0.items()}, int(seed0)
 
 
 def is_owner_key(key: str) -> bool:

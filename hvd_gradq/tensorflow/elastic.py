@@ -55,7 +55,7 @@ _CALLS = {"save": "commit", "restore": "restore", "on_reset": "reset"}  # Horovo
 
 def world() -> World:
     """Horovod's world as this rank sees it now."""
-    return World(hvd.size(), hvd.rank(), hvd.local_size(), hvd.local_rank(), hvd.cross_rank())
+    return elastic.world_of(hvd)
 
 
 @dataclass
@@ -167,17 +167,12 @@ class Elastic:
     def sync(self) -> None:
         c = self.c
         steps = {k: int(v.numpy()) for k, v in c.steps.items()}
-        number, steps, seed = hvd.broadcast_object((self.generation.number + 1, steps, c.seed), root_rank=0,
-                                                   name=f"hvd_gradq.elastic.sync.{self.base}")
-        if seed != c.seed:
-            elastic.logger.warning("elastic sync: this rank's seed %d differs from rank 0's; using %d",
-                                   c.seed, seed)
-            c.seed = int(seed)
-        self.synced_steps = {str(k): int(v) for k, v in steps.items()}
+        number, self.synced_steps, c.seed = elastic.agree(hvd, f"hvd_gradq.elastic.sync.{self.base}",
+                                                          self.generation.number, steps, c.seed)
         for k, var in c.steps.items():
             if k in self.synced_steps:
                 var.assign(self.synced_steps[k])
-        self.new_world(int(number), world())
+        self.new_world(number, world())
 
     # -- a new world ------------------------------------------------------------------------------
     def new_world(self, number: int, now: World) -> None:

@@ -45,7 +45,7 @@ logger = logging.getLogger("hvd_gradq")
 
 def world() -> World:
     """Horovod's world as this rank sees it now."""
-    return World(hvd.size(), hvd.rank(), hvd.local_size(), hvd.local_rank(), hvd.cross_rank())
+    return elastic.world_of(hvd)
 
 
 @dataclass
@@ -122,14 +122,11 @@ class Elastic:
     def sync(self) -> None:
         """Rank 0's generation + 1, step counters and seed for every rank, then the new world."""
         c = self.c
-        number, steps, seed = hvd.broadcast_object((self.generation.number + 1, dict(c._steps), c.seed),
-                                                   root_rank=0, name="hvd_gradq.elastic.sync")
-        c._steps = {str(k): int(v) for k, v in steps.items()}
+        number, c._steps, seed = elastic.agree(hvd, "hvd_gradq.elastic.sync", self.generation.number,
+                                               dict(c._steps), c.seed)
         if seed != c.seed:
-            logger.warning("elastic sync: this rank's seed %d differs from rank 0's; using %d",
-                           c.seed, seed)
-            self._set_seed(int(seed))
-        self.new_world(int(number), world())
+            self._set_seed(seed)
+        self.new_world(number, world())
 
     # -- a new world ------------------------------------------------------------------------------
     def new_world(self, number: int, now: World) -> None:

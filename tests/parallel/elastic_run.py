@@ -3,6 +3,7 @@ hard timeout of its own: the process group is killed when it runs over, and the 
 hang. Shared by the project's elastic tests and the compatibility suite's driver."""
 from __future__ import annotations
 
+import argparse
 import os
 import signal
 import subprocess
@@ -29,6 +30,18 @@ def discovery_script(path: Path, epochs_log: Path, schedule: list[str]) -> Path:
     path.write_text("\n".join(lines) + "\n")
     path.chmod(0o755)
     return path
+
+
+def worker_parser() -> argparse.ArgumentParser:
+    """The options every elastic worker of these tests takes (its own are added to it)."""
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--out", required=True)
+    parser.add_argument("--epochs-log", required=True)
+    parser.add_argument("--epochs", type=int, default=4)
+    parser.add_argument("--batches", type=int, default=5)
+    parser.add_argument("--kill-at", default="1,2")
+    parser.add_argument("--grow-after", type=int, default=0, help="the epoch after which a host is added")
+    return parser
 
 
 def env(extra: dict[str, str] | None = None) -> dict[str, str]:

@@ -28,7 +28,6 @@ written) and that one's first collective is out, so the survivors fail in the mi
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -43,18 +42,13 @@ import horovod.tensorflow as hvd_tf
 import horovod.tensorflow.keras as hvd
 import numpy as np
 import tensorflow as tf
+from elastic_run import worker_parser
 
 import hvd_gradq.tensorflow as gq
 from hvd_gradq.tensorflow.elastic import world
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--out", required=True)
-parser.add_argument("--epochs-log", required=True)
-parser.add_argument("--epochs", type=int, default=4)
-parser.add_argument("--batches", type=int, default=5)
-parser.add_argument("--kill-at", default="1,2")
+parser = worker_parser()
 parser.add_argument("--kill-reduction", type=int, default=2)
-parser.add_argument("--grow-after", type=int, default=0, help="the epoch after which a host is added")
 args = parser.parse_args()
 if os.environ.get("HVDQ_DEBUG_HANG"):  # print every thread's stack if the run outlives it
     import faulthandler

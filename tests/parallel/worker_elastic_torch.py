@@ -17,7 +17,6 @@ backward at ``--kill-at`` (epoch, batch), after some of its gradients' collectiv
 """
 from __future__ import annotations
 
-import argparse
 import hashlib
 import json
 import os
@@ -29,18 +28,13 @@ from typing import Any
 import horovod.torch as hvd
 import torch
 import torch.nn.functional as F
+from elastic_run import worker_parser
 
 import hvd_gradq.torch as gq
 from hvd_gradq.feedback import parameter_of
 from hvd_gradq.torch.elastic import world
 
-parser = argparse.ArgumentParser()
-parser.add_argument("--out", required=True)
-parser.add_argument("--epochs-log", required=True)
-parser.add_argument("--epochs", type=int, default=4)
-parser.add_argument("--batches", type=int, default=5)
-parser.add_argument("--kill-at", default="1,2")
-parser.add_argument("--grow-after", type=int, default=0, help="the epoch after which a host is added")
+parser = worker_parser()
 args = parser.parse_args()
 
 hvd.init()
