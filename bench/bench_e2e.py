@@ -80,7 +80,7 @@ def run_rate(args: argparse.Namespace, rate: str, bar: Any, log: Any) -> dict[st
             "--idle", str(args.idle),
             "--schemes", ",".join(args.labels), "--tta-schemes", ",".join(args.tta_labels),
             "--tta-target", str(args.tta_target), "--tta-steps", str(args.tta_steps),
-            "--tta-every", str(args.tta_every)]
+            "--tta-every", str(args.tta_every), "--tta-seeds", str(args.tta_seeds)]
     env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(BENCH)]), "OMP_NUM_THREADS": "1",
            "HVD_GRADQ_CACHE": os.environ.get("HVD_GRADQ_CACHE", str(Path.home() / ".cache" / "hvd_gradq"))}
     cpus = [str(i) for i in range(args.hosts)] if args.pin else None
@@ -136,6 +136,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--tta-target", type=float, default=0.5)
     ap.add_argument("--tta-steps", type=int, default=150)
     ap.add_argument("--tta-every", type=int, default=10)
+    ap.add_argument("--tta-seeds", type=int, default=1, help="fresh models a scheme for --tta (seeds --seed+1 ...)")
     ap.add_argument("--pin", action="store_true",
                     help="pin host i's rank to CPU i (taskset): hosts that share no CPU time (at most one per core)")
     ap.add_argument("--timeout", type=float, default=3000.0)

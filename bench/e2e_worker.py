@@ -205,21 +205,28 @@ def worker(args: argparse.Namespace) -> None:
 
 
 def _time_to_accuracy(e: Entry, i: int, args: argparse.Namespace, data: dict[str, Any]) -> dict[str, Any]:
-    """Train a fresh model with this scheme until the test accuracy reaches the target."""
+    """Train a fresh model with this scheme until the test accuracy reaches the target, once per
+    seed (``--tta-seeds``: seeds ``--seed`` + 1, + 2, ...; the same seeds for every scheme, so the
+    comparison is paired). Returns {"runs": [{"seed", "curve", "reached"}, ...]}."""
     import horovod.torch as hvd
     import torch
 
-    tr = _Trainer(e, 100 + i, args.seed + 1, args.lr, data)
-    elapsed, curve, reached = 0.0, [], None
-    for step in range(1, args.tta_steps + 1):
-        elapsed += tr.step(args.batch)[0]
-        if step % args.tta_every == 0:
-            acc = tr.accuracy()  # identical weights on every rank: each scores the whole test set
-            t = float(hvd.allreduce(torch.tensor([elapsed]), op=hvd.Max, name=f"tta.{i}.{step}")[0])
-            curve.append((step, t, acc))
-            if acc >= args.tta_target:
-                reached = (step, t)
-                break
-    return {"curve": curve, "reached": reached}
+    runs = []
+    for k in range(args.tta_seeds):
+        seed = args.seed + 1 + k
+        tr = _Trainer(e, 100 + i * 16 + k, seed, args.lr, data)
+        elapsed, curve, reached = 0.0, [], None
+        for step in range(1, args.tta_steps + 1):
+            elapsed += tr.step(args.batch)[0]
+            if step % args.tta_every == 0:
+                acc = tr.accuracy()  # identical weights on every rank: each scores the whole test set
+                t = float(hvd.allreduce(torch.tensor([elapsed]), op=hvd.Max, name=f"tta.{i}.{k}.{step}")[0])
+                curve.append((step, t, acc))
+                if acc >= args.tta_target:
+                    reached = (step, t)
+                    break
+        runs.append({"seed": seed, "curve": curve, "reached": reached})
+        del tr
+    return {"runs": runs}
 
 
