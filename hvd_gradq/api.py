@@ -86,8 +86,11 @@ def _as_float_array(x: Any) -> tuple[NDArray[Any], str]:
 F32_MAX = float(np.finfo(np.float32).max)
 
 
-def quantize(x: Any, spec: str | Scheme, *, seed: int = 0, name: str = "tensor") -> Payload:
-    """Quantize an array with a scheme; ``seed`` fixes every random draw.
+def quantize(x: Any, spec: str | Scheme, *, seed: int = 0, name: str = "tensor",
+             threads: int | None = None) -> Payload:
+    """Quantize an array with a scheme; ``seed`` fixes every random draw. ``threads``: how many
+    threads the compiled encoder uses (the same bytes whatever the count; default
+    :func:`hvd_gradq.kernels.parallel.resolve`: ``HVD_GRADQ_THREADS``, else this rank's cores).
 
     Non-finite input follows the scheme's ``nonfinite`` option: ``propagate`` (default: a
     bucketed scheme decodes every bucket holding NaN/Inf as NaN and the others as usual; ``none``,
@@ -125,7 +128,7 @@ def quantize(x: Any, spec: str | Scheme, *, seed: int = 0, name: str = "tensor")
             "the gradient down (a smaller loss scale), use fp16 or none, or nonfinite=skip to send such tensors "
             "uncompressed"
         )
-    fast = kernels.encode(scheme, flat, seed)  # the compiled fast path (bit-identical), or None
+    fast = kernels.encode(scheme, flat, seed, threads=threads)  # the compiled fast path (bit-identical), or None
     parts = fast if fast is not None else scheme.encode(NUMPY, flat, seed)
     return payload_of(scheme, parts, arr.shape, dtype)
 
@@ -172,18 +175,19 @@ def _wire(a: NDArray[Any]) -> NDArray[Any]:
     return a.astype(np.uint8) if a.dtype == np.int64 else a
 
 
-def dequantize(payload: Payload) -> NDArray[Any]:
+def dequantize(payload: Payload, *, threads: int | None = None) -> NDArray[Any]:
     """Decode a payload to an array of its original shape and dtype. A payload whose sections
-    hold an index or a code that no encoder writes raises PayloadError (``Scheme.check_parts``)."""
+    hold an index or a code that no encoder writes raises PayloadError (``Scheme.check_parts``).
+    ``threads``: as :func:`quantize`'s."""
     dt = payload.dtype if payload.dtype != "bfloat16" else "float32"
-    return decode_flat(payload).reshape(payload.shape).astype(dt, copy=False)  # float32: no second copy
+    return decode_flat(payload, threads).reshape(payload.shape).astype(dt, copy=False)  # float32: no second copy
 
 
-def decode_flat(payload: Payload) -> NDArray[np.float32]:
+def decode_flat(payload: Payload, threads: int | None = None) -> NDArray[np.float32]:
     """The decoded values as a flat float32 array, before the cast to the payload's dtype (what
     a frontend sums across ranks: the sum is rounded to the gradient's dtype once, at the end)."""
     payload.scheme.check_parts(payload.parts, payload.n)
-    flat = kernels.decode(payload.scheme, payload.parts, payload.n)  # fast path, or None
+    flat = kernels.decode(payload.scheme, payload.parts, payload.n, threads=threads)  # fast path, or None
     if flat is None:
         parts = {k: (v.astype(np.int64) if v.dtype == np.uint8 else v) for k, v in payload.parts.items()}
         flat = np.asarray(payload.scheme.decode(NUMPY, parts, payload.n), dtype=np.float32)

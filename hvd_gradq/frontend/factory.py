@@ -11,7 +11,7 @@ parameter added to a scheme or an option added to a compressor reaches the facto
 **Slips it catches** (each a :class:`~hvd_gradq.errors.SpecError` saying what to write instead):
 the factory passed uncalled (``compression=gq.ORQ``: its ``compress`` raises, naming
 ``gq.ORQ()``), positional scheme values (``gq.ORQ(5)``), another frontend's option
-(``threads=`` in TensorFlow: :data:`FRONTEND_ONLY`), an unknown keyword (with the closest valid
+(``codec=`` in TensorFlow: :data:`FRONTEND_ONLY`), an unknown keyword (with the closest valid
 one), and ``HVD_GRADQ`` holding a bad spec (the error names the variable and its value) or
 nothing (a warning, :func:`env_scheme`). Kept framework-free so that either frontend imports it
 without the other.
@@ -62,7 +62,6 @@ SCHEME_FACTORIES: tuple[tuple[str, str, str], ...] = (
 #: checks this table against both constructors.
 FRONTEND_ONLY: dict[str, str] = {
     "named_parameters": "hvd_gradq.torch",
-    "threads": "hvd_gradq.torch",
     "codec": "hvd_gradq.torch",
     "name": "hvd_gradq.tensorflow",
 }
@@ -146,7 +145,7 @@ def option_docs(doc: str | None) -> dict[str, str]:
 
 def check_options(options: Iterable[str], construct: Callable[..., Any], frontend: str, who: str) -> None:
     """Raise SpecError for a keyword ``construct`` does not take: another frontend's option
-    ("threads= is PyTorch only (hvd_gradq.torch)"), or an unknown one, with the closest valid
+    ("codec= is PyTorch only (hvd_gradq.torch)"), or an unknown one, with the closest valid
     keyword. ``who`` names the call in the message."""
     positional, keyword = compressor_parameters(construct)
     check_keywords(options, [p.name for p in positional + keyword], frontend, who)

@@ -14,10 +14,16 @@ and tensor, and sums run in rank order).
 kernels for as long as the training thread waits on the network. :func:`wait` polls instead
 and sleeps between polls, releasing the GIL.
 
-**How many threads.** A training job already uses its cores (torch's intra-op threads, one
-process per core or per GPU). The default is one worker when the rank has a core of its own to
-spare (``cores // local_size >= 2``) and none (inline) otherwise, so the pool never competes
-with training on a busy host. ``threads=`` (compressor option) or ``HVD_GRADQ_THREADS`` set it.
+**How many threads.** One setting, ``threads=`` (compressor option) or ``HVD_GRADQ_THREADS``,
+resolved by :func:`resolve_threads` to a count R: given, or by default the cores this rank has on
+its host (cores // local_size) when that is 2 or more, else 0. A training job already uses its
+cores (torch's intra-op threads, one process per core or per GPU), so a rank with a single core
+runs everything inline and never competes with training. R sets two things (:func:`start`):
+
+- the codec's threads, max(R, 1): each tensor's encode and decode split over that many threads
+  in ranges of whole buckets (:mod:`hvd_gradq.kernels.parallel`, the same bytes for any count);
+- this pool, min(R, 1) worker: one worker overlaps encoding with backward and decoding with the
+  network; more would only compete with the codec's own threads for the same cores. 0: inline.
 """
 from __future__ import annotations
 
@@ -26,47 +32,42 @@ import threading
 import time
 from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
-from typing import Any, TypeVar
+from typing import TypeVar
 
-from ..errors import GradqError
+from ..kernels import parallel
+from ..kernels.parallel import ENV, MAX_THREADS, check_threads, cores
+
+__all__ = ["ENV", "MAX_THREADS", "Workers", "check_threads", "configure_codec", "cores", "resolve_threads", "start",
+           "wait"]
 
 T = TypeVar("T")
 
-#: The environment variable that sets the worker count when the compressor gets no ``threads=``.
-ENV = "HVD_GRADQ_THREADS"
-MAX_THREADS = 64
-
-
-def check_threads(value: Any, where: str) -> int:
-    """``value`` as a worker count, or a GradqError that says what is valid."""
-    bad = GradqError(f"{where}: {value!r} is not a number of threads; use 0 (inline) .. {MAX_THREADS}")
-    if isinstance(value, str):
-        try:
-            value = int(value.strip())
-        except ValueError:
-            raise bad from None
-    if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= MAX_THREADS:
-        raise bad
-    return value
-
-
-def cores() -> int:
-    """CPUs this process may run on (its affinity mask, e.g. under ``taskset``)."""
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
-
 
 def resolve_threads(threads: int | None, local_size: int) -> int:
-    """The worker count: ``threads`` if given, else ``HVD_GRADQ_THREADS``, else the default
-    (one when this rank has a spare core, see the module docstring)."""
+    """The thread setting R: ``threads`` if given, else ``HVD_GRADQ_THREADS``, else this rank's
+    cores when it has 2 or more, else 0 (see the module docstring)."""
     if threads is not None:
         return check_threads(threads, "threads=")
     env = os.environ.get(ENV, "").strip()
     if env:
         return check_threads(env, ENV)
-    return 1 if cores() // max(local_size, 1) >= 2 else 0
+    own = cores() // max(local_size, 1)
+    return own if own >= 2 else 0
+
+
+def configure_codec(threads: int | None, local_size: int | None) -> int:
+    """Set the process's codec thread count to max(R, 1) and return R (:func:`resolve_threads`;
+    ``local_size`` None: the launcher's count, :func:`hvd_gradq.kernels.parallel.local_ranks`).
+    The TensorFlow compressor's whole use of ``threads=``: its host functions run on TF's threads."""
+    r = resolve_threads(threads, parallel.local_ranks() if local_size is None else local_size)
+    parallel.configure(max(r, 1))
+    return r
+
+
+def start(threads: int | None, local_size: int | None) -> Workers:
+    """A PyTorch compressor's threads: :func:`configure_codec`, and the pipelining pool of
+    min(R, 1) worker."""
+    return Workers(min(configure_codec(threads, local_size), 1))
 
 
 class Workers:

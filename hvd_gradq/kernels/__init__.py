@@ -31,6 +31,10 @@ Layout: each kernel module registers a factory for its scheme classes with
 are ``_nb_common`` (draws, fp16 rounding, tree sums, min/max), ``_nb_pack`` (streamed packing,
 bit-identical to :mod:`hvd_gradq.wire.packing`), ``_nb_even``, ``_nb_levels`` and ``_nb_table``;
 ``_numba`` re-exports them (and compiles :mod:`.orq_levels` and :mod:`.bingrad_pb`).
+
+Threads: ``encode`` and ``decode`` split a tensor of at least 2 x 64K elements into ranges of whole
+buckets, aligned to the packing's units, run on a process-wide pool (:mod:`.parallel`: why the
+bytes stay those of one thread, and how many threads a call gets by default).
 """
 from __future__ import annotations
 
@@ -43,7 +47,7 @@ from numpy.typing import NDArray
 from ..schemes.scheme import Scheme
 from ..wire.packing import check_codes, layout
 from ..xp import seed_words
-from . import even, levels  # noqa: F401  (each registers its kernels with @kernel_for)
+from . import even, levels, parallel  # noqa: F401  (even, levels: each registers its kernels with @kernel_for)
 from ._registry import Kernel, kernel, kernel_for, registered
 from ._switch import available, disabled
 
@@ -52,13 +56,15 @@ __all__ = ["Kernel", "available", "decode", "disabled", "encode", "kernel", "ker
 Parts = dict[str, NDArray[Any]]
 
 
-def encode(scheme: Scheme, x: NDArray[Any], seed: int | tuple[int, int], *, out: Parts | None = None) -> Parts | None:
+def encode(scheme: Scheme, x: NDArray[Any], seed: int | tuple[int, int], *, out: Parts | None = None,
+           threads: int | None = None) -> Parts | None:
     """``scheme.encode(NUMPY, x, seed)`` for a flat float32 array, or None (no fast path).
     ``seed`` may be its two 32-bit words already split, as :func:`hvd_gradq.xp.uniforms` takes it.
 
     ``out`` may hold preallocated "meta" (float32) and "codes" (uint8) arrays of the exact
     sizes (``scheme.sections(n)``); they are filled and returned (saves the page faults of
-    fresh buffers on every call)."""
+    fresh buffers on every call). ``threads``: how many threads encode it, in ranges of whole
+    buckets, the same bytes whatever the count (:mod:`.parallel`; None: :func:`.parallel.resolve`)."""
     if not available():
         return None
     k = kernel(scheme)
@@ -70,8 +76,18 @@ def encode(scheme: Scheme, x: NDArray[Any], seed: int | tuple[int, int], *, out:
     codes = _buffer(out, "codes", layout(k.s).nbytes(n), np.uint8)
     if n:
         sa, sb = (int(seed[0]), int(seed[1])) if isinstance(seed, tuple) else seed_words(seed)
-        k.encode(x, n, sa, sb, meta, codes)
+        parallel.run(lambda b0, b1: k.encode(x, n, b0, b1, sa, sb, meta, codes), _ranges(k, n, threads))
     return {"meta": meta, "codes": codes}
+
+
+def _ranges(k: Kernel, n: int, threads: int | None) -> list[parallel.Range]:
+    """The bucket ranges of a call: one without asking how many threads when ``n`` is too
+    small to split (that costs a system call; gradients are mostly small)."""
+    if n < 2 * parallel.MIN_RANGE_ELEMS:
+        if threads is not None:
+            parallel.check_threads(threads, "threads=")
+        return [(0, k.nbuckets(n))]
+    return parallel.split(n, k.d, k.unit, parallel.resolve(threads), parallel.MIN_RANGE_ELEMS)
 
 
 def scan(x: NDArray[Any], limit: float) -> tuple[bool, bool] | None:
@@ -113,9 +129,11 @@ def _out_ok(out: NDArray[Any], n: int) -> bool:
     return bool(out.dtype == np.float32 and out.shape == (n,) and out.flags.c_contiguous and out.flags.writeable)
 
 
-def decode(scheme: Scheme, parts: Parts, n: int, *, out: NDArray[Any] | None = None) -> NDArray[Any] | None:
+def decode(scheme: Scheme, parts: Parts, n: int, *, out: NDArray[Any] | None = None,
+           threads: int | None = None) -> NDArray[Any] | None:
     """``scheme.decode(NUMPY, parts, n)`` as a float32 array, or None (no fast path).
-    ``out``: a preallocated float32 array of ``n`` elements to decode into (and return)."""
+    ``out``: a preallocated float32 array of ``n`` elements to decode into (and return).
+    ``threads``: as :func:`encode`'s (each range writes its own slice of ``out``)."""
     if not available():
         return None
     k = kernel(scheme)
@@ -129,5 +147,6 @@ def decode(scheme: Scheme, parts: Parts, n: int, *, out: NDArray[Any] | None = N
     elif not _out_ok(out, n):
         raise ValueError(f"out must be a writeable contiguous float32 array of {n} elements")
     if n:
-        k.decode(wp[0], wp[1], n, 0, k.nbuckets(n), out, False)
+        meta, codes, dst = wp[0], wp[1], out
+        parallel.run(lambda b0, b1: k.decode(meta, codes, n, b0, b1, dst, False), _ranges(k, n, threads))
     return out

@@ -67,15 +67,16 @@ def _even_codes(xb, w, lo, step, smax, stoch, sa, sb, start, cv):
 
 
 @njit(**_OPTS)
-def even_encode(x, n, d, s, g, bits, lid, amode, mmode, cst, clip_c, fp16, stoch, sa, sb, meta, out):
-    nb = (n + d - 1) // d
+def even_encode(x, n, d, s, g, bits, lid, amode, mmode, cst, clip_c, fp16, stoch, sa, sb, meta, out, b0, b1, opos):
+    """Buckets b0..b1 of the n elements; their codes are packed from byte ``opos`` of ``out``
+    (b0 * d a multiple of the layout's unit: :mod:`.parallel`). The draws and the meta stay
+    indexed by the global element and bucket, so a range's bytes are the whole call's."""
     buf = np.empty(_pow2_at_least(d), np.float32)
     xc = np.empty(d, np.float32)
     cb = np.empty(d + 2 * _unit(g, bits), np.uint8)
     pend = 0
-    opos = 0
     smax = np.int64(s - 2)
-    for b in range(nb):
+    for b in range(b0, b1):
         start = b * d
         w = min(d, n - start)
         xb = x[start : start + w]
@@ -151,16 +152,15 @@ def even_decode(meta, data, n, d, s, g, bits, lid, magic, amode, cst, b0, b1, ou
 # sign: meta = tree_sum(|x|) * (1/w), code = x >= 0
 # ---------------------------------------------------------------------------------------------
 @njit(**_OPTS)
-def sign_encode(x, n, d, clip_c, fp16, meta, out):
+def sign_encode(x, n, d, clip_c, fp16, meta, out, b0, b1, opos):
+    """Buckets b0..b1, packed from byte ``opos`` of ``out`` (as :func:`even_encode`)."""
     # (plain int64 and bool values, not literals: each literal would compile _flush again)
     lid, two, one, no, yes = np.int64(L_B1), np.int64(2), np.int64(1), n < 0, n >= 0
-    nb = (n + d - 1) // d
     buf = np.empty(_pow2_at_least(d), np.float32)
     xc = np.empty(d, np.float32)
     cb = np.empty(d + 16, np.uint8)
     pend = 0
-    opos = 0
-    for b in range(nb):
+    for b in range(b0, b1):
         start = b * d
         w = min(d, n - start)
         xb = x[start : start + w]

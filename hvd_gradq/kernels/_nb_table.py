@@ -113,8 +113,8 @@ def sorted_encode(kind, param, x, srt, n, d, b0, b1, s, g, bits, lid, clip_c, fp
 
 
 @njit(**_OPTS)
-def orq_small_encode(x, n, d, s, g, bits, lid, clip_c, fp16, sa, sb, meta, out):
-    nb = (n + d - 1) // d
+def orq_small_encode(x, n, d, s, g, bits, lid, clip_c, fp16, sa, sb, meta, out, b0, b1, opos):
+    """Buckets b0..b1, packed from byte ``opos`` of ``out`` (as ``_nb_even.even_encode``)."""
     buf = np.empty(_pow2_at_least(d), np.float32)
     fbuf = np.empty(_pow2_at_least(d), np.float64)
     xc = np.empty(d, np.float32)
@@ -129,8 +129,7 @@ def orq_small_encode(x, n, d, s, g, bits, lid, clip_c, fp16, sa, sb, meta, out):
     cb = np.empty(d + 2 * _unit(g, bits) + 8, np.uint8)
     lv = np.empty(3, np.float64)
     pend = 0
-    opos = 0
-    for b in range(nb):
+    for b in range(b0, b1):
         start = b * d
         w = min(d, n - start)
         xb = x[start : start + w]

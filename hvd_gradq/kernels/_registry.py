@@ -48,8 +48,20 @@ class Kernel:
     def nbuckets(self, n: int) -> int:
         return -(-n // self.d)
 
-    def encode(self, x: NDArray[Any], n: int, sa: int, sb: int, meta: NDArray[Any], codes: NDArray[Any]) -> None:
-        """Fill ``meta`` and the packed ``codes`` of the flat float32 ``x`` (n > 0 elements)."""
+    @property
+    def unit(self) -> int:
+        """Symbols a packing unit holds (8 words of sub-byte words, else one word): a range of
+        buckets packs on its own only from an element index that is a multiple of it."""
+        return self.g * 8 if self.bits < 8 else self.g
+
+    def byte_at(self, e: int) -> int:
+        """Where the packed codes of element ``e`` (a multiple of :attr:`unit`) begin."""
+        return e // self.unit * (self.bits if self.bits < 8 else self.bits // 8)
+
+    def encode(self, x: NDArray[Any], n: int, b0: int, b1: int, sa: int, sb: int, meta: NDArray[Any],
+               codes: NDArray[Any]) -> None:
+        """Fill the meta rows and the packed codes of buckets b0..b1 of the flat float32 ``x``
+        (n > 0 elements; ``b0 * d`` a multiple of :attr:`unit`; the last range pads the codes)."""
         raise NotImplementedError
 
     def decode(self, meta: NDArray[Any], codes: NDArray[Any], n: int, b0: int, b1: int, out: NDArray[Any],

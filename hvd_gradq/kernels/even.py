@@ -36,9 +36,10 @@ class EvenKernel(Kernel):
     mmode: int = 0
     cst: np.float32 = np.float32(1.0)
 
-    def encode(self, x: NDArray[Any], n: int, sa: int, sb: int, meta: NDArray[Any], codes: NDArray[Any]) -> None:
+    def encode(self, x: NDArray[Any], n: int, b0: int, b1: int, sa: int, sb: int, meta: NDArray[Any],
+               codes: NDArray[Any]) -> None:
         _nb().even_encode(x, n, self.d, self.s, self.g, self.bits, self.lid, self.amode, self.mmode, self.cst,
-                          self.clip, self.fp16, self.stoch, sa, sb, meta, codes)
+                          self.clip, self.fp16, self.stoch, sa, sb, meta, codes, b0, b1, self.byte_at(b0 * self.d))
 
     def decode(self, meta: NDArray[Any], codes: NDArray[Any], n: int, b0: int, b1: int, out: NDArray[Any],
                acc: bool) -> None:
@@ -69,8 +70,9 @@ def _qsgd(scheme: QSGD) -> Kernel | None:
 class SignKernel(Kernel):
     """meta = mean |x| a bucket, code = x >= 0; decoded against the table [-m, m]."""
 
-    def encode(self, x: NDArray[Any], n: int, sa: int, sb: int, meta: NDArray[Any], codes: NDArray[Any]) -> None:
-        _nb().sign_encode(x, n, self.d, self.clip, self.fp16, meta, codes)
+    def encode(self, x: NDArray[Any], n: int, b0: int, b1: int, sa: int, sb: int, meta: NDArray[Any],
+               codes: NDArray[Any]) -> None:
+        _nb().sign_encode(x, n, self.d, self.clip, self.fp16, meta, codes, b0, b1, self.byte_at(b0 * self.d))
 
     def decode(self, meta: NDArray[Any], codes: NDArray[Any], n: int, b0: int, b1: int, out: NDArray[Any],
                acc: bool) -> None:

@@ -41,20 +41,21 @@ class SortedKernel(TableKernel):
     kind: int = BINGRAD
     param: int = 0
 
-    def encode(self, x: NDArray[Any], n: int, sa: int, sb: int, meta: NDArray[Any], codes: NDArray[Any]) -> None:
+    def encode(self, x: NDArray[Any], n: int, b0: int, b1: int, sa: int, sb: int, meta: NDArray[Any],
+               codes: NDArray[Any]) -> None:
         k = _nb()
         d = self.d
-        state = np.zeros(2, np.int64)
-        cb = np.empty(d + 2 * (self.g * 8 if self.bits < 8 else self.g), np.uint8)
-        full = n // d
+        state = np.array([0, self.byte_at(b0 * d)], np.int64)  # (pending codes, output byte)
+        cb = np.empty(d + 2 * self.unit, np.uint8)
+        full = min(n // d, b1)  # whole buckets of the range end here; a tail bucket follows
         step = max(1, _SORT_CHUNK_ELEMS // d)
-        srt = np.empty((min(step, max(full, 1)), d), np.float32)
-        for b0 in range(0, full, step):
-            b1 = min(full, b0 + step)
-            rows = srt[: b1 - b0]
-            k.sort_rows(x[b0 * d : b1 * d].reshape(b1 - b0, d), rows)
-            self._run(k, x, rows, n, b0, b1, sa, sb, meta, codes, state, cb)
-        if n % d:
+        srt = np.empty((min(step, max(full - b0, 1)), d), np.float32)
+        for c0 in range(b0, full, step):
+            c1 = min(full, c0 + step)
+            rows = srt[: c1 - c0]
+            k.sort_rows(x[c0 * d : c1 * d].reshape(c1 - c0, d), rows)
+            self._run(k, x, rows, n, c0, c1, sa, sb, meta, codes, state, cb)
+        if full < b1:
             tail = x[full * d :].reshape(1, -1)
             rows = np.empty_like(tail)
             k.sort_rows(tail, rows)
@@ -73,9 +74,10 @@ class SortedKernel(TableKernel):
 class OrqSmallKernel(TableKernel):
     """orq with 2 or 3 levels: min, max and one best level, without sorting."""
 
-    def encode(self, x: NDArray[Any], n: int, sa: int, sb: int, meta: NDArray[Any], codes: NDArray[Any]) -> None:
+    def encode(self, x: NDArray[Any], n: int, b0: int, b1: int, sa: int, sb: int, meta: NDArray[Any],
+               codes: NDArray[Any]) -> None:
         _nb().orq_small_encode(x, n, self.d, self.s, self.g, self.bits, self.lid, self.clip, self.fp16, sa, sb,
-                               meta, codes)
+                               meta, codes, b0, b1, self.byte_at(b0 * self.d))
 
 
 @kernel_for(BinGrad)

@@ -59,7 +59,7 @@ import tensorflow as tf
 
 from ..errors import GradqError
 from ..feedback import Memory, host_key, reduced_key
-from ..frontend import hosts
+from ..frontend import hosts, workers
 from ..frontend.codec import stops_on_values
 from ..frontend.guards import check_tensor, instance_only
 from ..frontend.membership import membership
@@ -108,13 +108,15 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
             must agree when both are given). Needed only when ``compress()`` is called by hand.
         loss_scale: the current loss scale (a callable returning it, or a ``tf.Variable``) when
             gradients arrive scaled (mixed precision): residuals are stored divided by it.
+        threads: host codec threads a tensor (:mod:`hvd_gradq.frontend.workers`; default: this rank's cores).
     """
 
     def __init__(self, scheme: Scheme, *, seed: int = 0, pattern: str | Pattern = "auto", check_ranks: bool = True,
                  name: str | None = None, process_set: Any = None, loss_scale: Any = None,
-                 link_gbps: float | None = None) -> None:
+                 link_gbps: float | None = None, threads: int | None = None) -> None:
         super().__init__(name="hvd_gradq_compressor")
         cid = check_arguments(scheme, seed, loss_scale, process_set, name)
+        workers.configure_codec(threads, None)  # each host encode/decode splits over this many threads
         self.scheme = scheme
         self._math = scheme.replace(ef=False) if scheme.ef else scheme  # what the encoders depend on
         self.seed = seed

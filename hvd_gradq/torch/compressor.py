@@ -64,7 +64,7 @@ from ..frontend.patterns import (
     warmup_why,
 )
 from ..frontend.stats import Reports, Stats
-from ..frontend.workers import Workers, resolve_threads
+from ..frontend.workers import start as start_threads
 from ..schemes.scheme import Scheme
 from . import checkpoint
 from .callsite import CallSite, inspect_call
@@ -103,10 +103,11 @@ class GradqCompressor(Reports):
         loss_scale: with mixed precision, a callable returning the current loss scale
             (``scaler.get_scale`` for a ``GradScaler``), so that error-feedback residuals stay
             right when the scale changes.
-        threads: worker threads that encode, start collectives and decode off the training thread
-            (:mod:`hvd_gradq.frontend.workers`); 0 runs them inline. Default: ``HVD_GRADQ_THREADS``,
-            else 1 when this rank has a spare core (cores // local_size >= 2), else 0. The bits are
-            the same whatever the count.
+        threads: threads that encode and decode each tensor (split in ranges of whole buckets), with
+            one worker that encodes, starts collectives and decodes off the training thread
+            (:mod:`hvd_gradq.frontend.workers`); 0 runs everything inline on one thread. Default:
+            ``HVD_GRADQ_THREADS``, else this rank's cores (cores // local_size) when 2 or more, else 0.
+            The bits are the same whatever the count.
         codec: where gather encodes and decodes (:mod:`.device`): ``auto`` (on the gradient's
             device for CUDA tensors, only payload bytes to the host; the compiled host kernels for
             CPU tensors), ``host`` or ``device``. Default: ``HVD_GRADQ_CODEC``, else ``auto``.
@@ -162,7 +163,7 @@ class GradqCompressor(Reports):
         self.memory = Memory(TorchOps("cpu"), self._store)
         self._stats = Stats()
         self._telemetry: Telemetry = Telemetry(self._stats, self._world)
-        self.workers = Workers(resolve_threads(threads, _local_size()))
+        self.workers = start_threads(threads, _local_size())  # the codec's threads and the pipelining pool
         self._reducer = Reducer(scheme, seed, self.memory, self._stats, self.workers, resolve_codec(codec))
         self._checked: set[str] = set()  # process sets whose ranks' configurations were compared
         self._decompressing = True  # the next compress() starts a new step

@@ -133,13 +133,26 @@ def test_torch_named_parameters_may_be_positional():
         gq_torch.ORQ(3)
 
 
+def test_threads_is_an_option_of_both_frontends_and_sets_the_codec_threads(hvd_tf, monkeypatch):
+    from hvd_gradq.kernels import parallel
+
+    monkeypatch.setattr(parallel, "_configured", None)  # what the compressors set, undone after the test
+    for gq in (gq_torch, gq_tf):
+        for k, call in enumerate((gq.ORQ, lambda threads: gq.from_spec("orq", threads=threads),  # noqa: B023
+                                  lambda threads: gq.from_env(default="orq", threads=threads)), start=2):  # noqa: B023
+            call(threads=k)
+            assert parallel.configured() == k and parallel.resolve() == k
+        gq.ORQ(threads=0)  # inline: one codec thread
+        assert parallel.resolve() == 1
+        with pytest.raises(GradqError, match=r"threads=: 65 is not a number of threads; use 0 \(inline\) \.\. 64"):
+            gq.ORQ(threads=65)
+
+
 def test_options_of_the_other_frontend_name_the_frontend_that_has_them():
-    for call in (lambda: gq_tf.ORQ(threads=2), lambda: gq_tf.from_spec("orq", threads=2),
-                 lambda: gq_tf.from_env(default="orq", threads=2)):
-        with pytest.raises(SpecError, match=r"^threads= is PyTorch only \(hvd_gradq.torch\)"):
+    for call in (lambda: gq_tf.BinGrad(codec="host"), lambda: gq_tf.from_spec("orq", codec="host"),
+                 lambda: gq_tf.from_env(default="orq", codec="host")):
+        with pytest.raises(SpecError, match=r"^codec= is PyTorch only \(hvd_gradq.torch\)"):
             call()
-    with pytest.raises(SpecError, match=r"^codec= is PyTorch only \(hvd_gradq.torch\)"):
-        gq_tf.BinGrad(codec="host")
     with pytest.raises(SpecError, match=r"^named_parameters= is PyTorch only"):
         gq_tf.ORQ(named_parameters=[])
     for call in (lambda: gq_torch.ORQ(name="x"), lambda: gq_torch.from_spec("orq", name="x")):

@@ -51,7 +51,7 @@ def test_thread_counts_are_checked_with_a_way_out() -> None:
 def test_the_argument_beats_the_environment_beats_the_default(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(workers, "cores", lambda: 8)
     monkeypatch.delenv(workers.ENV, raising=False)
-    assert resolve_threads(None, 2) == 1  # 4 cores a rank: one spare for a worker
+    assert resolve_threads(None, 2) == 4  # 4 cores a rank: all of them for the codec
     assert resolve_threads(None, 8) == 0  # one core a rank: inline, never competing with training
     monkeypatch.setenv(workers.ENV, "3")
     assert resolve_threads(None, 8) == 3
