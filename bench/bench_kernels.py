@@ -1,12 +1,25 @@
-"""Time quantize + dequantize of 64 MB of float32 (16M elements, buckets of 512) per scheme on
-ONE thread, as a share of a plain 64 MB copy into a preallocated buffer timed in the same run,
+"""Time quantize + dequantize of 64 MB of float32 (16M elements, buckets of 512) per scheme and
+thread count (``--threads 1 2``: the codec's ``threads=``, one tensor split over that many
+threads), as a share of a plain 64 MB copy into a preallocated buffer timed in the same run,
 through the public API (``hvd_gradq.quantize``/``dequantize``), the compiled kernels alone
-(``hvd_gradq.kernels``, preallocated output buffers) and the NumPy reference; also decoding and
-summing 3 payloads, and torch's own ``quantize_per_tensor``. Writes results/kernels.md and
-results/raw/kernels.json.
+(``hvd_gradq.kernels``, preallocated output buffers) and the NumPy reference (one thread); also
+decoding and summing 3 payloads, and torch's own ``quantize_per_tensor``. Writes
+results/kernels.md and results/raw/kernels.json.
 
-    .venv/bin/python bench/bench_kernels.py            # everything (the reference takes minutes)
-    .venv/bin/python bench/bench_kernels.py --no-ref   # the fast path only
+    .venv/bin/python bench/bench_kernels.py                          # everything (the reference takes minutes)
+    .venv/bin/python bench/bench_kernels.py --no-ref --threads 1 2   # the fast path, 1 and 2 threads
+
+**A same-run baseline** (an older commit timed beside this one): ``--tree PATH`` imports
+hvd_gradq from another checkout, e.g. a git worktree of the older commit (this script, not the
+older one's, so the table has the same columns), and by default writes into that tree's
+``results/``::
+
+    git worktree add --detach /tmp/gq_old <commit>
+    .venv/bin/python bench/bench_kernels.py --no-ref --tree /tmp/gq_old    # -> /tmp/gq_old/results/kernels.md
+    .venv/bin/python bench/bench_kernels.py --no-ref --threads 1 2
+
+A tree whose ``quantize`` has no ``threads=`` runs on one thread and skips the other counts
+(``bench/vs_commit.py`` alternates the two trees' processes for a public-API ratio).
 
 "% of copy" is copy_ms / total_ms * 100 (the bandwidth of quantize+dequantize as a share of a
 memcpy's); issue 13's targets: uniform, sign >= 30%; qsgd, terngrad >= 20%; orq, bingrad >= 10%
@@ -21,6 +34,7 @@ for _var in ("NUMBA_NUM_THREADS", "OMP_NUM_THREADS", "MKL_NUM_THREADS", "OPENBLA
     os.environ[_var] = "1"
 
 import argparse  # noqa: E402
+import inspect  # noqa: E402
 import json  # noqa: E402
 import platform  # noqa: E402
 import sys  # noqa: E402
@@ -32,8 +46,23 @@ from typing import Any  # noqa: E402
 import numpy as np  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT))
 
+
+def _tree() -> Path:
+    """``--tree PATH`` (read before hvd_gradq is imported): the checkout to time, else this one."""
+    argv = sys.argv[1:]
+    for i, a in enumerate(argv):
+        if a == "--tree" and i + 1 < len(argv):
+            return Path(argv[i + 1]).resolve()
+        if a.startswith("--tree="):
+            return Path(a.partition("=")[2]).resolve()
+    return ROOT
+
+
+TREE = _tree()
+sys.path.insert(0, str(TREE))
+
+import hvd_gradq  # noqa: E402
 from hvd_gradq import kernels  # noqa: E402
 from hvd_gradq.spec import parse  # noqa: E402
 from hvd_gradq.xp import NUMPY  # noqa: E402
@@ -57,48 +86,59 @@ SUM_TARGET = 25.0  # decoding and summing N-1 = 3 payloads, as a share of a copy
 
 
 def best_of(fn: Callable[[], Any], reps: int) -> tuple[float, float]:
-    """(best wall-clock ms, best thread-CPU ms) over ``reps`` runs."""
+    """(best wall-clock ms, best process-CPU ms: every thread's) over ``reps`` runs."""
     wall = cpu = float("inf")
     for _ in range(reps):
-        t0, c0 = time.perf_counter(), time.thread_time()
+        t0, c0 = time.perf_counter(), time.process_time()
         fn()
-        c1, t1 = time.thread_time(), time.perf_counter()
+        c1, t1 = time.process_time(), time.perf_counter()
         wall, cpu = min(wall, (t1 - t0) * 1e3), min(cpu, (c1 - c0) * 1e3)
     return wall, cpu
 
 
-def fast_path(spec: str, x: np.ndarray, reps: int) -> dict[str, float] | None:
+def threads_kw(fn: Callable[..., Any], threads: int) -> dict[str, int] | None:
+    """``{"threads": k}`` for ``fn``; {} for one thread where the tree has no ``threads=`` (an
+    older checkout), None for more."""
+    if "threads" in inspect.signature(fn).parameters:
+        return {"threads": threads}
+    return {} if threads == 1 else None
+
+
+def fast_path(spec: str, x: np.ndarray, reps: int, threads: int) -> dict[str, float] | None:
     scheme = parse(spec)
     n = x.size
+    kw = threads_kw(kernels.encode, threads)
     sec = {s.name: s for s in scheme.sections(n)}
     out = {"meta": np.empty(sec["meta"].count, np.float32), "codes": np.empty(sec["codes"].count, np.uint8)}
-    parts = kernels.encode(scheme, x, 1, out=out)  # compiles (or loads the cache), touches the buffers
-    if parts is None:
+    parts = kernels.encode(scheme, x, 1, out=out, **(kw or {}))  # compiles (or loads the cache), touches buffers
+    if parts is None or kw is None:
         return None
     dst = np.empty(n, np.float32)
-    kernels.decode(scheme, parts, n, out=dst)
-    enc = best_of(lambda: kernels.encode(scheme, x, 1, out=out), reps)
-    dec = best_of(lambda: kernels.decode(scheme, parts, n, out=dst), reps)
+    kernels.decode(scheme, parts, n, out=dst, **kw)
+    enc = best_of(lambda: kernels.encode(scheme, x, 1, out=out, **kw), reps)
+    dec = best_of(lambda: kernels.decode(scheme, parts, n, out=dst, **kw), reps)
     return {"encode_ms": enc[0], "decode_ms": dec[0], "encode_cpu_ms": enc[1], "decode_cpu_ms": dec[1]}
 
 
-def public_api(spec: str, x: np.ndarray, reps: int) -> dict[str, float]:
+def public_api(spec: str, x: np.ndarray, reps: int, threads: int) -> dict[str, float] | None:
     """``hvd_gradq.quantize`` + ``dequantize`` (what a user calls: input checks, the kernels, the
     payload's header and checksum, parsing it back), and decoding + summing 3 payloads."""
-    import hvd_gradq
-
+    kw = threads_kw(hvd_gradq.quantize, threads)
+    if kw is None:
+        return None
     scheme = parse(spec)
-    p = hvd_gradq.quantize(x, scheme, seed=1)
-    hvd_gradq.dequantize(p)
-    enc = best_of(lambda: hvd_gradq.quantize(x, scheme, seed=1), reps)
-    dec = best_of(lambda: hvd_gradq.dequantize(p), reps)
-    three = [hvd_gradq.quantize(x, scheme, seed=k) for k in (2, 3, 4)]
+    p = hvd_gradq.quantize(x, scheme, seed=1, **kw)
+    hvd_gradq.dequantize(p, **kw)
+    enc = best_of(lambda: hvd_gradq.quantize(x, scheme, seed=1, **kw), reps)
+    dec = best_of(lambda: hvd_gradq.dequantize(p, **kw), reps)
+    three = [hvd_gradq.quantize(x, scheme, seed=k, **kw) for k in (2, 3, 4)]
     acc = np.empty_like(x)
+    dkw = threads_kw(kernels.decode, threads) or {}
 
     def sum3() -> None:
-        kernels.decode(scheme, three[0].parts, x.size, out=acc)
+        kernels.decode(scheme, three[0].parts, x.size, out=acc, **dkw)
         for q in three[1:]:
-            np.add(acc, hvd_gradq.api.decode_flat(q), out=acc)
+            np.add(acc, hvd_gradq.api.decode_flat(q, *dkw.values()), out=acc)
 
     s3 = best_of(sum3, reps) if kernels.kernel(scheme) is not None else (float("nan"), float("nan"))
     return {"encode_ms": enc[0], "decode_ms": dec[0], "encode_cpu_ms": enc[1], "decode_cpu_ms": dec[1],
@@ -142,9 +182,15 @@ def main() -> int:
     ap.add_argument("--ref-reps", type=int, default=1, help="runs of each reference timing")
     ap.add_argument("--no-ref", action="store_true", help="skip the (slow) NumPy reference")
     ap.add_argument("--schemes", nargs="*", help="specs to time (default: the issue's list)")
-    ap.add_argument("--out", default=str(ROOT / "results" / "kernels.md"))
-    ap.add_argument("--raw", default=str(ROOT / "results" / "raw" / "kernels.json"), help="where the JSON goes")
+    ap.add_argument("--threads", nargs="+", type=int, default=[1], help="codec thread counts to time (e.g. 1 2)")
+    ap.add_argument("--tree", default=str(ROOT), help="the checkout whose hvd_gradq is timed (default: this one)")
+    ap.add_argument("--out", default=str(TREE / "results" / "kernels.md"))
+    ap.add_argument("--raw", default=str(TREE / "results" / "raw" / "kernels.json"), help="where the JSON goes")
     args = ap.parse_args()
+    where = Path(hvd_gradq.__file__).resolve()
+    if not where.is_relative_to(TREE):
+        raise SystemExit(f"imported hvd_gradq from {where}, not from --tree {TREE}")
+    print(f"hvd_gradq from {where.parent}", flush=True)
 
     n = args.elements
     x = np.random.default_rng(0).standard_normal(n).astype(np.float32)
@@ -158,33 +204,36 @@ def main() -> int:
     rows: list[dict[str, Any]] = []
     for spec in specs:
         target = targets.get(spec, 20.0 if parse(spec).name in ("uniform", "qsgd", "terngrad", "sign") else 10.0)
-        paths: list[tuple[str, dict[str, float] | None]] = []
+        paths: list[tuple[str, int, dict[str, float] | None]] = []
         if kernels.available():
-            paths.append(("public API", public_api(spec, x, args.reps)))
-            paths.append(("kernels only", fast_path(spec, x, args.reps)))
+            for t in args.threads:
+                paths.append(("public API", t, public_api(spec, x, args.reps, t)))
+                paths.append(("kernels only", t, fast_path(spec, x, args.reps, t)))
         if not args.no_ref:
-            paths.append(("reference (NumPy)", reference(spec, x, args.ref_reps)))
-        for path, r in paths:
-            row: dict[str, Any] = {"scheme": spec, "path": path, "target_pct": target}
+            paths.append(("reference (NumPy)", 1, reference(spec, x, args.ref_reps)))
+        for path, t, r in paths:
+            row: dict[str, Any] = {"scheme": spec, "path": path, "threads": t, "target_pct": target}
             if r is None:
-                row["note"] = "no fast path for this scheme (the reference runs instead)"
+                no_threads = t != 1 and threads_kw(hvd_gradq.quantize, t) is None
+                row["note"] = ("this tree's codec has no threads=" if no_threads
+                               else "no fast path for this scheme (the reference runs instead)")
             else:
                 total = r["encode_ms"] + r["decode_ms"]
                 row.update(r, total_ms=total, pct_of_copy=copy_ms / total * 100.0)
                 row["met"] = row["pct_of_copy"] >= target
             rows.append(row)
             if "total_ms" in row:
-                print(f"{spec:22s} {path:18s} enc {row['encode_ms']:9.1f}  dec {row['decode_ms']:8.1f}  "
+                print(f"{spec:22s} {path:18s} t={t:<2d} enc {row['encode_ms']:9.1f}  dec {row['decode_ms']:8.1f}  "
                       f"total {row['total_ms']:9.1f} ms  {row['pct_of_copy']:6.2f}% of copy "
                       f"(target {target:.0f}%: {'met' if row['met'] else 'NOT met'})", flush=True)
             else:
-                print(f"{spec:22s} {path:18s} {row['note']}", flush=True)
+                print(f"{spec:22s} {path:18s} t={t:<2d} {row['note']}", flush=True)
 
     nat = torch_native(x, args.reps)
     if nat is not None:
         total = nat["encode_ms"] + nat["decode_ms"]
-        rows.append({"scheme": "torch quantize_per_tensor (quint8)", "path": "torch native", "target_pct": 0.0,
-                     **nat, "total_ms": total, "pct_of_copy": copy_ms / total * 100.0, "met": True})
+        rows.append({"scheme": "torch quantize_per_tensor (quint8)", "path": "torch native", "threads": 1,
+                     "target_pct": 0.0, **nat, "total_ms": total, "pct_of_copy": copy_ms / total * 100.0, "met": True})
         print(f"torch quantize_per_tensor+dequantize: {copy_ms / total * 100.0:.2f}% of copy", flush=True)
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
@@ -192,8 +241,11 @@ def main() -> int:
     lines = [
         f"# Kernel throughput: quantize + dequantize of {x.nbytes / 2**20:.0f} MB of float32",
         "",
-        f"{n} float32 elements ({x.nbytes / 2**20:.0f} MB, standard normal), buckets of 512, ONE thread "
-        "(NUMBA_NUM_THREADS=OMP_NUM_THREADS=MKL_NUM_THREADS=1). Baseline: `np.copyto(dst, src)` into a "
+        f"{n} float32 elements ({x.nbytes / 2**20:.0f} MB, standard normal), buckets of 512; `threads`: the "
+        "codec's `threads=` (one tensor split in ranges of whole buckets over that many threads, the same bytes; "
+        "NUMBA_NUM_THREADS=OMP_NUM_THREADS=MKL_NUM_THREADS=1), `x 1 thread`: total ms at 1 thread / at this "
+        f"count (wall: the speed-up; CPU: below 1 is the threads' overhead); hvd_gradq from `{where.parent}`. "
+        "Baseline: `np.copyto(dst, src)` into a "
         f"preallocated buffer, best of {max(15, args.reps)} in the same run. % of copy = copy_ms / total_ms "
         f"* 100. Best of {args.reps} runs (fast path) and {args.ref_reps} (reference).",
         "",
@@ -208,37 +260,43 @@ def main() -> int:
         "(a shared machine: wall-clock figures include time spent waiting for a CPU and for memory).",
         "",
     ]
-    for clock, key, label in (("wall", "", "wall clock"), ("cpu", "_cpu", "thread CPU time")):
+    for clock, key, label in (("wall", "", "wall clock"), ("cpu", "_cpu", "process CPU time (every thread's)")):
         cms = copy_ms if clock == "wall" else copy_cpu
         lines += [
             f"## {label} (copy: {cms:.2f} ms, {x.nbytes / cms / 1e6:.1f} GB/s)",
             "",
-            "| scheme | path | encode ms | decode ms | total ms | % of copy bandwidth | target | met? |",
-            "|---|---|---:|---:|---:|---:|---:|---|",
+            "| scheme | path | threads | encode ms | decode ms | total ms | x 1 thread | % of copy bandwidth | target "
+            "| met? |",
+            "|---|---|---:|---:|---:|---:|---:|---:|---:|---|",
         ]
         for r in rows:
             if "total_ms" in r:
                 e, d = r["encode" + key + "_ms"], r["decode" + key + "_ms"]
                 pct = cms / (e + d) * 100.0
+                one = next((q for q in rows if q["scheme"] == r["scheme"] and q["path"] == r["path"]
+                            and q["threads"] == 1 and "total_ms" in q and q is not r), None)
+                sp = (one["encode" + key + "_ms"] + one["decode" + key + "_ms"]) / (e + d) if one else float("nan")
                 lines.append(
-                    f"| {r['scheme']} | {r['path']} | {e:.1f} | {d:.1f} | {e + d:.1f} | {pct:.2f}% "
+                    f"| {r['scheme']} | {r['path']} | {r['threads']} | {e:.1f} | {d:.1f} | {e + d:.1f} "
+                    f"| {'-' if sp != sp else f'{sp:.2f}x'} | {pct:.2f}% "
                     f"| {r['target_pct']:.0f}% | {'yes' if pct >= r['target_pct'] else 'no'} |"
                 )
             else:
-                lines.append(f"| {r['scheme']} | {r['path']} | - | - | - | - | {r['target_pct']:.0f}% | {r['note']} |")
+                lines.append(f"| {r['scheme']} | {r['path']} | {r['threads']} | - | - | - | - | - "
+                             f"| {r['target_pct']:.0f}% | {r['note']} |")
         lines.append("")
     lines += [
         f"## decoding and summing N-1 = 3 payloads (wall clock; target {SUM_TARGET:.0f}% of a copy of the same "
         "elements: 3 x copy_ms)",
         "",
-        "| scheme | decode+sum ms | % of copy | met? |",
-        "|---|---:|---:|---|",
+        "| scheme | threads | decode+sum ms | % of copy | met? |",
+        "|---|---:|---:|---:|---|",
     ]
     for r in rows:
-        if r.get("path") == "public API" and r.get("sum3_ms") == r.get("sum3_ms"):
+        if r.get("path") == "public API" and "sum3_ms" in r and r["sum3_ms"] == r["sum3_ms"]:
             pct = 3 * copy_ms / r["sum3_ms"] * 100.0
             met = "yes" if pct >= SUM_TARGET else "no"
-            lines.append(f"| {r['scheme']} | {r['sum3_ms']:.1f} | {pct:.2f}% | {met} |")
+            lines.append(f"| {r['scheme']} | {r['threads']} | {r['sum3_ms']:.1f} | {pct:.2f}% | {met} |")
     lines.append("")
     lines += [
         f"Machine: {platform.machine()}, {os.cpu_count()} CPUs, Python {platform.python_version()}, "
@@ -248,7 +306,8 @@ def main() -> int:
     out.write_text("\n".join(lines))
     raw = Path(args.raw)
     raw.parent.mkdir(parents=True, exist_ok=True)
-    raw.write_text(json.dumps({"elements": n, "copy_ms": copy_ms, "copy_cpu_ms": copy_cpu, "rows": rows}, indent=1))
+    raw.write_text(json.dumps({"elements": n, "copy_ms": copy_ms, "copy_cpu_ms": copy_cpu, "tree": str(TREE),
+                               "threads": args.threads, "rows": rows}, indent=1))
     print(f"wrote {out} and {raw}")
     return 0
 
