@@ -136,24 +136,33 @@ _pool_size = 0
 
 
 def _drop_pool() -> None:
-    global _pool, _pool_size
-    _pool, _pool_size = None, 0
+    """After fork(): the copied pool has no threads and the lock may be held by a thread that
+    does not exist in the child; start afresh."""
+    global _lock, _pool, _pool_size
+    _lock, _pool, _pool_size = threading.Lock(), None, 0
 
 
 if hasattr(os, "register_at_fork"):
     os.register_at_fork(after_in_child=_drop_pool)
 
 
+def _grow(workers: int) -> ThreadPoolExecutor:
+    """The pool with at least ``workers`` threads (``_lock`` held). A smaller one is shut down
+    without waiting: its queued jobs still run, and nothing is submitted to it after this, since
+    every submission happens under the lock, to the current pool."""
+    global _pool, _pool_size
+    if _pool is None or _pool_size < workers:
+        old = _pool
+        _pool, _pool_size = ThreadPoolExecutor(workers, thread_name_prefix="hvd_gradq-codec"), workers
+        if old is not None:
+            old.shutdown(wait=False)
+    return _pool
+
+
 def pool(workers: int) -> ThreadPoolExecutor:
     """The process's pool, with at least ``workers`` threads."""
-    global _pool, _pool_size
     with _lock:
-        if _pool is None or _pool_size < workers:
-            old = _pool
-            _pool, _pool_size = ThreadPoolExecutor(workers, thread_name_prefix="hvd_gradq-codec"), workers
-            if old is not None:
-                old.shutdown(wait=False)  # its queued jobs still run; its threads then exit
-        return _pool
+        return _grow(workers)
 
 
 def run(job: Callable[[int, int], None], ranges: Sequence[Range]) -> None:
@@ -162,8 +171,9 @@ def run(job: Callable[[int, int], None], ranges: Sequence[Range]) -> None:
     if len(ranges) == 1:
         job(*ranges[0])
         return
-    ex = pool(len(ranges) - 1)
-    futures: list[Future[None]] = [ex.submit(job, b0, b1) for b0, b1 in ranges[1:]]
+    with _lock:
+        ex = _grow(len(ranges) - 1)
+        futures: list[Future[None]] = [ex.submit(job, b0, b1) for b0, b1 in ranges[1:]]
     try:
         job(*ranges[0])
     finally:

@@ -290,6 +290,33 @@ def test_run_raises_a_ranges_error_after_every_range_ended() -> None:
     assert sorted(done) == [0, 1, 3]
 
 
+def test_concurrent_callers_share_a_growing_pool(small_ranges: None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Callers on several threads (a frontend's worker, TensorFlow's inter-op threads) asking for
+    more and more threads: the pool is replaced while others submit to it, and every call still
+    gets one thread's bytes."""
+    monkeypatch.setattr(parallel, "_pool", None)
+    monkeypatch.setattr(parallel, "_pool_size", 0)
+    scheme = parse("orq:levels=5,bucket=64")
+    x = _input(64 * 24 * 9 + 5, 8)
+    want = kernels.encode(scheme, x, 1, threads=1)
+    assert want is not None
+    bad: list[str] = []
+
+    def caller(i: int) -> None:
+        for rep in range(12):
+            t = 1 + (i + rep) % 9  # up to 9 ranges: the pool grows to 8 threads on the way
+            got = kernels.encode(scheme, x, 1, threads=t)
+            if got is None or bytes(got["codes"]) != bytes(want["codes"]) or bytes(got["meta"]) != bytes(want["meta"]):
+                bad.append(f"caller {i} threads {t}")
+
+    callers = [threading.Thread(target=caller, args=(i,)) for i in range(6)]
+    for c in callers:
+        c.start()
+    for c in callers:
+        c.join(120)
+    assert not any(c.is_alive() for c in callers) and bad == [] and parallel._pool_size == 8
+
+
 def test_a_forked_child_encodes_on_threads_of_its_own() -> None:
     """The parent's pool threads do not survive fork(): the child makes its own pool (else its
     ranges would wait forever in the copied pool's queue)."""
