@@ -113,14 +113,16 @@ def _takes_local(fn: Callable[..., Any]) -> bool:
 
 
 def _kw(fn: Callable[..., Any], local: int) -> dict[str, Any]:
-    """``local=L`` (L > 1) and ``link_gbps`` (from ``HVD_GRADQ_LINK_GBPS``, as the ranks read it) for
-    a library function that takes them; older versions of the library take neither."""
+    """``local=L`` (L > 1), ``link_gbps`` (from ``HVD_GRADQ_LINK_GBPS``, as the ranks read it) and
+    ``fallback=False`` for a library function that takes them; older versions of the library take none."""
     kw: dict[str, Any] = {}
     params = _params(fn)
     if local > 1 and "local" in params:
         kw["local"] = local
     if "link_gbps" in params and os.environ.get("HVD_GRADQ_LINK_GBPS"):
         kw["link_gbps"] = float(os.environ["HVD_GRADQ_LINK_GBPS"])
+    if "fallback" in params:  # the scheme's own bytes, as scale_worker sends them (no fp16 fallback)
+        kw["fallback"] = False
     return kw
 
 

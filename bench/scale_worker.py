@@ -4,6 +4,7 @@ marks at which the launcher reads every host's link counters (``bench_scale.py -
 from __future__ import annotations
 
 import argparse
+import inspect
 import itertools
 import json
 import time
@@ -73,7 +74,9 @@ def _trainer(e: Entry, index: int, seed: int) -> tuple[Any, Any, Any]:
     elif e.spec == "stock-fp16":
         compression = hvd.Compression.fp16
     else:
-        compression = comp = gq.from_spec(e.spec, named_parameters=named, pattern=e.pattern)
+        # the scheme's own bytes against the model's (bench_scale.library_model): no fp16 fallback
+        opts = {"fallback": False} if "fallback" in inspect.signature(gq.GradqCompressor).parameters else {}
+        compression = comp = gq.from_spec(e.spec, named_parameters=named, pattern=e.pattern, **opts)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=1e-3), named_parameters=named,
                                    compression=compression)
     return model, opt, comp

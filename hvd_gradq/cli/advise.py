@@ -105,7 +105,8 @@ def model(spec: str, tensors: list[tuple[int, int]], ranks: int, local: int, gbp
     patterns: dict[str, int] = {}
     for n, ndim in tensors:
         p, _ = decide_why(scheme, n, ndim, ranks, Pattern.AUTO, local=local, link_gbps=gbps)
-        c = fp32_cost(n, ranks) if p is Pattern.FP32 else cost(scheme, n, ndim, ranks, p, local, gbps)
+        c = (fp32_cost(n, ranks) if p is Pattern.FP32 else fp16_cost(n, ranks) if p is Pattern.FP16
+             else cost(scheme, n, ndim, ranks, p, local, gbps))
         total_b += max(c.sent, c.received)
         total_s += seconds(scheme, n, ndim, ranks, p, local, gbps)
         patterns[p.value] = patterns.get(p.value, 0) + 1

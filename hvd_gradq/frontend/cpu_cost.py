@@ -1,8 +1,10 @@
 """What encoding and decoding cost a rank, per element: the CPU term of the pattern cost model.
 
-The figures are a measured table (:mod:`.cpu_table`, written by ``bench/calibrate_cpu.py``), not
-a probe at start-up: every rank must choose the same pattern for a tensor, and a per-rank timing
-would differ between ranks (and between runs) and split a collective. A scheme the table lacks
+The frontends measure the schemes they use at start-up on every rank (:mod:`.probe`) and agree
+through their first-step handshake on the maximum over ranks (:class:`Figures`): a per-rank
+timing alone would differ between ranks and split a collective, the agreed maximum cannot.
+Callers with no job at hand (``advise``, the benchmarks' models, unit tests) read a measured
+table (:mod:`.cpu_table`, written by ``bench/calibrate_cpu.py``). A scheme the table lacks
 is interpolated in its level count (ORQ's search grows about linearly in the levels past 5;
 QSGD and uniform barely move), and a scheme family it lacks gets :data:`UNKNOWN`, a cost on the
 slow side so that such a scheme is not sent down a pattern that multiplies its decoding.
@@ -12,6 +14,7 @@ from __future__ import annotations
 
 import bisect
 import functools
+from dataclasses import dataclass
 
 from ..schemes.scheme import Scheme
 from .cpu_table import NS_PER_ELEMENT
@@ -19,6 +22,40 @@ from .cpu_table import NS_PER_ELEMENT
 UNKNOWN = (10.0, 2.0)
 #: Adding one float32 array into another, a rank's share of summing decoded payloads (ns an element).
 ADD_NS = 0.6
+#: The key of Horovod's fp16 cast (float32 -> float16 before its allreduce, back after) in :class:`Figures`.
+CAST = "horovod:fp16-cast"
+#: That cast's (there, back) ns an element when nothing was measured: on the slow side of a
+#: framework's vectorized cast (about 0.3-1 ns on x86), so that the table alone sends a tensor
+#: to fp16 only where its scheme is clearly slower.
+CAST_NS = (1.0, 1.0)
+
+
+@dataclass(frozen=True)
+class Figures:
+    """(encode, decode) ns an element measured on this job's ranks, by scheme spec (and
+    :data:`CAST`), in place of the table's: what :mod:`.probe` measures at start-up and every
+    rank agrees on (the maximum over ranks). Hashable, so the cached cost functions key on it;
+    a scheme it lacks falls back to the table."""
+
+    ns: tuple[tuple[str, float, float], ...] = ()
+
+    def get(self, key: str) -> tuple[float, float] | None:
+        for k, e, d in self.ns:
+            if k == key:
+                return e, d
+        return None
+
+
+def figures_for(scheme: Scheme, figures: Figures | None) -> tuple[float, float]:
+    """(encode, decode) ns an element of ``scheme``: measured where ``figures`` has it, else the table."""
+    got = figures.get(scheme.spec) if figures is not None else None
+    return got if got is not None else ns_per_element(scheme)
+
+
+def cast_ns(figures: Figures | None) -> tuple[float, float]:
+    """Horovod's fp16 cast there and back (ns an element): measured, else :data:`CAST_NS`."""
+    got = figures.get(CAST) if figures is not None else None
+    return got if got is not None else CAST_NS
 
 
 def table_key(scheme: Scheme) -> str:

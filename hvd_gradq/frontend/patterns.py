@@ -27,7 +27,8 @@ order (ranks of a host are consecutive, so a ring crosses each host's link once 
 alltoall is pairwise. :func:`seconds` adds what encoding and decoding cost a rank
 (:mod:`.cpu_cost`, a measured table) to that link time at an assumed rate (``link_gbps``,
 default :data:`DEFAULT_LINK_GBPS`; the frontends read ``HVD_GRADQ_LINK_GBPS``). ``auto`` takes
-the fastest pattern by that sum.
+the fastest pattern by that sum, or Horovod's fp16 where that is faster still (:func:`decide`),
+with the CPU figures the ranks measured at start-up and agreed on (:mod:`.probe`), else the table.
 The choice reads the scheme's declaration (``combine``) and the bytes a rank would move, never
 a scheme's name: a ring allreduce of B bytes sends about 2(N-1)/N x B a rank, an allgather of
 payloads of C bytes receives (N-1) x C, so gather beats an fp32 allreduce while C < 2B/N.
@@ -46,7 +47,7 @@ from ..schemes.level import EvenLevelScheme
 from ..schemes.options import NonFinite
 from ..schemes.scheme import Combine, Scheme
 from ..wire.payload import header_size
-from .cpu_cost import ADD_NS, ns_per_element
+from .cpu_cost import ADD_NS, Figures, cast_ns, figures_for
 
 
 class Pattern(enum.Enum):
@@ -56,6 +57,7 @@ class Pattern(enum.Enum):
     SCATTER = "scatter"
     HIERARCHICAL = "hierarchical"
     FP32 = "fp32"  # a decision, not a request: Horovod's own allreduce of the tensor, exactly
+    FP16 = "fp16"  # a decision: Horovod's Compression.fp16 (cast, Horovod's allreduce, cast back)
 
 
 REQUESTABLE = (Pattern.AUTO, Pattern.GATHER, Pattern.SUMMABLE, Pattern.SCATTER, Pattern.HIERARCHICAL)
@@ -165,34 +167,39 @@ def cost(scheme: Scheme, n: int, shape_ndim: int, nranks: int, pattern: Pattern,
 
 
 def cpu_seconds(scheme: Scheme, n: int, nranks: int, pattern: Pattern, local: int = 1,
-                link_gbps: float = DEFAULT_LINK_GBPS) -> float:
-    """What encoding, decoding and summing cost one rank for one tensor (:mod:`.cpu_cost`)."""
-    enc, dec = ns_per_element(scheme)
+                link_gbps: float = DEFAULT_LINK_GBPS, figures: Figures | None = None) -> float:
+    """What encoding, decoding and summing cost one rank for one tensor (``figures``, else the table)."""
+    enc, dec = cast_ns(figures) if pattern is Pattern.FP16 else figures_for(scheme, figures)
     if pattern is Pattern.GATHER:
         ns = enc * n + (dec + ADD_NS) * (nranks - 1) * n
     elif pattern is Pattern.SUMMABLE:
         ns = (enc + dec + 2 * ADD_NS) * n  # plus packing and unpacking the lanes
     elif pattern is Pattern.SCATTER:
-        fenc, fdec = ns_per_element(reduced_scheme(scheme, nranks))
+        fenc, fdec = figures_for(reduced_scheme(scheme, nranks), figures)
         k = n / nranks
         ns = enc * n + (dec + ADD_NS) * (nranks - 1) * k + fenc * k + fdec * (nranks - 1) * k
     elif pattern is Pattern.HIERARCHICAL:
         hosts = nranks // local
         piece = -(-n // local)
-        cross = cpu_seconds(scheme, piece, hosts, hier_cross(scheme, n, nranks, local, link_gbps)) if hosts > 1 else 0.0
+        cross = cpu_seconds(scheme, piece, hosts, hier_cross(scheme, n, nranks, local, link_gbps), 1, link_gbps,
+                            figures) if hosts > 1 else 0.0
         return 2 * ADD_NS * n * 1e-9 + cross  # the host's sum and the copy back, then the cross-host part
+    elif pattern is Pattern.FP16:
+        ns = (enc + dec) * n
     else:
         ns = 0.0
     return ns * 1e-9
 
 
 def seconds(scheme: Scheme, n: int, shape_ndim: int, nranks: int, pattern: Pattern, local: int = 1,
-            link_gbps: float = DEFAULT_LINK_GBPS) -> float:
+            link_gbps: float = DEFAULT_LINK_GBPS, figures: Figures | None = None) -> float:
     """The model's time for one tensor: the busier direction of the host's link at ``link_gbps``
-    plus the rank's CPU. No overlap and no latency term: it ranks patterns, it is not a forecast."""
-    c = fp32_cost(n, nranks) if pattern is Pattern.FP32 else cost(scheme, n, shape_ndim, nranks, pattern, local,
-                                                                    link_gbps)
-    return max(c.sent, c.received) * 8 / (link_gbps * 1e9) + cpu_seconds(scheme, n, nranks, pattern, local, link_gbps)
+    plus the rank's CPU (fp32, fp16: Horovod's rings, fp16 with its cast). No overlap and no
+    latency term: it ranks patterns, it is not a forecast."""
+    c = (fp32_cost(n, nranks) if pattern is Pattern.FP32 else fp16_cost(n, nranks) if pattern is Pattern.FP16
+         else cost(scheme, n, shape_ndim, nranks, pattern, local, link_gbps))
+    cpu = cpu_seconds(scheme, n, nranks, pattern, local, link_gbps, figures)
+    return max(c.sent, c.received) * 8 / (link_gbps * 1e9) + cpu
 
 
 @functools.lru_cache(maxsize=4096)
@@ -236,21 +243,21 @@ def chunk_bounds(n: int, bucket: int, nranks: int) -> list[tuple[int, int]]:
 @functools.lru_cache(maxsize=8192)
 def choose(
     scheme: Scheme, n: int, shape_ndim: int, nranks: int, requested: Pattern, offered: frozenset[Pattern] = EVERY,
-    local: int = 1, link_gbps: float = DEFAULT_LINK_GBPS,
+    local: int = 1, link_gbps: float = DEFAULT_LINK_GBPS, figures: Figures | None = None,
 ) -> Pattern:
     """The pattern for one tensor: the requested one if the scheme allows it, else the fastest by
-    :func:`seconds` of those the frontend ``offered`` that move fewer bytes than an fp32 allreduce
-    (all of them if none does; a pattern must be 10% faster than gather to be taken: gather
-    quantizes once and is the simplest on the wire). ``hierarchical`` needs
+    :func:`seconds` (``figures`` or the table) of those the frontend ``offered`` that move fewer bytes
+    than an fp32 allreduce (all of them if none does; a pattern must be 10% faster than gather to
+    be taken: gather quantizes once and is the simplest on the wire). ``hierarchical`` needs
     several ranks a host; with one it is its cross-host part, which is then all of it.
     (:func:`choose_why` also says why.)"""
-    return choose_why(scheme, n, shape_ndim, nranks, requested, offered, local, link_gbps)[0]
+    return choose_why(scheme, n, shape_ndim, nranks, requested, offered, local, link_gbps, figures)[0]
 
 
 @functools.lru_cache(maxsize=8192)
 def choose_why(
     scheme: Scheme, n: int, shape_ndim: int, nranks: int, requested: Pattern, offered: frozenset[Pattern] = EVERY,
-    local: int = 1, link_gbps: float = DEFAULT_LINK_GBPS,
+    local: int = 1, link_gbps: float = DEFAULT_LINK_GBPS, figures: Figures | None = None,
 ) -> tuple[Pattern, str]:
     """:func:`choose`'s pattern and the reason for it, as :func:`decide_why` words it."""
     can_sum = scheme.combine is Combine.SUMMABLE and isinstance(scheme, EvenLevelScheme)
@@ -264,7 +271,7 @@ def choose_why(
         return Pattern.SUMMABLE, "requested"
     if requested is Pattern.HIERARCHICAL and local <= 1:
         warnings.warn(HIERARCHICAL_ALONE, stacklevel=2)  # one text: shown once a process
-        p, why = choose_why(scheme, n, shape_ndim, nranks, Pattern.AUTO, CROSS, 1, link_gbps)
+        p, why = choose_why(scheme, n, shape_ndim, nranks, Pattern.AUTO, CROSS, 1, link_gbps, figures)
         return p, f"one rank a host: hierarchical is its cross-host part; {why}"
     if requested in (Pattern.GATHER, Pattern.SCATTER, Pattern.HIERARCHICAL):
         return requested, "requested"
@@ -274,7 +281,7 @@ def choose_why(
     times = {}
     for p in options:
         try:
-            times[p] = seconds(scheme, n, shape_ndim, nranks, p, local, link_gbps)
+            times[p] = seconds(scheme, n, shape_ndim, nranks, p, local, link_gbps, figures)
         except SpecError:  # summable lanes that do not fit at this N
             continue
     # compression was asked for: among the patterns that move fewer bytes than an fp32 allreduce
@@ -310,7 +317,7 @@ def duration(seconds: float) -> str:
 @functools.lru_cache(maxsize=8192)
 def decide(
     scheme: Scheme, n: int, shape_ndim: int, nranks: int, requested: Pattern, offered: frozenset[Pattern] = EVERY,
-    local: int = 1, link_gbps: float = DEFAULT_LINK_GBPS,
+    local: int = 1, link_gbps: float = DEFAULT_LINK_GBPS, fallback: bool = True, figures: Figures | None = None,
 ) -> Pattern:
     """The pattern and pass-through policy, for both frontends (as PyTorch's ``_should_compress``
     decides for its DDP hooks): how one tensor of ``n`` elements is reduced over ``nranks`` ranks,
@@ -320,30 +327,34 @@ def decide(
       compressed traffic would not be smaller than an fp32 ring allreduce: tiny tensors (biases),
       where a payload header outweighs the values. An explicit pattern is always honoured.
       (Bytes, not time: a user who asked for compression gets it wherever it saves bytes.)
-    * Otherwise :func:`choose` among the patterns the frontend ``offered``.
+    * Otherwise :func:`choose` among the patterns the frontend ``offered``; then, under ``auto``
+      with ``fallback`` and ``nonfinite=propagate`` (fp16 cannot raise or skip), :attr:`Pattern.FP16`
+      (``Compression.fp16``, bit for bit) where that pattern's :func:`seconds` exceed fp16's.
     * ``summable`` and ``hierarchical`` with ``nonfinite=skip`` become ``gather``: skip changes a
       rank's payload on its own, which a shared-scale sum or a host's sum cannot carry.
 
     A frontend's one-rank reductions are its own call (PyTorch passes them through exactly;
     TensorFlow's single-process runs compress, which its unit tests rely on). :func:`decide_why`
-    gives the reason too.
+    gives the reason too. ``figures``: the CPU figures every rank agreed on (the maximum over
+    ranks, :mod:`.probe`), so every rank decides alike; None: the table (:mod:`.cpu_table`).
     """
-    return decide_why(scheme, n, shape_ndim, nranks, requested, offered, local, link_gbps)[0]
+    return decide_why(scheme, n, shape_ndim, nranks, requested, offered, local, link_gbps, fallback, figures)[0]
 
 
 @functools.lru_cache(maxsize=8192)
 def decide_why(
     scheme: Scheme, n: int, shape_ndim: int, nranks: int, requested: Pattern, offered: frozenset[Pattern] = EVERY,
-    local: int = 1, link_gbps: float = DEFAULT_LINK_GBPS,
+    local: int = 1, link_gbps: float = DEFAULT_LINK_GBPS, fallback: bool = True, figures: Figures | None = None,
 ) -> tuple[Pattern, str]:
     """:func:`decide`'s pattern and why, one line for ``stats()`` and the log (:mod:`.stats`). The
     reason starts with a tag, the text before its first ``:`` (:func:`why_tag`): ``requested``;
     ``auto`` (the modelled times at the link rate, fastest first; patterns left out for moving
     no less than fp32); ``no saving`` (fp32: the chosen pattern's bytes against an fp32 ring
-    allreduce's); ``nonfinite=skip``; ``one rank a host`` (hierarchical asked for with one rank a
+    allreduce's); ``fallback`` (fp16: the chosen pattern's modelled time against fp16's);
+    ``nonfinite=skip``; ``one rank a host`` (hierarchical asked for with one rank a
     host); and, from the frontends, ``warm-up`` (:func:`warmup_why`) and ``one rank``
     (:data:`ONE_RANK_WHY`)."""
-    p, why = choose_why(scheme, n, shape_ndim, nranks, requested, offered, local, link_gbps)
+    p, why = choose_why(scheme, n, shape_ndim, nranks, requested, offered, local, link_gbps, figures)
     if requested is Pattern.AUTO and nranks > 1:
         moved = cost(scheme, n, shape_ndim, nranks, p, local, link_gbps).received
         fp32 = fp32_cost(n, nranks).received
@@ -352,6 +363,12 @@ def decide_why(
                                   f"({n} elements)")
     if p in (Pattern.SUMMABLE, Pattern.HIERARCHICAL) and scheme.nonfinite is NonFinite.SKIP:
         return Pattern.GATHER, f"nonfinite=skip: a rank's uncompressed tensor cannot join a {p.value} sum, so gather"
+    if fallback and requested is Pattern.AUTO and nranks > 1 and scheme.nonfinite is NonFinite.PROPAGATE:
+        mine = seconds(scheme, n, shape_ndim, nranks, p, local, link_gbps, figures)
+        fp16 = seconds(scheme, n, shape_ndim, nranks, Pattern.FP16, local, link_gbps, figures)
+        if mine > fp16:
+            return Pattern.FP16, (f"fallback: modelled {p.value} {duration(mine)} vs fp16 {duration(fp16)} "
+                                  f"at {link_gbps:g} Gbit/s")
     return p, why
 
 

@@ -140,3 +140,13 @@ def host_sum(local: int, m: int) -> Any:
         return total, tf.reduce_any(rows[:, m] != 0.0)
 
     return _fn(add, tf.TensorSpec((local, m + 1), tf.float32))
+
+
+def horovod_operand(tensor: Any, fp16: bool) -> Any:
+    """What Horovod's own allreduce reduces for a tensor hvd_gradq passes to it: cast to float16
+    as ``hvd.Compression.fp16`` does (``fp16``: the cost model's fallback; its decompress casts
+    back, so the bits are stock fp16's), else the tensor, bfloat16 sent as float32 (Horovod's TF
+    allreduce has no bfloat16)."""
+    if fp16:
+        return tf.cast(tensor, tf.float16)
+    return tf.cast(tensor, tf.float32) if tensor.dtype == tf.bfloat16 else tensor

@@ -59,7 +59,7 @@ import tensorflow as tf
 
 from ..errors import GradqError
 from ..feedback import Memory, host_key, reduced_key
-from ..frontend import hosts, workers
+from ..frontend import hosts, probe, workers
 from ..frontend.codec import stops_on_values
 from ..frontend.guards import check_tensor, instance_only
 from ..frontend.membership import membership
@@ -74,7 +74,7 @@ from . import codec, collectives, hier, telemetry
 from . import elastic as tf_elastic
 from .callsite import check_op, function_graph, horovod_call_site, resolve_process_set, set_suffix
 from .collectives import Ctx
-from .handshake import check_arguments, check_configs
+from .handshake import agree, check_arguments
 from .ops import TF, step_words
 from .scatter import scatter_finish, scatter_start, server_residual
 from .state import Bookkeeping, Slot, SlotStore, check_slot, describe, make_variables, variable_key
@@ -100,6 +100,7 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
         pattern: ``auto`` (cost model), ``gather``, ``summable``, ``scatter`` or ``hierarchical``.
         link_gbps: the link rate (Gbit/s) ``auto`` weighs bytes with against encoding and decoding
             time. Default: ``HVD_GRADQ_LINK_GBPS``, else 10.
+        fallback: ``auto`` sends a tensor as Horovod's fp16 where the model finds it faster (``HVD_GRADQ_FALLBACK``).
         check_ranks: at the first trace, allgather the configuration (eagerly) and raise
             RankMismatchError on every rank if they disagree.
         name: the collectives' name prefix (letters, digits, ``_.-``); default ``c<k>`` for the
@@ -113,11 +114,11 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
 
     def __init__(self, scheme: Scheme, *, seed: int = 0, pattern: str | Pattern = "auto", check_ranks: bool = True,
                  name: str | None = None, process_set: Any = None, loss_scale: Any = None,
-                 link_gbps: float | None = None, threads: int | None = None) -> None:
+                 link_gbps: float | None = None, threads: int | None = None, fallback: bool | None = None) -> None:
         super().__init__(name="hvd_gradq_compressor")
         cid = check_arguments(scheme, seed, loss_scale, process_set, name)
         workers.configure_codec(threads, None)  # each host encode/decode splits over this many threads
-        self.scheme = scheme
+        self.scheme, self.fallback = scheme, probe.resolve_fallback(fallback)
         self._math = scheme.replace(ef=False) if scheme.ef else scheme  # what the encoders depend on
         self.seed = seed
         self.pattern = parse_pattern(pattern)
@@ -150,17 +151,16 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
         return hashlib.sha256(self.config().encode()).hexdigest()[:16]
 
     def _check_ranks(self, ps: Any) -> None:
-        self._host.checked.add(ps.process_set_id)
-        if self.check_ranks and membership(mpi_ops._basics, ps).size > 1:
-            local = hier.ranks_per_host_of(ps)
-            check_configs(self.config() + hosts.layout(hvd.size(), local, self.link_gbps), ps, set_suffix(ps))
+        self._host.checked.add(ps.process_set_id)  # the configuration compared, the CPU figures agreed
+        self._host.figures[ps.process_set_id] = agree(f"{self.config()}|fallback={self.fallback}", self.check_ranks,
+                                                      ps, self.scheme, self.pattern, self.link_gbps)
 
     # -- identity ------------------------------------------------------------------------------
     def _pattern_for(self, n: int, ndim: int, size: int, local: int) -> tuple[Pattern | None, str]:
-        """The pattern of a tensor of ``n`` elements and why (the policy both frontends share,
-        :func:`hvd_gradq.frontend.patterns.decide_why`); None: Horovod's own allreduce, exactly."""
+        """A tensor's pattern and why (:func:`~hvd_gradq.frontend.patterns.decide_why`); None: Horovod's fp32."""
         offered = EVERY - LATE_PHASES if stops_on_values(self.scheme) else EVERY
-        p, why = decide_why(self.scheme, n, ndim, size, self.pattern, offered, local, self.link_gbps)
+        p, why = decide_why(self.scheme, n, ndim, size, self.pattern, offered, local, self.link_gbps, self.fallback,
+                            self._host.agreed)
         return None if p is Pattern.FP32 else p, why
 
     def _position_key(self) -> str:
@@ -250,6 +250,7 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
             raise GradqError(f"a gradient of {len(shape)} dimensions; at most {MAX_NDIM}")
         if ps.process_set_id not in self._host.checked:
             self._check_ranks(ps)
+        self._host.agreed = self._host.figures.get(ps.process_set_id)  # what _pattern_for prices with
         slot = None
         if tf.executing_eagerly() and not host:
             if self.scheme.ef:
@@ -271,8 +272,8 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
             stream = stream_seed(self.seed, hvd.rank(), slot.index)
         ctx = Ctx(index, shape, tensor.dtype, n, pattern, size, prank, slot=slot, step=step)
         with self._telemetry.recording(step):  # counts the step; the host functions' time (stats)
-            if pattern is None:  # fp32 pass-through (Horovod's TF allreduce has no bfloat16: sent as fp32)
-                return (tf.cast(tensor, tf.float32) if tensor.dtype == tf.bfloat16 else tensor), ctx
+            if pattern is None or pattern is Pattern.FP16:  # Horovod's own allreduce: fp32, or fp16 as stock
+                return codec.horovod_operand(tensor, pattern is Pattern.FP16), ctx
             if slot is not None and self.scheme.warmup > 0 and n > 0:
                 return self._warm_or_compressed(tensor, ctx, step, stream, key, ps)
             return self._start(tensor, ctx, step, stream, key, ps), ctx
@@ -361,7 +362,7 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
             return ctx.finish(tensor)
         if not isinstance(ctx, Ctx):
             raise GradqError("decompress() got a context hvd_gradq did not make")
-        if ctx.pattern is None:
+        if ctx.pattern is None or ctx.pattern is Pattern.FP16:  # fp16: hvd.Compression.fp16's cast back
             return tf.cast(tensor, ctx.dtype)
         if ctx.n == 0:
             return tf.zeros(ctx.shape, ctx.dtype)

@@ -9,6 +9,10 @@ process set each rank allgathers its configuration as one fixed-size block
 raises the same RankMismatchError, naming the ranks, if they differ. It runs eagerly
 (``tf.init_scope``), even while a graph is being traced; in a TF1-style graph no eager
 collective can run, and the check is skipped.
+
+The same moment, every rank times the codec of the schemes ``auto`` may price on this CPU and
+the ranks agree on the maximum (:func:`agree`, :mod:`hvd_gradq.frontend.probe`), whether or not
+the configurations are compared: the cost model then reads only values every rank holds.
 """
 from __future__ import annotations
 
@@ -17,13 +21,20 @@ import re
 from typing import Any
 
 import horovod.tensorflow as hvd
+import horovod.tensorflow.mpi_ops as mpi_ops
 import tensorflow as tf
 
 from ..errors import GradqError
+from ..frontend import hosts, probe
 from ..frontend.codec import check_config_blocks, config_block
+from ..frontend.cpu_cost import Figures
 from ..frontend.guards import check_initialized
+from ..frontend.membership import membership
+from ..frontend.patterns import Pattern
 from ..schemes.options import NonFinite
 from ..schemes.scheme import Scheme
+from .callsite import set_suffix
+from .hier import ranks_per_host_of
 
 _COUNTER = itertools.count()
 _NAME_OK = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
@@ -61,3 +72,26 @@ def check_configs(config: str, ps: Any, suffix: str) -> None:
         gathered = hvd.allgather(tf.constant(config_block(config)), name=f"hvd_gradq.tfconfig{suffix}",
                                  ignore_name_scope=True, process_set=ps).numpy()
     check_config_blocks(gathered)
+
+
+def agree(config: str, check: bool, ps: Any, scheme: Scheme, pattern: Pattern, link_gbps: float) -> Figures | None:
+    """Once a process set, eagerly: compare ``config`` (with the cluster layout) across its ranks
+    when ``check``, then, where the cost model chooses (``auto``, ``hierarchical``), the CPU
+    figures every rank measured, agreed (the maximum). None: one rank, a TF1-style graph, or an
+    explicit pattern (the model's table stands; every rank alike)."""
+    size, suffix = membership(mpi_ops._basics, ps).size, set_suffix(ps)
+    if size <= 1:
+        return None
+    local = ranks_per_host_of(ps)
+    if check:
+        check_configs(config + hosts.layout(hvd.size(), local, link_gbps), ps, suffix)
+    with tf.init_scope():
+        if not tf.executing_eagerly() or pattern not in (Pattern.AUTO, Pattern.HIERARCHICAL):
+            return None
+        return probe.agreed(scheme, size, local, _fp16_round_trip, lambda row: hvd.allgather(
+            tf.constant(row), name=f"hvd_gradq.tfcpu{suffix}", ignore_name_scope=True, process_set=ps).numpy())
+
+
+def _fp16_round_trip(x: Any) -> Any:
+    """Horovod's fp16 cast there and back (``hvd.Compression.fp16``), as the probe times it."""
+    return tf.cast(tf.cast(tf.constant(x), tf.float16), tf.float32).numpy()

@@ -34,7 +34,7 @@ import tensorflow as tf
 from ..feedback import Memory, host_key, reduced_key
 from ..frontend.codec import tensor_key
 from ..frontend.hosts import Hosts, ranks_per_host
-from ..frontend.patterns import Cost, Pattern, chunk_bounds, cost, fp32_cost, hier_cross, reduced_scheme
+from ..frontend.patterns import Cost, Pattern, chunk_bounds, cost, fp16_cost, fp32_cost, hier_cross, reduced_scheme
 from ..schemes.scheme import Scheme
 from ..wire.payload import header_size
 from ..xp import stream_seed
@@ -83,6 +83,8 @@ def slot_cost(scheme: Scheme, n: int, ndim: int, size: int, local: int, pattern:
     the other patterns, :func:`~hvd_gradq.frontend.patterns.cost`."""
     if size <= 1 or pattern is None:
         return fp32_cost(n, size)
+    if pattern is Pattern.FP16:  # the cost model's fallback: Horovod's fp16 ring
+        return fp16_cost(n, size)
     if pattern is not Pattern.HIERARCHICAL:
         return cost(scheme, n, ndim, size, pattern)
     h = Hosts(size, local, hvd.rank())

@@ -38,6 +38,7 @@ import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
 from ..errors import GradqError
+from ..frontend.cpu_cost import Figures
 from ..frontend.patterns import Pattern
 
 
@@ -75,6 +76,8 @@ class Bookkeeping:
         self.positions: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self.eager_calls = 0
         self.checked: set[int] = set()  # process set ids whose ranks were compared
+        self.figures: dict[int, Figures | None] = {}  # process set id -> the CPU figures its ranks agreed on
+        self.agreed: Figures | None = None  # those of the process set being reduced now
         self.loss_scale = loss_scale
         self.process_set: Any = None
         self._one: Any = None

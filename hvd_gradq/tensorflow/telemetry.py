@@ -60,7 +60,7 @@ class Telemetry:
     def decide(self, key: str, pattern: Pattern | None, why: str, n: int, size: int) -> None:
         """A slot's pattern (None: fp32) and why; a tf.cond picks warm-up steps at run time, so
         the reason says it once."""
-        if pattern is not None and self.scheme.warmup > 0:
+        if pattern not in (None, Pattern.FP16) and self.scheme.warmup > 0:  # fp16 (fallback): no warm-up
             k = self.scheme.warmup
             why += f"; the first {k} step{'s' if k > 1 else ''} fp32 (warm-up)"
         self.stats.decide(key, pattern.value if pattern else "fp32", why, n, size)

@@ -48,7 +48,8 @@ import torch
 
 from ..errors import GradqError
 from ..feedback import Memory
-from ..frontend import codec, hosts
+from ..frontend import codec, hosts, probe
+from ..frontend.cpu_cost import Figures
 from ..frontend.guards import check_tensor, instance_only
 from ..frontend.hosts import Hosts
 from ..frontend.membership import membership
@@ -57,6 +58,7 @@ from ..frontend.patterns import (
     Pattern,
     choose,
     decide_why,
+    fp16_cost,
     fp32_cost,
     hier_cross,
     in_warmup,
@@ -96,6 +98,11 @@ class GradqCompressor(Reports):
             (:mod:`hvd_gradq.frontend.patterns`).
         link_gbps: the link rate (Gbit/s) the cost model weighs bytes with against encoding and
             decoding time under ``auto``. Default: ``HVD_GRADQ_LINK_GBPS``, else 10.
+        fallback: under ``auto``, send a tensor as Horovod's fp16 (``hvd.Compression.fp16``, bit for
+            bit) where the cost model says the scheme's encode + bytes + decode would take longer
+            (:func:`hvd_gradq.frontend.patterns.decide`; the CPU figures measured at the first step
+            on every rank, the maximum agreed, :mod:`hvd_gradq.frontend.probe`). False: never.
+            Default: ``HVD_GRADQ_FALLBACK`` (1 or 0), else True.
         check_ranks: at the first step, allgather the configuration and stop every rank with an
             error naming the ranks and the difference if they disagree.
         process_set: the Horovod process set of the reductions; by default the one Horovod's call
@@ -132,6 +139,7 @@ class GradqCompressor(Reports):
         threads: int | None = None,
         codec: str | None = None,
         link_gbps: float | None = None,
+        fallback: bool | None = None,
     ) -> None:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise GradqError(f"seed must be an integer, not {type(seed).__name__}")
@@ -139,6 +147,8 @@ class GradqCompressor(Reports):
         self.seed = seed
         self.pattern = parse_pattern(pattern)
         self.link_gbps = hosts.link_gbps(link_gbps)
+        self.fallback = probe.resolve_fallback(fallback)
+        self._figures: dict[str, Figures] = {}  # the CPU figures every rank of a process set agreed on
         self._local: int | None = None  # ranks a host (frontend/hosts.py), asked of Horovod once
         if self.pattern is Pattern.SUMMABLE:
             choose(scheme, 1, 1, 2, Pattern.SUMMABLE)  # refuse now, not at the first step
@@ -237,12 +247,17 @@ class GradqCompressor(Reports):
         if group.key in self._checked:
             return
         self._checked.add(group.key)
-        if not self.check_ranks or group.size == 1:
+        if group.size == 1:
             return
-        layout = hosts.layout(group.size, group.local, self.link_gbps)
-        block = torch.from_numpy(codec.config_block(self.config() + layout))
-        gathered = hvd.allgather(block, name=f"hvd_gradq.{group.key}config", process_set=group.process_set)
-        codec.check_config_blocks(gathered.numpy())
+        if self.check_ranks:
+            layout = hosts.layout(group.size, group.local, self.link_gbps) + f"|fallback={self.fallback}"
+            block = torch.from_numpy(codec.config_block(self.config() + layout))
+            gathered = hvd.allgather(block, name=f"hvd_gradq.{group.key}config", process_set=group.process_set)
+            codec.check_config_blocks(gathered.numpy())
+        if self.pattern in (Pattern.AUTO, Pattern.HIERARCHICAL):  # the patterns the model chooses
+            self._figures[group.key] = probe.agreed(
+                self.scheme, group.size, group.local, _fp16_round_trip, lambda row: hvd.allgather(
+                    torch.from_numpy(row), name=f"hvd_gradq.{group.key}cpu", process_set=group.process_set).numpy())
 
     # -- Horovod's interface -------------------------------------------------------------------
     @instance_only
@@ -269,18 +284,21 @@ class GradqCompressor(Reports):
         n = tensor.numel()
         # one-rank sets pass through exactly; otherwise the shared policy (frontend/patterns.py)
         pattern, why = (Pattern.FP32, ONE_RANK_WHY) if group.size == 1 else decide_why(
-            self.scheme, n, tensor.dim(), group.size, self.pattern, local=group.local, link_gbps=self.link_gbps)
+            self.scheme, n, tensor.dim(), group.size, self.pattern, local=group.local, link_gbps=self.link_gbps,
+            fallback=self.fallback, figures=self._figures.get(group.key))
         step = self._steps.get(name, 0)
-        if pattern is not Pattern.FP32:
+        if pattern not in (Pattern.FP32, Pattern.FP16):
             self._steps[name] = step + 1
             if in_warmup(self.scheme, step):  # the recipe's first steps: exact, no residual kept
                 pattern, why = Pattern.FP32, warmup_why(self.scheme, step, pattern)
         self._stats.decide(name, pattern.value, why, n, group.size)
-        if pattern is Pattern.FP32:
-            # Horovod's own fp32 allreduce, exactly (torch's allreduce has no bf16: sent as fp32).
-            c = fp32_cost(n, group.size)
+        if pattern in (Pattern.FP32, Pattern.FP16):
+            # Horovod's own fp32 allreduce, exactly (torch's allreduce has no bf16: sent as fp32), or
+            # what hvd.Compression.fp16 does: cast to float16, Horovod's allreduce, cast back
+            c = (fp32_cost if pattern is Pattern.FP32 else fp16_cost)(n, group.size)
             self._stats.record(name, c.sent, c.received)
-            out = tensor.to(torch.float32) if tensor.dtype == torch.bfloat16 else tensor
+            out = tensor.to(torch.float16) if pattern is Pattern.FP16 else (
+                tensor.to(torch.float32) if tensor.dtype == torch.bfloat16 else tensor)
             return self._telemetry.compressed(t0, (out, Pass(name, tensor.dtype)))
         x = tensor.detach().reshape(-1).to(torch.float32)
         if self.scheme.ef:
@@ -345,6 +363,11 @@ class GradqCompressor(Reports):
     def digest(self) -> str:
         h = hashlib.sha256(self.config().encode())
         return h.hexdigest()[:16]
+
+
+def _fp16_round_trip(x: Any) -> Any:
+    """Horovod's fp16 cast there and back, as :mod:`~hvd_gradq.frontend.probe` times it."""
+    return torch.from_numpy(x).to(torch.float16).to(torch.float32)
 
 
 def _local_size() -> int:

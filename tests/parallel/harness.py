@@ -69,6 +69,10 @@ def launch(
                 # Gloo's 30 s default for one transfer is too short on a 2-core machine running a
                 # suite while numba compiles on one rank; a real hang still ends at ``timeout``.
                 "HOROVOD_GLOO_TIMEOUT_SECONDS": "180",
+                # the workers check each pattern's arithmetic against oracles: auto's fp16 fallback
+                # (a question of time, on figures each launch measures anew) is off unless a check
+                # asks for it (fallback=True, or env=)
+                "HVD_GRADQ_FALLBACK": "0",
             }
         )
         if env:

@@ -26,6 +26,17 @@ def test_hierarchical(np_: int, per_host: int, link: float, cross: str) -> None:
             assert abs(case["model_sent"] - case["sent"]) <= (case["slack"] if cross == "scatter" else 0), (r, key, case)
         assert_ranks_equal({r: {"d": rep[key]["digests"]} for r, rep in reports.items()}, "d")
     assert {rep["oracle|orq:levels=5|big|Average"]["cross"] for rep in reports.values()} == {cross}
+    # the fp16 fallback: ranks that measured apart (alone they would decide differently) agree on
+    # the maximum, all send fp16, with stock Compression.fp16's bits; fallback=False keeps ORQ
+    fb = {r: rep["fallback"] for r, rep in reports.items()}
+    assert len({f["alone"] for f in fb.values()}) > 1 and fb[0]["alone"] != "fp16", fb
+    for r, f in fb.items():
+        assert f["True"]["pattern"] == "fp16" and f["True"]["why"].startswith("fallback: modelled "), (r, f)
+        assert f["equal_fp16"] and not f["equal_fp32"], (r, f)
+        assert f["False"]["pattern"] not in ("fp16", "fp32"), (r, f)
+        assert f["True"]["figures"] == fb[0]["True"]["figures"], (r, f)
+    top = {k: (e, d) for k, e, d in fb[0]["True"]["figures"]}
+    assert max(e for e, _ in top.values()) == 400.0 + np_ - 1, top  # the slowest rank's encode: the maximum
     assert_ranks_equal({r: {"d": rep["auto"]["digest"]} for r, rep in reports.items()}, "d")
     auto = reports[0]["auto"]
     assert auto["want"] == "hierarchical" and "hierarchical" in auto["patterns"], auto

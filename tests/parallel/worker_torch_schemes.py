@@ -129,7 +129,8 @@ def train(spec: str, steps: int, probe: bool = False, **opt_kw):
     out = {"digest": h.hexdigest(), "loss0": loss0, "loss": loss, "curve": curve, "stats": st}
     if spec == TELEMETRY:
         decided = {name: decide_why(comp.scheme, p.numel(), p.dim(), size, Pattern.AUTO, local=1,
-                                    link_gbps=comp.link_gbps) for name, p in named}
+                                    link_gbps=comp.link_gbps, fallback=comp.fallback, figures=comp._figures[""])
+                   for name, p in named}  # as the compressor decides: its fallback, the ranks' agreed CPU figures
         out["telemetry"] = {"stderr": log_text.getvalue(), "metrics": comp.metrics(),
                             "decided": {k: [p.value, why] for k, (p, why) in decided.items()}}
     if probe:

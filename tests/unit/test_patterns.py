@@ -29,7 +29,8 @@ def test_tiny_tensors_go_fp32_only_under_auto() -> None:
     assert fp32_cost(4, 2).received == 16
     assert decide(orq, 4, 1, 2, Pattern.AUTO) is Pattern.FP32
     assert decide(orq, 4, 1, 2, Pattern.GATHER) is Pattern.GATHER  # an explicit request is honoured
-    assert decide(orq, 1 << 20, 2, 2, Pattern.AUTO) is Pattern.GATHER  # ~1.6 bits vs 32: compress
+    # ~1.6 bits vs 32: compress (the fp16 fallback, a question of time, not bytes, left out here)
+    assert decide(orq, 1 << 20, 2, 2, Pattern.AUTO, fallback=False) is Pattern.GATHER
 
 
 def test_offered_patterns_bound_the_choice() -> None:
@@ -75,11 +76,12 @@ def test_auto_takes_the_fastest_by_the_model(spec: str, nranks: int, local: int,
 def test_cpu_decides_on_fast_links_and_bytes_on_slow_ones() -> None:
     """ORQ-5 at 8 ranks: on a 0.1 Gbit/s link scatter's fewer bytes win; at 1,000 Gbit/s the wire
     is free and gather, which quantizes once with ORQ-5 instead of re-quantizing with ORQ-11,
-    costs less CPU (the table's ORQ encode grows with the levels)."""
+    costs less CPU (the table's ORQ encode grows with the levels). Among the compressed patterns:
+    with the fp16 fallback, 1,000 Gbit/s sends it as fp16 (test_fp16_fallback_*)."""
     orq = hvd_gradq.parse("orq:levels=5")
     n = 1 << 22
     assert decide(orq, n, 2, 8, Pattern.AUTO, link_gbps=0.1) is Pattern.SCATTER
-    assert decide(orq, n, 2, 8, Pattern.AUTO, link_gbps=1000.0) is Pattern.GATHER
+    assert decide(orq, n, 2, 8, Pattern.AUTO, link_gbps=1000.0, fallback=False) is Pattern.GATHER
     assert cpu_seconds(orq, n, 8, Pattern.SCATTER) > cpu_seconds(orq, n, 8, Pattern.GATHER)
 
 
@@ -111,7 +113,7 @@ def test_hierarchical_wins_with_several_ranks_a_host_and_means_its_cross_part_wi
     # the cross-host part is what auto would choose for the piece among the hosts
     for nranks, local, gbps in ((4, 2, 0.01), (4, 2, 100.0), (1024, 8, 10.0), (64, 4, 1.0)):
         want = decide(orq, n // local, 1, nranks // local, Pattern.AUTO, frozenset({Pattern.GATHER, Pattern.SCATTER}),
-                      link_gbps=gbps)
+                      link_gbps=gbps, fallback=False)  # a piece never goes fp16 on its own: the whole tensor may
         assert hier_cross(orq, n, nranks, local, gbps) is want
     assert hier_cross(orq, n, 4, 2, 0.01) is Pattern.GATHER  # 2 hosts: the finer second pass costs more
     assert hier_cross(orq, n, 8, 2, 0.01) is Pattern.SCATTER  # 4 hosts, a slow link: bytes decide

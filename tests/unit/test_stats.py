@@ -32,7 +32,7 @@ from hvd_gradq.frontend.patterns import (
 from hvd_gradq.frontend.stats import Clock, Reports, Stats, flat_metrics, ratio, tally
 from hvd_gradq.wire.payload import header_size
 
-TAGS = {"requested", "auto", "no saving", "nonfinite=skip", "one rank a host", "warm-up", "one rank"}
+TAGS = {"requested", "auto", "no saving", "fallback", "nonfinite=skip", "one rank a host", "warm-up", "one rank"}
 
 
 def ring(n: int, nranks: int, itemsize: int) -> int:

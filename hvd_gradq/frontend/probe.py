@@ -1,0 +1,120 @@
+"""The cost model's CPU figures from the machine the job runs on, agreed by every rank.
+
+At its first step over a process set, each frontend times the schemes it may use (the scheme,
+the finer one the scatter pattern re-encodes a reduced chunk with, and Horovod's fp16 cast) on
+a fixed synthetic tensor, through the same host codec it runs: :func:`measure`, a few
+milliseconds a scheme once the kernels are compiled (the warm-up call compiles or loads them,
+as the first step would anyway). The ranks then allgather their figures (:func:`to_row`, one
+small float64 collective beside the configuration check) and every rank takes the elementwise
+maximum (:func:`agree`): a decision (:func:`~.patterns.decide`) reads only agreed values, so
+no two ranks can choose differently, and the slowest rank, which the others wait for in every
+collective, is the one the model prices. The result is :class:`~.cpu_cost.Figures`; callers
+without a job (``advise``, the benchmarks' models) keep the shipped table.
+"""
+from __future__ import annotations
+
+import os
+import time
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..api import dequantize, split
+from ..errors import GradqError, RankMismatchError
+from ..schemes.scheme import Scheme
+from . import codec
+from .cpu_cost import CAST, Figures
+from .patterns import reduced_scheme
+
+#: Elements of the synthetic tensor: large enough that per-call overhead (framing, checksum,
+#: dispatch) is a small share, small enough that the slowest scheme costs milliseconds.
+ELEMENTS = 1 << 16
+#: Timed runs of each, the best kept (a preempted run only ever makes a figure larger).
+REPS = 3
+#: The default of the compressors' ``fallback=`` (1/true/yes/on or 0/false/no/off; unset: on).
+FALLBACK_ENV = "HVD_GRADQ_FALLBACK"
+_WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
+
+
+def resolve_fallback(value: bool | None = None) -> bool:
+    """The compressors' ``fallback``: ``value``, else ``HVD_GRADQ_FALLBACK``, else True."""
+    if value is None:
+        raw = os.environ.get(FALLBACK_ENV)
+        if raw is None:
+            return True
+        if raw.strip().lower() not in _WORDS:
+            raise GradqError(f"{FALLBACK_ENV}={raw!r} is not valid: write 1 or 0 (true/false, yes/no, on/off)")
+        return _WORDS[raw.strip().lower()]
+    if not isinstance(value, bool):
+        raise GradqError(f"fallback must be True or False, not {value!r}")
+    return value
+
+
+def schemes_for(scheme: Scheme, nranks: int, local: int = 1) -> list[Scheme]:
+    """What the model prices for ``scheme`` over ``nranks`` ranks, ``local`` a host: the scheme and
+    the reduced chunk's scheme over the ranks and over the hosts, each once, in a fixed order
+    (every rank derives the same list from the configuration the ranks compared)."""
+    out: dict[str, Scheme] = {scheme.spec: scheme}
+    for k in (nranks, nranks // max(local, 1)):
+        if k > 1:
+            fine = reduced_scheme(scheme, k)
+            out.setdefault(fine.spec, fine)
+    return list(out.values())
+
+
+def _best(f: Callable[[], object], reps: int) -> float:
+    best = float("inf")
+    for _ in range(reps):
+        t = time.perf_counter()
+        f()
+        best = min(best, time.perf_counter() - t)
+    return best
+
+
+def measure(schemes: list[Scheme], cast: Callable[[NDArray[np.float32]], Any] | None = None,
+            elements: int = ELEMENTS, reps: int = REPS) -> Figures:
+    """(encode, decode) ns an element of each scheme on this rank, best of ``reps`` after a
+    warm-up call; with ``cast`` (the frontend's float32 -> float16 -> float32 round trip) also
+    :data:`~.cpu_cost.CAST`, half the round trip each way."""
+    x = np.random.default_rng(0).standard_normal(elements).astype(np.float32)
+    rows: list[tuple[str, float, float]] = []
+    for s in schemes:
+        buf, _ = codec.encode(s, x, 1, "probe")  # compiles or loads the kernels: not counted
+        (p,) = split(buf)
+        enc = _best(lambda: codec.encode(s, x, 1, "probe"), reps)  # noqa: B023 (used inside the loop)
+        dec = _best(lambda: dequantize(p), reps)  # noqa: B023
+        rows.append((s.spec, enc / elements * 1e9, dec / elements * 1e9))
+    if cast is not None:
+        cast(x)
+        half = _best(lambda: cast(x), reps) / elements * 1e9 / 2
+        rows.append((CAST, half, half))
+    return Figures(tuple(rows))
+
+
+def to_row(figures: Figures) -> NDArray[np.float64]:
+    """The figures as one float64 row (encode, decode for each entry, in order) for an allgather."""
+    return np.array([v for _, e, d in figures.ns for v in (e, d)], np.float64)
+
+
+def agree(figures: Figures, gathered: NDArray[Any]) -> Figures:
+    """Every rank's :func:`to_row` (``gathered``, rank after rank) to the elementwise maximum,
+    under this rank's keys (the same on every rank: they come from the compared configuration).
+    Exact float64 arithmetic on the same rows: the same bits on every rank."""
+    width = 2 * len(figures.ns)
+    flat = np.asarray(gathered, np.float64).reshape(-1)
+    if width == 0 or flat.size % width:
+        raise RankMismatchError(
+            f"ranks measured different sets of schemes ({flat.size} figures for rows of {width}): "
+            "build the same compressor on every rank (check_ranks=True names the difference)")
+    top = flat.reshape(-1, width).max(axis=0)
+    return Figures(tuple((k, float(top[2 * i]), float(top[2 * i + 1])) for i, (k, _, _) in enumerate(figures.ns)))
+
+
+def agreed(scheme: Scheme, nranks: int, local: int, cast: Callable[[NDArray[np.float32]], Any],
+           allgather: Callable[[NDArray[np.float64]], NDArray[Any]]) -> Figures:
+    """Measure on this rank (:func:`measure`, through this module's attribute so that a test can
+    hand each rank other figures), allgather, and return what every rank agrees on."""
+    mine = measure(schemes_for(scheme, nranks, local), cast)
+    return agree(mine, allgather(to_row(mine)))

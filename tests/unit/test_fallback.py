@@ -1,0 +1,184 @@
+"""The fp16 fallback of ``pattern=auto`` (frontend/patterns.decide) and the CPU figures it reads
+(frontend/cpu_cost.Figures, measured and agreed by frontend/probe): fp16 exactly where the model
+says the scheme is slower, never with ``fallback=False`` or an explicit pattern, and one decision
+for every rank whatever each measured. Horovod's fp16 time is written out here from its ring
+(2(N-1)/N x 2 bytes an element) and the cast figures given."""
+from __future__ import annotations
+
+import itertools
+import re
+
+import numpy as np
+import pytest
+
+import hvd_gradq
+from hvd_gradq.errors import RankMismatchError
+from hvd_gradq.frontend import probe
+from hvd_gradq.frontend.cpu_cost import ADD_NS, CAST, CAST_NS, Figures, ns_per_element
+from hvd_gradq.frontend.patterns import (
+    EVERY,
+    Pattern,
+    choose,
+    cpu_seconds,
+    decide,
+    decide_why,
+    duration,
+    reduced_scheme,
+    seconds,
+)
+
+SPECS = ["orq:levels=3", "orq:levels=5", "orq:levels=9", "qsgd:levels=4", "bingrad", "sign", "uniform:bits=4"]
+
+
+def fp16_seconds(n: int, nranks: int, gbps: float, cast: tuple[float, float]) -> float:
+    """Horovod's Compression.fp16 by the model's rules: its ring's bytes on the wire, the cast there and back."""
+    ring = round(2 * (nranks - 1) / nranks * 2 * n)
+    return ring * 8 / (gbps * 1e9) + (cast[0] + cast[1]) * n * 1e-9
+
+
+def figures(spec: str, enc: float, dec: float, cast: tuple[float, float] = (0.5, 0.5)) -> Figures:
+    scheme = hvd_gradq.parse(spec)
+    rows = [(s.spec, enc, dec) for s in probe.schemes_for(scheme, 64, 8)]
+    return Figures((*rows, (CAST, *cast)))
+
+
+@pytest.mark.parametrize("spec", SPECS)
+@pytest.mark.parametrize("nranks,local", [(2, 1), (8, 1), (8, 2)])
+@pytest.mark.parametrize("gbps", [0.1, 1.0, 10.0, 100.0])
+@pytest.mark.parametrize("enc,dec", [(0.2, 0.1), (20.0, 1.0), (200.0, 5.0)])
+def test_fp16_exactly_where_the_model_says_the_scheme_is_slower(spec: str, nranks: int, local: int, gbps: float,
+                                                                 enc: float, dec: float) -> None:
+    scheme = hvd_gradq.parse(spec)
+    fig = figures(spec, enc, dec)
+    n = 1 << 20
+    kept = decide(scheme, n, 2, nranks, Pattern.AUTO, EVERY, local, gbps, False, fig)
+    got, why = decide_why(scheme, n, 2, nranks, Pattern.AUTO, EVERY, local, gbps, True, fig)
+    assert kept is not Pattern.FP16  # fallback=False: never
+    if kept is Pattern.FP32:  # no saving in bytes: Horovod's fp32, before any question of time
+        assert got is Pattern.FP32
+        return
+    mine = seconds(scheme, n, 2, nranks, kept, local, gbps, fig)
+    theirs = fp16_seconds(n, nranks, gbps, (0.5, 0.5))
+    assert seconds(scheme, n, 2, nranks, Pattern.FP16, local, gbps, fig) == pytest.approx(theirs, rel=1e-12)
+    if mine > theirs:
+        assert got is Pattern.FP16, why
+        assert why == (f"fallback: modelled {kept.value} {duration(mine)} vs fp16 {duration(theirs)} "
+                       f"at {gbps:g} Gbit/s")
+    else:
+        assert got is kept, why
+
+
+def test_the_figures_decide_both_ways() -> None:
+    """One tensor, one link: a slow codec goes fp16, a fast one keeps its scheme; and at a slow
+    link bytes win whatever the codec costs."""
+    orq = hvd_gradq.parse("orq:levels=5")
+    n = 1 << 22
+    slow, fast = figures(orq.spec, 300.0, 10.0), figures(orq.spec, 0.1, 0.05)
+    assert decide(orq, n, 2, 8, Pattern.AUTO, link_gbps=10.0, figures=slow) is Pattern.FP16
+    assert decide(orq, n, 2, 8, Pattern.AUTO, link_gbps=10.0, figures=fast) in (Pattern.GATHER, Pattern.SCATTER)
+    assert decide(orq, n, 2, 8, Pattern.AUTO, link_gbps=0.01, figures=slow) in (Pattern.GATHER, Pattern.SCATTER)
+
+
+@pytest.mark.filterwarnings("ignore:pattern=hierarchical needs")
+@pytest.mark.parametrize("requested", [Pattern.GATHER, Pattern.SCATTER, Pattern.HIERARCHICAL, Pattern.SUMMABLE])
+def test_an_explicit_pattern_never_falls_back(requested: Pattern) -> None:
+    q = hvd_gradq.parse("qsgd:levels=4")
+    slow = figures(q.spec, 1000.0, 100.0)
+    for nranks, local, gbps in ((8, 1, 1000.0), (8, 2, 1000.0), (2, 1, 100.0)):
+        p = decide(q, 1 << 20, 2, nranks, requested, EVERY, local, gbps, True, slow)
+        assert p is not Pattern.FP16 and p is choose(q, 1 << 20, 2, nranks, requested, EVERY, local, gbps, slow)
+
+
+def test_only_propagate_falls_back_and_one_rank_never() -> None:
+    """fp16 carries NaN/Inf as Horovod does: a scheme that raises or skips on them keeps its scheme."""
+    slow = (1000.0, 100.0)
+    for spec, want in (("orq:levels=5", True), ("orq:levels=5,nonfinite=raise", False),
+                       ("orq:levels=5,nonfinite=skip", False)):
+        s = hvd_gradq.parse(spec)
+        fig = Figures(((s.spec, *slow), (CAST, 0.5, 0.5)))
+        assert (decide(s, 1 << 20, 2, 8, Pattern.AUTO, link_gbps=100.0, figures=fig) is Pattern.FP16) is want, spec
+    s = hvd_gradq.parse("orq:levels=5")
+    assert decide(s, 1 << 20, 2, 1, Pattern.AUTO, figures=Figures(((s.spec, *slow),))) is not Pattern.FP16
+
+
+def test_measured_figures_replace_the_table_and_the_rest_stays() -> None:
+    orq = hvd_gradq.parse("orq:levels=3")
+    n, nranks = 1 << 16, 4
+    fig = Figures(((orq.spec, 10.0, 1.0),))
+    assert cpu_seconds(orq, n, nranks, Pattern.GATHER, figures=fig) == pytest.approx(
+        (10.0 * n + (1.0 + ADD_NS) * (nranks - 1) * n) * 1e-9)
+    enc, dec = ns_per_element(orq)  # no figures: the table
+    assert cpu_seconds(orq, n, nranks, Pattern.GATHER) == pytest.approx((enc * n + (dec + ADD_NS) * (nranks - 1) * n)
+                                                                         * 1e-9)
+    # the cast: measured where given, else the table's constant
+    assert cpu_seconds(orq, n, nranks, Pattern.FP16, figures=Figures(((CAST, 0.25, 0.5),))) == pytest.approx(
+        0.75 * n * 1e-9)
+    assert cpu_seconds(orq, n, nranks, Pattern.FP16) == pytest.approx(sum(CAST_NS) * n * 1e-9)
+
+
+def test_schemes_for_lists_what_the_model_prices_once_each() -> None:
+    orq = hvd_gradq.parse("orq:levels=3")
+    assert [s.spec for s in probe.schemes_for(orq, 4)] == [orq.spec, reduced_scheme(orq, 4).spec]
+    got = [s.spec for s in probe.schemes_for(orq, 8, 2)]  # the reduced chunk over 8 ranks and over 4 hosts
+    assert got == list(dict.fromkeys([orq.spec, reduced_scheme(orq, 8).spec, reduced_scheme(orq, 4).spec]))
+    sign = hvd_gradq.parse("sign")  # no finer form: one entry
+    assert [s.spec for s in probe.schemes_for(sign, 16, 4)] == [sign.spec]
+    assert [s.spec for s in probe.schemes_for(orq, 1)] == [orq.spec]
+
+
+def test_agree_takes_the_elementwise_maximum_whatever_the_order() -> None:
+    keys = ("a", "b", CAST)
+    rows = np.array([[1.0, 9.0, 3.0, 0.5, 0.2, 0.1],
+                     [2.0, 1.0, 3.5, 0.4, 0.3, 0.1],
+                     [0.5, 2.0, 1.0, 0.6, 0.1, 0.7]])
+    want = {"a": (2.0, 9.0), "b": (3.5, 0.6), CAST: (0.3, 0.7)}
+    for rank, order in enumerate(itertools.permutations(range(3))):  # any rank's own row, any gather order
+        mine = Figures(tuple((k, *rows[rank % 3, 2 * i: 2 * i + 2]) for i, k in enumerate(keys)))
+        assert np.array_equal(probe.to_row(mine), rows[rank % 3])
+        got = probe.agree(mine, rows[list(order)].reshape(-1))
+        assert {k: (e, d) for k, e, d in got.ns} == want
+        assert [k for k, _, _ in got.ns] == list(keys)
+
+
+def test_ranks_with_different_figures_decide_alike_once_agreed() -> None:
+    """Three ranks measured ORQ-5 at different speeds; decided on their own figures they would
+    split (one fp16, one compressed); on the agreed maximum every rank takes the same pattern."""
+    orq = hvd_gradq.parse("orq:levels=5")
+    n, nranks, gbps = 1 << 22, 3, 10.0
+    own = [figures(orq.spec, e, d) for e, d in ((0.5, 0.1), (40.0, 2.0), (5.0, 0.5))]
+    alone = {decide(orq, n, 2, nranks, Pattern.AUTO, link_gbps=gbps, figures=f) for f in own}
+    assert len(alone) > 1, alone  # the test needs ranks that would disagree
+    gathered = np.concatenate([probe.to_row(f) for f in own])
+    agreed = [probe.agree(f, gathered) for f in own]
+    assert len(set(agreed)) == 1
+    assert {decide(orq, n, 2, nranks, Pattern.AUTO, link_gbps=gbps, figures=f) for f in agreed} == {Pattern.FP16}
+
+
+def test_agree_refuses_rows_of_another_width() -> None:
+    mine = Figures((("a", 1.0, 2.0),))
+    with pytest.raises(RankMismatchError, match="different sets of schemes"):
+        probe.agree(mine, np.ones(5))
+
+
+def test_measure_times_each_scheme_and_the_cast() -> None:
+    schemes = probe.schemes_for(hvd_gradq.parse("orq:levels=3"), 4)
+    calls = []
+
+    def cast(x: np.ndarray) -> np.ndarray:
+        calls.append(x.size)
+        return x.astype(np.float16).astype(np.float32)
+
+    got = probe.measure(schemes, cast, elements=4096, reps=2)
+    assert [k for k, _, _ in got.ns] == [s.spec for s in schemes] + [CAST]
+    assert all(np.isfinite(e) and np.isfinite(d) and e > 0 and d > 0 for _, e, d in got.ns)
+    assert calls == [4096] * 3  # a warm-up and the timed runs
+    assert got.get(CAST) is not None and got.get("nothing") is None
+
+
+def test_the_fallback_reason_parses() -> None:
+    orq = hvd_gradq.parse("orq:levels=9")
+    p, why = decide_why(orq, 1 << 20, 2, 8, Pattern.AUTO, link_gbps=100.0)
+    assert p is Pattern.FP16
+    m = re.fullmatch(r"fallback: modelled (\w+) (.+) vs fp16 (.+) at 100 Gbit/s", why)
+    assert m is not None, why
+    assert m.group(3) == duration(seconds(orq, 1 << 20, 2, 8, Pattern.FP16, 1, 100.0))
