@@ -12,6 +12,7 @@ import numpy as np
 import pytest
 
 import hvd_gradq
+from hvd_gradq import log
 from hvd_gradq.errors import RankMismatchError
 from hvd_gradq.frontend import probe
 from hvd_gradq.frontend.cpu_cost import ADD_NS, CAST, CAST_NS, Figures, ns_per_element
@@ -26,6 +27,7 @@ from hvd_gradq.frontend.patterns import (
     reduced_scheme,
     seconds,
 )
+from hvd_gradq.frontend.stats import Stats
 
 SPECS = ["orq:levels=3", "orq:levels=5", "orq:levels=9", "qsgd:levels=4", "bingrad", "sign", "uniform:bits=4"]
 
@@ -182,3 +184,19 @@ def test_the_fallback_reason_parses() -> None:
     m = re.fullmatch(r"fallback: modelled (\w+) (.+) vs fp16 (.+) at 100 Gbit/s", why)
     assert m is not None, why
     assert m.group(3) == duration(seconds(orq, 1 << 20, 2, 8, Pattern.FP16, 1, 100.0))
+
+
+def test_stats_and_the_first_step_line_name_the_fallback() -> None:
+    """A tensor sent as fp16 counts Horovod's fp16 ring (x1.00 against fp16) under pattern fp16,
+    with its reason; the log line groups it as ``fp16 1 (fallback)``."""
+    orq, n, nranks = hvd_gradq.parse("orq:levels=9"), 1 << 20, 8
+    p, why = decide_why(orq, n, 2, nranks, Pattern.AUTO, link_gbps=100.0)
+    ring16 = round(2 * (nranks - 1) / nranks * 2 * n)
+    st = Stats()
+    st.begin_step()
+    st.decide("w", p.value, why, n, nranks)
+    st.record("w", ring16, ring16)
+    out = st.summary({"scheme": orq.spec, "pattern": "auto", "ranks": nranks, "ranks_a_host": 1, "link_gbps": 100.0})
+    assert out["tensors"]["w"]["pattern"] == "fp16" and out["tensors"]["w"]["why"] == why
+    assert out["last_step"]["fp16"]["vs_fp16_allreduce"] == 1.0
+    assert "fp16 1 (fallback)" in log.describe(out, "first step")
