@@ -7,8 +7,8 @@ levels) is a bucket's own, and every random draw is keyed by the element's globa
 codes do not depend on which thread encodes it, or on what was encoded before it.
 
 **Why aligned.** Codes are packed ``unit`` symbols at a time (:attr:`Kernel.unit`: eight words
-of a sub-byte layout, else one word; 8 symbols of 1 bit, 40 of ORQ-3's 1.6 bits, 24 of ORQ-5's
-7-bit words ...). A range whose first element is a multiple of ``unit`` starts on a byte of the
+of a sub-byte layout, else one word: 8 symbols of 1, 2 or 4 bits; 5 of ORQ-3, 5 to a byte, and of
+ORQ-9, 5 to 16 bits; 24 of ORQ-5, 3 to 7 bits). A range whose first element is a multiple of ``unit`` starts on a byte of the
 packed output that no other range writes (:meth:`Kernel.byte_at`), and a range that ends on
 such a multiple leaves no codes pending, so its last byte is its own too. Every boundary of a
 :func:`split` is therefore a multiple of ``q = unit / gcd(bucket, unit)`` buckets. With the meta
@@ -21,9 +21,9 @@ ranges) writes disjoint slices of the output, so the decoded floats are too.
 process (:func:`configure`), else ``HVD_GRADQ_THREADS``, else the cores this rank has on its host:
 its affinity mask's CPU count // the ranks on the host (``HOROVOD_LOCAL_SIZE`` or the MPI
 launcher's ``OMPI_COMM_WORLD_LOCAL_SIZE`` / ``MPI_LOCALNRANKS``; 1 without a launcher), at least
-1. 0 means inline, as 1 does. A range is never shorter than :data:`MIN_RANGE_ELEMS` elements, so
-a small tensor stays on the calling thread (handing a range to a pool thread costs tens of
-microseconds; 64K elements take 0.1-6 ms to encode).
+1. 0 means inline, as 1 does. A call makes no more ranges than n // :data:`MIN_RANGE_ELEMS`, so a
+tensor under 2 x 64K elements stays on the calling thread (handing a range to a pool thread costs
+tens of microseconds; 64K elements take 0.07-7 ms to encode at 1-100 ns an element).
 
 **The pool.** One ``ThreadPoolExecutor`` for the process, made on first use and replaced by a
 larger one when a call asks for more threads (the old one finishes its jobs and exits). The
@@ -46,7 +46,7 @@ from ..errors import GradqError
 #: The environment variable that sets the thread count when no ``threads=`` is given.
 ENV = "HVD_GRADQ_THREADS"
 MAX_THREADS = 64
-#: The fewest elements a range of a split holds: smaller tensors are encoded on one thread.
+#: Elements a range holds at the least (to within an aligned step): no split below twice this.
 MIN_RANGE_ELEMS = 1 << 16
 #: Where launchers say how many ranks share this host (Horovod's own runner, Open MPI, MPICH/Intel MPI).
 LOCAL_SIZE_ENVS = ("HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
