@@ -7,14 +7,15 @@ levels) is a bucket's own, and every random draw is keyed by the element's globa
 codes do not depend on which thread encodes it, or on what was encoded before it.
 
 **Why aligned.** Codes are packed ``unit`` symbols at a time (:attr:`Kernel.unit`: eight words
-of a sub-byte layout, else one word: 8 symbols of 1, 2 or 4 bits; 5 of ORQ-3, 5 to a byte, and of
-ORQ-9, 5 to 16 bits; 24 of ORQ-5, 3 to 7 bits). A range whose first element is a multiple of ``unit`` starts on a byte of the
-packed output that no other range writes (:meth:`Kernel.byte_at`), and a range that ends on
-such a multiple leaves no codes pending, so its last byte is its own too. Every boundary of a
-:func:`split` is therefore a multiple of ``q = unit / gcd(bucket, unit)`` buckets. With the meta
-and codes written where one thread would write them, and the last range padding the codes as
-one thread does, the payload is the same bytes for any thread count; decoding (already by bucket
-ranges) writes disjoint slices of the output, so the decoded floats are too.
+of a sub-byte layout, else one word: 8 symbols of 1, 2 or 4 bits; 5 of ORQ-3, 5 to a byte, and
+of ORQ-9, 5 to 16 bits; 24 of ORQ-5, 3 to 7 bits). A range whose first element is a multiple of
+``unit`` starts on a byte of the packed output that no other range writes
+(:meth:`Kernel.byte_at`), and a range that ends on such a multiple leaves no codes pending, so
+its last byte is its own too. Every boundary of a :func:`split` is therefore a multiple of
+``q = unit / gcd(bucket, unit)`` buckets. With the meta and codes written where one thread would
+write them, and the last range padding the codes as one thread does, the payload is the same
+bytes for any thread count; decoding (already by bucket ranges) writes disjoint slices of the
+output, so the decoded floats are too.
 ``tests/unit/test_threads.py`` checks both for every level scheme, against ``threads=1``.
 
 **How many threads.** :func:`resolve`: ``threads=`` if given, else what a compressor set for the
