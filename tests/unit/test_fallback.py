@@ -13,7 +13,7 @@ import pytest
 
 import hvd_gradq
 from hvd_gradq import log
-from hvd_gradq.errors import RankMismatchError
+from hvd_gradq.errors import GradqError, RankMismatchError
 from hvd_gradq.frontend import probe
 from hvd_gradq.frontend.cpu_cost import ADD_NS, CAST, CAST_NS, Figures, ns_per_element
 from hvd_gradq.frontend.patterns import (
@@ -200,3 +200,17 @@ def test_stats_and_the_first_step_line_name_the_fallback() -> None:
     assert out["tensors"]["w"]["pattern"] == "fp16" and out["tensors"]["w"]["why"] == why
     assert out["last_step"]["fp16"]["vs_fp16_allreduce"] == 1.0
     assert "fp16 1 (fallback)" in log.describe(out, "first step")
+
+
+def test_fallback_argument_then_environment_then_on(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(probe.FALLBACK_ENV, raising=False)
+    assert probe.resolve_fallback() is True and probe.resolve_fallback(False) is False
+    for raw, want in (("0", False), ("off", False), ("No", False), ("1", True), (" true ", True), ("on", True)):
+        monkeypatch.setenv(probe.FALLBACK_ENV, raw)
+        assert probe.resolve_fallback() is want, raw
+        assert probe.resolve_fallback(not want) is (not want)  # the argument wins
+    monkeypatch.setenv(probe.FALLBACK_ENV, "maybe")
+    with pytest.raises(GradqError, match="HVD_GRADQ_FALLBACK='maybe' is not valid"):
+        probe.resolve_fallback()
+    with pytest.raises(GradqError, match="fallback must be True or False"):
+        probe.resolve_fallback(1)  # type: ignore[arg-type]
