@@ -32,9 +32,10 @@ are ``_nb_common`` (draws, fp16 rounding, tree sums, min/max), ``_nb_pack`` (str
 bit-identical to :mod:`hvd_gradq.wire.packing`), ``_nb_even``, ``_nb_levels`` and ``_nb_table``;
 ``_numba`` re-exports them (and compiles :mod:`.orq_levels` and :mod:`.bingrad_pb`).
 
-Threads: ``encode`` and ``decode`` split a tensor of at least 2 x 64K elements into ranges of whole
-buckets, aligned to the packing's units, run on a process-wide pool (:mod:`.parallel`: why the
-bytes stay those of one thread, and how many threads a call gets by default).
+Threads: ``encode`` and ``decode`` split a tensor of at least 2 x 64K elements (2 x 8K for the
+encoders that sort: bingrad, orq from 4 levels) into ranges of whole buckets, aligned to the
+packing's units, run on a process-wide pool (:mod:`.parallel`: why the bytes stay those of one
+thread, and how many threads a call gets by default).
 """
 from __future__ import annotations
 
@@ -76,18 +77,20 @@ def encode(scheme: Scheme, x: NDArray[Any], seed: int | tuple[int, int], *, out:
     codes = _buffer(out, "codes", layout(k.s).nbytes(n), np.uint8)
     if n:
         sa, sb = (int(seed[0]), int(seed[1])) if isinstance(seed, tuple) else seed_words(seed)
-        parallel.run(lambda b0, b1: k.encode(x, n, b0, b1, sa, sb, meta, codes), _ranges(k, n, threads))
+        least = parallel.MIN_RANGE_ELEMS // (parallel.SEARCH_DIVISOR if k.searches else 1)
+        parallel.run(lambda b0, b1: k.encode(x, n, b0, b1, sa, sb, meta, codes), _ranges(k, n, threads, least))
     return {"meta": meta, "codes": codes}
 
 
-def _ranges(k: Kernel, n: int, threads: int | None) -> list[parallel.Range]:
-    """The bucket ranges of a call: one without asking how many threads when ``n`` is too
-    small to split (that costs a system call; gradients are mostly small)."""
-    if n < 2 * parallel.MIN_RANGE_ELEMS:
+def _ranges(k: Kernel, n: int, threads: int | None, least: int) -> list[parallel.Range]:
+    """The bucket ranges of a call, none under ``least`` elements: one, without asking how many
+    threads, when ``n`` is too small to split (that costs a system call; gradients are mostly small)."""
+    least = max(least, 1)
+    if n < 2 * least:
         if threads is not None:
             parallel.check_threads(threads, "threads=")
         return [(0, k.nbuckets(n))]
-    return parallel.split(n, k.d, k.unit, parallel.resolve(threads), parallel.MIN_RANGE_ELEMS)
+    return parallel.split(n, k.d, k.unit, parallel.resolve(threads), least)
 
 
 def scan(x: NDArray[Any], limit: float) -> tuple[bool, bool] | None:
@@ -148,5 +151,6 @@ def decode(scheme: Scheme, parts: Parts, n: int, *, out: NDArray[Any] | None = N
         raise ValueError(f"out must be a writeable contiguous float32 array of {n} elements")
     if n:
         meta, codes, dst = wp[0], wp[1], out
-        parallel.run(lambda b0, b1: k.decode(meta, codes, n, b0, b1, dst, False), _ranges(k, n, threads))
+        ranges = _ranges(k, n, threads, parallel.MIN_RANGE_ELEMS)  # ~1 ns an element, whatever the scheme
+        parallel.run(lambda b0, b1: k.decode(meta, codes, n, b0, b1, dst, False), ranges)
     return out

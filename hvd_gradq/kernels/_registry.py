@@ -12,7 +12,7 @@ from __future__ import annotations
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -44,6 +44,9 @@ class Kernel:
     clip: np.float32
     fp16: bool
     stoch: bool
+    #: its encoder sorts and searches each bucket (10-100x an even kernel's ns an element), so a
+    #: tensor is split from fewer elements (:data:`.parallel.SEARCH_DIVISOR`)
+    searches: ClassVar[bool] = False
 
     def nbuckets(self, n: int) -> int:
         return -(-n // self.d)

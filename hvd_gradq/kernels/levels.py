@@ -3,7 +3,7 @@ classes; the compiled loops are in :mod:`._nb_table` (over :mod:`._nb_levels`)."
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, ClassVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -40,6 +40,7 @@ class SortedKernel(TableKernel):
 
     kind: int = BINGRAD
     param: int = 0
+    searches: ClassVar[bool] = True
 
     def encode(self, x: NDArray[Any], n: int, b0: int, b1: int, sa: int, sb: int, meta: NDArray[Any],
                codes: NDArray[Any]) -> None:

@@ -24,7 +24,8 @@ its affinity mask's CPU count // the ranks on the host (``HOROVOD_LOCAL_SIZE`` o
 launcher's ``OMPI_COMM_WORLD_LOCAL_SIZE`` / ``MPI_LOCALNRANKS``; 1 without a launcher), at least
 1. 0 means inline, as 1 does. A call makes no more ranges than n // :data:`MIN_RANGE_ELEMS`, so a
 tensor under 2 x 64K elements stays on the calling thread (handing a range to a pool thread costs
-tens of microseconds; 64K elements take 0.07-7 ms to encode at 1-100 ns an element).
+tens of microseconds; 64K elements take 0.07-7 ms to encode at 1-100 ns an element), 2 x 8K for
+the encoders that sort and search (:data:`SEARCH_DIVISOR`).
 
 **The pool.** One ``ThreadPoolExecutor`` for the process, made on first use and replaced by a
 larger one when a call asks for more threads (the old one finishes its jobs and exits). The
@@ -49,6 +50,9 @@ ENV = "HVD_GRADQ_THREADS"
 MAX_THREADS = 64
 #: Elements a range holds at the least (to within an aligned step): no split below twice this.
 MIN_RANGE_ELEMS = 1 << 16
+#: Encoders that sort and search each bucket (bingrad, orq with 4 levels or more: 20-110 ns an
+#: element) split from MIN_RANGE_ELEMS / this: 8K elements are still 0.2-0.9 ms of work.
+SEARCH_DIVISOR = 8
 #: Where launchers say how many ranks share this host (Horovod's own runner, Open MPI, MPICH/Intel MPI).
 LOCAL_SIZE_ENVS = ("HOROVOD_LOCAL_SIZE", "OMPI_COMM_WORLD_LOCAL_SIZE", "MPI_LOCALNRANKS")
 

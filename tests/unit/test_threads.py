@@ -175,6 +175,17 @@ def test_small_tensors_stay_on_the_calling_thread(monkeypatch: pytest.MonkeyPatc
     kernels.decode(scheme, p, x.size, threads=4)
     kernels.encode(scheme, np.concatenate([x, x[:1]]), 1, threads=4)
     assert seen == [1, 1, 2]
+    # the encoders that sort and search split from 1/8 of that; their decoders (a table look-up) do not
+    least = parallel.MIN_RANGE_ELEMS // parallel.SEARCH_DIVISOR
+    for spec in ("bingrad", "orq:levels=5"):
+        seen.clear()
+        short = parse(spec)
+        p = kernels.encode(short, x[: 2 * least - 1], 1, threads=4)
+        assert p is not None
+        q = kernels.encode(short, x[: 2 * least], 1, threads=4)
+        assert q is not None
+        kernels.decode(short, q, 2 * least, threads=4)
+        assert seen == [1, 2, 1], spec
 
 
 # -- the split plan -------------------------------------------------------------------------------------
