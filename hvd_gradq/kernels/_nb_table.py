@@ -49,7 +49,6 @@ def sorted_encode(kind, param, x, srt, n, d, b0, b1, s, g, bits, lid, clip_c, fp
     dp = kind == 4
     dpd = d if dp or (kind == 2 and param == 1) else 1
     pbo = np.empty((1, 2), np.float64)
-    pba = np.empty(dpd, np.int64)
     y = np.empty(dpd, np.float64)
     p1 = np.empty(dpd + 1, np.float64)
     p2 = np.empty(dpd + 1, np.float64)
@@ -92,7 +91,7 @@ def sorted_encode(kind, param, x, srt, n, d, b0, b1, s, g, bits, lid, clip_c, fp
                     inv[i] = 1.0 / np.float64(i + 1)
                     invr[i] = 1.0 / np.float64(w - 1 - i)
             if param == 1:  # pb: the exact minimiser (bingrad_pb), not the 2-means
-                bingrad_pb(ys[:w].reshape((1, w)), pbo, y, p1, p2, pba)
+                bingrad_pb(ys[:w].reshape((1, w)), pbo, y, p1, p2)
                 l1 = pbo[0, 0]
                 l2 = pbo[0, 1]
             else:

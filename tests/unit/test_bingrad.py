@@ -152,6 +152,87 @@ def test_pb_levels_are_the_exact_minimum():
     assert worst < 1e-9
 
 
+def test_pb_random_buckets_against_the_brute_force():
+    """The strips' early stop and the one-pointer staircase on buckets that stress them: tight
+    clusters beside an outlier (the minimum in a low strip), exact duplicates, two values, a
+    1e-20 .. 1e20 spread of magnitudes, one-sided data, and every width from 2 to 40; both the
+    compiled search and its Python source."""
+    rng = np.random.default_rng(31)
+    makers = [
+        lambda w: rng.standard_normal(w),
+        lambda w: np.concatenate([rng.normal(0.0, 1e-6, w - 1), [50.0]])[rng.permutation(w)],
+        lambda w: np.concatenate([[-50.0], rng.normal(0.0, 1e-6, w - 1)])[rng.permutation(w)],
+        lambda w: rng.integers(-3, 4, w).astype(np.float64),
+        lambda w: np.where(rng.random(w) < 0.8, -1.0, 2.0),
+        lambda w: np.sign(rng.standard_normal(w)) * 10.0 ** rng.uniform(-20, 20, w),
+        lambda w: rng.exponential(size=w),
+        lambda w: -rng.exponential(size=w),
+    ]
+    for trial in range(320):
+        w = 2 + trial % 39
+        x = makers[trial % len(makers)](w).astype(np.float32)
+        x64 = x.astype(np.float64)
+        ys = np.sort(x64)[None, :]
+        best = brute_pb(x)
+        tol = 1e-9 * best + 1e-12 * w * float(x64.max() - x64.min()) ** 2
+        # the levels are found on points shifted to start at 0 and shifted back: a rounding of
+        # the bucket's span may cross its ends
+        slack = 1e-15 * float(x64.max() - x64.min())
+        for compiled in (True, False):
+            lv = search.pb_levels_f64(ys, compiled=compiled)[0]
+            assert x.min() - slack <= lv[0] <= lv[1] <= x.max() + slack
+            got = pb_error(x, lv[0], lv[1])
+            assert abs(got - best) <= tol, f"trial {trial}, w={w}, compiled={compiled}: {got!r} vs {best!r}"
+
+
+def test_pb_full_buckets_against_every_strip():
+    """Buckets of 512 (the default) and 200: the search against an O(w^2) sweep written here,
+    every box of every strip with all five candidates (no pointer, no early stop)."""
+
+    def sweep(y: np.ndarray) -> float:
+        w = y.size
+        p = np.concatenate([[0.0], np.cumsum(y)])
+        q = np.concatenate([[0.0], np.cumsum(y * y)])
+        best = np.inf
+        for b in range(w - 1):
+            v0, v1 = y[b], y[b + 1]
+            a = np.arange(b + 1)
+            u0, u1 = y[a], np.where(a < b, y[np.minimum(a + 1, w - 1)], v1)
+            na, sa, qa = a + 1.0, p[a + 1], q[a + 1]
+            nb, sb, qb = b - a + 0.0, p[b + 1] - sa, q[b + 1] - qa
+            nc, sc, qc = w - 1.0 - b, p[w] - p[b + 1], q[w] - q[b + 1]
+            pts = []
+            for l1 in (u0, u1):
+                l2 = (2 * sc + nb * l1 - sb) / (2 * nc) if nc > 0 else np.where(sb - nb * l1 >= 0, v0, v1)
+                pts.append((l1, np.clip(l2, v0, v1)))
+            for l2 in (v0, v1):
+                pts.append((np.clip((2 * sa + nb * l2 - sb) / (2 * na), u0, u1), np.full(a.size, l2)))
+            with np.errstate(divide="ignore", invalid="ignore"):
+                det = 4 * na * nc - nb * nb
+                l1 = (2 * nc * (2 * sa - sb) + nb * (2 * sc - sb)) / det
+                l2 = (2 * na * (2 * sc - sb) + nb * (2 * sa - sb)) / det
+            ok = (det > 0) & (u0 <= l1) & (l1 <= u1) & (v0 <= l2) & (l2 <= v1)
+            pts.append((np.where(ok, l1, u0), np.where(ok, l2, v0)))
+            for l1, l2 in pts:
+                f = (na * l1 * l1 - 2 * sa * l1 + qa) + (sb * (l1 + l2) - nb * l1 * l2 - qb) + (
+                    nc * l2 * l2 - 2 * sc * l2 + qc)
+                f = np.where(l1 <= l2, f, np.inf)
+                best = min(best, float(f.min()))
+        return best
+
+    rng = np.random.default_rng(32)
+    for dist, w in zip(DISTS, (512, 200, 512, 200, 512)):
+        x = np.stack([DISTS[dist](rng, w) for _ in range(3)]).astype(np.float32)
+        ys = np.sort(x, axis=1).astype(np.float64)
+        lv = search.pb_levels_f64(ys)
+        for r in range(3):
+            y = ys[r] - ys[r, 0]
+            best = sweep(y)
+            got = pb_error(y, lv[r, 0] - ys[r, 0], lv[r, 1] - ys[r, 0])
+            tol = 1e-9 * best + 1e-12 * w * float(y[-1]) ** 2
+            assert abs(got - best) <= tol, f"{dist} w={w} row {r}: {got!r} vs the sweep's {best!r}"
+
+
 def test_pb_scheme_sends_the_exact_levels(engine):
     """The levels on the wire are the exact minimiser rounded to float32, through the reference
     and the fused kernels alike (a full bucket of 64 and a tail)."""
