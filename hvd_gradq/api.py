@@ -104,7 +104,7 @@ def quantize(x: Any, spec: str | Scheme, *, seed: int = 0, name: str = "tensor",
     arr, dtype = _as_float_array(x)
     with np.errstate(over="ignore"):  # float64 beyond float32's range: checked below
         flat = np.ascontiguousarray(arr, dtype=np.float32).reshape(-1)
-    finite, inside = _scan(flat, scheme.limit)
+    finite, inside = _scan(flat, scheme.limit, threads)
     if not finite:
         _check_float32_range(arr, flat, name)
         if scheme.nonfinite is NonFinite.RAISE:
@@ -133,12 +133,12 @@ def quantize(x: Any, spec: str | Scheme, *, seed: int = 0, name: str = "tensor",
     return payload_of(scheme, parts, arr.shape, dtype)
 
 
-def _scan(flat: NDArray[Any], limit: float) -> tuple[bool, bool]:
+def _scan(flat: NDArray[Any], limit: float, threads: int | None = None) -> tuple[bool, bool]:
     """(every value finite, every |value| < limit): one compiled pass (:func:`kernels.scan`), or
     two NumPy passes that allocate nothing (a NaN anywhere makes the min and the max NaN)."""
     if flat.size == 0:
         return True, True
-    fast = kernels.scan(flat, limit)
+    fast = kernels.scan(flat, limit, threads)
     if fast is not None:
         return fast
     lo, hi = float(flat.min()), float(flat.max())

@@ -93,17 +93,27 @@ def _ranges(k: Kernel, n: int, threads: int | None, least: int) -> list[parallel
     return parallel.split(n, k.d, k.unit, parallel.resolve(threads), least)
 
 
-def scan(x: NDArray[Any], limit: float) -> tuple[bool, bool] | None:
+def scan(x: NDArray[Any], limit: float, threads: int | None = None) -> tuple[bool, bool] | None:
     """(every value finite, every |value| < ``limit``) for a flat float32 array, in one pass over
     its bits (the largest magnitude's bits; a NaN's are larger than any), or None without the
-    kernels. The input check of :func:`hvd_gradq.quantize`, at the speed of a read."""
+    kernels. The input check of :func:`hvd_gradq.quantize`, at the speed of a read; over
+    ``threads`` ranges of elements for a large array (the largest bits of the ranges' largest)."""
     if not available():
         return None
-    if x.shape[0] == 0:
+    n = x.shape[0]
+    if n == 0:
         return True, True
     from ._nb_common import _maxabs  # numba: imported on first use
 
-    m = float(_maxabs(x, x.shape[0]))
+    least = parallel.MIN_RANGE_ELEMS
+    ranges = [(0, n)] if n < 2 * least else parallel.split(n, 1, 1, parallel.resolve(threads), least)
+    tops = np.zeros(len(ranges), np.float32)
+
+    def job(e0: int, e1: int) -> None:
+        tops[ranges.index((e0, e1))] = _maxabs(x[e0:e1], e1 - e0)
+
+    parallel.run(job, ranges)
+    m = float(tops.view(np.int32).max().view(np.float32))  # by bits, as _maxabs: NaN beats inf
     return math.isfinite(m), math.isfinite(m) and m < limit
 
 

@@ -188,6 +188,23 @@ def test_small_tensors_stay_on_the_calling_thread(monkeypatch: pytest.MonkeyPatc
         assert seen == [1, 2, 1], spec
 
 
+def test_the_input_scan_over_ranges_finds_what_numpy_finds(small_ranges: None) -> None:
+    """quantize's input check (kernels.scan), split over ranges of elements: NaN, inf or a value
+    beyond the limit in any one range, against NumPy's own answer."""
+    rng = np.random.default_rng(4)
+    for n in (1, 2, 5, 1000, 4099):
+        for bad, at in [(None, 0), (np.nan, 0), (np.inf, -1), (-np.inf, n // 2), (3e38, n // 3), (-2e30, n - 1),
+                        (np.nan, n // 2)]:
+            x = rng.standard_normal(n).astype(np.float32)
+            if bad is not None:
+                x[at] = bad
+            if n > 3:
+                x[1] = np.inf if bad is np.nan else x[1]  # NaN and inf in different ranges
+            want = (bool(np.isfinite(x).all()), bool(np.isfinite(x).all() and np.abs(x).max() < 1e30))
+            for t in (1, 2, 3, 4):
+                assert kernels.scan(x, 1e30, t) == want, (n, bad, at, t)
+
+
 # -- the split plan -------------------------------------------------------------------------------------
 @settings(max_examples=400, deadline=None)
 @given(n=st.integers(1, 200_000), d=st.integers(1, 700), unit=st.sampled_from([1, 5, 8, 16, 24, 40, 64]),
