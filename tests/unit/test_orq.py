@@ -163,6 +163,31 @@ def test_random_buckets_against_the_program(s: int) -> None:
         assert_optimal(x, lev, s, f"ORQ-{s}, trial {trial}, w={w}")
 
 
+@pytest.mark.parametrize("s", range(6, 17))
+def test_divide_and_conquer_layers_against_the_program(s: int) -> None:
+    """Every level count with divide-and-conquer layers (6 .. 16), on full buckets of 512 and on
+    widths around the short-range path (argmin ranges of 1 .. 4 candidates, the common case at
+    the finest strides, and longer ones): heavy tails, runs of equal values (ties between
+    candidates), two values, clusters beside an outlier; the compiled search and its source
+    pick the same indices, and both are the program's optimum."""
+    rng = np.random.default_rng([s, 7])
+    makers = [
+        lambda w: rng.standard_t(2, w),
+        lambda w: np.round(rng.standard_normal(w) * 2.0) / 2.0,
+        lambda w: np.where(rng.random(w) < 0.7, -0.25, 1.0),
+        lambda w: np.concatenate([rng.normal(0.0, 1e-3, w - 2), [-30.0, 40.0]]),
+        lambda w: rng.laplace(size=w),
+    ]
+    widths = [512, 512, 2, 3, 5, s - 1, s, s + 1, 2 * s + 3, 33, 100, 257, 128, 64] * 3
+    for trial, w in enumerate(widths):
+        x = makers[trial % len(makers)](w).astype(np.float32)
+        ys = np.sort(x.astype(np.float64))[None, :]
+        idx = search.level_indices(ys, s)
+        np.testing.assert_array_equal(idx, search.level_indices(ys, s, compiled=False), f"w={w}")
+        assert idx[0, 0] == 0 and idx[0, -1] == w - 1 and np.all(np.diff(idx[0]) >= 0)
+        assert_optimal(x, ys[0, idx[0]].astype(np.float32), s, f"ORQ-{s}, w={w}, trial {trial}")
+
+
 @pytest.mark.parametrize("s", [33, 64, 256])
 def test_many_levels_are_the_exact_optimum(s: int) -> None:
     """More levels than the paper uses, up to the scheme's limit (256)."""
