@@ -25,7 +25,7 @@ from ..api import dequantize, split
 from ..errors import GradqError, RankMismatchError
 from ..schemes.scheme import Scheme
 from . import codec
-from .cpu_cost import CAST, Figures
+from .cpu_cost import CAST, CAST_NS, Figures, ns_per_element
 from .patterns import reduced_scheme
 
 #: Elements of the synthetic tensor: large enough that per-call overhead (framing, checksum,
@@ -35,6 +35,11 @@ ELEMENTS = 1 << 16
 REPS = 3
 #: The default of the compressors' ``fallback=`` (1/true/yes/on or 0/false/no/off; unset: on).
 FALLBACK_ENV = "HVD_GRADQ_FALLBACK"
+#: ``measure`` (the default) or ``table``: the shipped table's figures instead of timing this
+#: machine, for decisions that are the same from run to run (a reproducible job, a test suite
+#: that asserts a pattern choice). Every rank should be set alike; if not, the maximum still
+#: makes them agree.
+FIGURES_ENV = "HVD_GRADQ_FIGURES"
 _WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
@@ -116,5 +121,21 @@ def agreed(scheme: Scheme, nranks: int, local: int, cast: Callable[[NDArray[np.f
            allgather: Callable[[NDArray[np.float64]], NDArray[Any]]) -> Figures:
     """Measure on this rank (:func:`measure`, through this module's attribute so that a test can
     hand each rank other figures), allgather, and return what every rank agrees on."""
-    mine = measure(schemes_for(scheme, nranks, local), cast)
+    schemes = schemes_for(scheme, nranks, local)
+    mine = table(schemes) if figures_source() == "table" else measure(schemes, cast)
     return agree(mine, allgather(to_row(mine)))
+
+
+def figures_source() -> str:
+    """``measure`` or ``table``, from :data:`FIGURES_ENV` (unset: measure)."""
+    raw = os.environ.get(FIGURES_ENV, "measure").strip().lower() or "measure"
+    if raw not in ("measure", "table"):
+        raise GradqError(f"{FIGURES_ENV}={raw!r} is not valid: write measure (time this machine at start-up, "
+                         "the default) or table (the shipped figures: the same decisions in every run)")
+    return raw
+
+
+def table(schemes: list[Scheme]) -> Figures:
+    """The rows :func:`measure` would return, from the shipped table (and the default cast cost)."""
+    rows = [(s.spec, *ns_per_element(s)) for s in schemes]
+    return Figures(tuple(rows) + ((CAST, *CAST_NS),))

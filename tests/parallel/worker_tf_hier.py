@@ -21,6 +21,7 @@ Sections:
   ``auto`` it takes gather, and a NaN on the last rank makes every rank raise.
 """
 import argparse
+import os
 
 import horovod.tensorflow as hvd
 import numpy as np
@@ -260,6 +261,7 @@ def _fallback():
     hvd.Compression.fp16's through the same tape (and not fp32's); fallback=False keeps the scheme."""
     spec, n, link = "orq:levels=5", 1 << 16, 10.0
     real, probe.measure = probe.measure, own_figures
+    os.environ[probe.FIGURES_ENV] = "measure"  # the harness pins the table; this check is about measuring
     try:
         c = tf.constant(grad_of(rank, 0, (n,)))
         res: dict = {}
@@ -280,6 +282,7 @@ def _fallback():
         return res
     finally:
         probe.measure = real
+        os.environ[probe.FIGURES_ENV] = "table"
 
 
 report(rank, out)

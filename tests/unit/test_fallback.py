@@ -214,3 +214,25 @@ def test_fallback_argument_then_environment_then_on(monkeypatch: pytest.MonkeyPa
         probe.resolve_fallback()
     with pytest.raises(GradqError, match="fallback must be True or False"):
         probe.resolve_fallback(1)  # type: ignore[arg-type]
+
+
+def test_figures_table_mode_skips_timing_and_gives_the_shipped_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    """HVD_GRADQ_FIGURES=table: no timing at all (measure would raise), the table's figures for
+    each scheme the model prices and the default cast, agreed as usual; a bad value is refused."""
+    scheme = hvd_gradq.parse("orq:levels=5")
+
+    def no_timing(*_a: object, **_k: object) -> Figures:
+        raise AssertionError("measured although HVD_GRADQ_FIGURES=table")
+
+    monkeypatch.setattr(probe, "measure", no_timing)
+    monkeypatch.setenv(probe.FIGURES_ENV, "table")
+    got = probe.agreed(scheme, 4, 1, lambda x: x, lambda row: np.stack([row, row]))
+    want = {s.spec: ns_per_element(s) for s in probe.schemes_for(scheme, 4, 1)}
+    assert {k: (e, d) for k, e, d in got.ns if k != CAST} == want
+    assert got.get(CAST) == CAST_NS
+    monkeypatch.setenv(probe.FIGURES_ENV, "measure")
+    with pytest.raises(AssertionError, match="measured although"):
+        probe.agreed(scheme, 4, 1, lambda x: x, lambda row: np.stack([row, row]))
+    monkeypatch.setenv(probe.FIGURES_ENV, "fast")
+    with pytest.raises(GradqError, match="HVD_GRADQ_FIGURES='fast' is not valid"):
+        probe.agreed(scheme, 4, 1, lambda x: x, lambda row: np.stack([row, row]))
