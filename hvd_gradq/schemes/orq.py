@@ -58,6 +58,12 @@ def choose_levels(ops: Ops, x: Array, s: int) -> Array:
     """ORQ's ``s`` levels (rows, s), float32, at the exact optimum, for buckets ``x`` (rows, w)
     float32 (see the module docstring for how each s is solved)."""
     if s >= 4:
+        # a namespace may search on its own device (torch: s = 4, 5, hvd_gradq.torch.device_levels,
+        # the same bits); None, or no such hook, means the host search
+        on_device = getattr(ops, "orq_levels", None)
+        got = on_device(x, s) if on_device is not None else None
+        if got is not None:
+            return got
         from ..kernels.search import levels  # the kernels package imports this module
 
         rows, w = ops.shape(x)

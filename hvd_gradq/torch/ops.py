@@ -140,6 +140,14 @@ class TorchOps:
     def from_numpy(self, x: NDArray[Any]) -> Array:
         return torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
 
+    def orq_levels(self, x: Array, s: int) -> Array | None:
+        """ORQ's ``s`` levels of buckets ``x`` (rows, w) searched on this device
+        (:mod:`.device_levels`, the host search's bits), or None for an ``s`` it leaves to
+        :meth:`host`. The optional hook :func:`hvd_gradq.schemes.orq.choose_levels` looks for."""
+        from . import device_levels
+
+        return device_levels.levels(x, s) if s in device_levels.LEVELS else None
+
     def host(self, fn: Callable[[NDArray[Any]], NDArray[Any]], x: Array, shape: tuple[int, ...]) -> Array:
         """``fn`` on a NumPy copy of ``x`` (``.cpu().numpy()``), the float32 result back on the device."""
         return self.from_numpy(_host_result(fn(self.to_numpy(x)), shape))
