@@ -85,6 +85,8 @@ def run_rate(args: argparse.Namespace, rate: str, bar: Any, log: Any) -> dict[st
            "HVD_GRADQ_CACHE": os.environ.get("HVD_GRADQ_CACHE", str(Path.home() / ".cache" / "hvd_gradq"))}
     cpus = [str(i) for i in range(args.hosts)] if args.pin else None
     with netemu.EmulatedCluster(args.hosts, rate=rate) as c:
+        # auto's cost model (and its fp16 fallback) told the link rate, as a user would
+        env["HVD_GRADQ_LINK_GBPS"] = f"{c.rate_bps / 1e9:g}"
         res = c.run(argv, env=env, timeout=args.timeout, cwd=str(ROOT), echo=_Progress(bar, log), cpus=cpus)
     if not res.ok:
         raise SystemExit(f"bench_e2e: the run at {rate} failed: {res.error}\n{res.summary()}")
