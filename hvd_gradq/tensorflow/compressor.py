@@ -100,7 +100,7 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
         pattern: ``auto`` (cost model), ``gather``, ``summable``, ``scatter`` or ``hierarchical``.
         link_gbps: the link rate (Gbit/s) ``auto`` weighs bytes with against encoding and decoding
             time. Default: ``HVD_GRADQ_LINK_GBPS``, else 10.
-        fallback: ``auto`` sends a tensor as Horovod's fp16 where the model finds it faster (``HVD_GRADQ_FALLBACK``).
+        fallback: ``auto`` sends a tensor as Horovod's fp16 where modelled faster (default off; ``HVD_GRADQ_FALLBACK``).
         check_ranks: at the first trace, allgather the configuration (eagerly) and raise
             RankMismatchError on every rank if they disagree.
         name: the collectives' name prefix (letters, digits, ``_.-``); default ``c<k>`` for the

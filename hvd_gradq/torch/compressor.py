@@ -102,7 +102,7 @@ class GradqCompressor(Reports):
             bit) where the cost model says the scheme's encode + bytes + decode would take longer
             (:func:`hvd_gradq.frontend.patterns.decide`; the CPU figures measured at the first step
             on every rank, the maximum agreed, :mod:`hvd_gradq.frontend.probe`). False: never.
-            Default: ``HVD_GRADQ_FALLBACK`` (1 or 0), else True.
+            Default: ``HVD_GRADQ_FALLBACK`` (1 or 0), else False (see ``probe.FALLBACK_ENV`` for why).
         check_ranks: at the first step, allgather the configuration and stop every rank with an
             error naming the ranks and the difference if they disagree.
         process_set: the Horovod process set of the reductions; by default the one Horovod's call

@@ -202,9 +202,9 @@ def test_stats_and_the_first_step_line_name_the_fallback() -> None:
     assert "fp16 1 (fallback)" in log.describe(out, "first step")
 
 
-def test_fallback_argument_then_environment_then_on(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_fallback_argument_then_environment_then_off(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.delenv(probe.FALLBACK_ENV, raising=False)
-    assert probe.resolve_fallback() is True and probe.resolve_fallback(False) is False
+    assert probe.resolve_fallback() is False and probe.resolve_fallback(True) is True
     for raw, want in (("0", False), ("off", False), ("No", False), ("1", True), (" true ", True), ("on", True)):
         monkeypatch.setenv(probe.FALLBACK_ENV, raw)
         assert probe.resolve_fallback() is want, raw
