@@ -13,7 +13,9 @@ optimum for every ``levels`` the scheme accepts:
   and O((s-5) w log w) beyond (monotone argmin, two layers by the closed form above),
   :mod:`hvd_gradq.kernels.orq_levels`: one host
   implementation (compiled by numba) that every namespace calls through ``Ops.host``, so NumPy,
-  torch, TensorFlow and the fused numba encoder choose the same levels.
+  torch, TensorFlow and the fused numba encoder choose the same levels; a namespace may offer
+  its own search (``orq_levels``): torch does for s = 4, 5 (:mod:`hvd_gradq.torch.device_levels`,
+  tensor ops over all buckets, the same indices), so a CUDA gradient stays on its device.
 
 ``tests/unit/test_orq.py`` checks every s against an independent O(s w^2) program.
 """

@@ -11,9 +11,10 @@ payloads go back to the device to be decoded and summed there.
 Every pattern takes this path: gather and scatter through :func:`encode_any`, :func:`sum_any`
 and :func:`decode_any` (which choose it from where the values are), summable by running its
 statistics, codes and lanes with the device's ``TorchOps`` (only the per-bucket statistics and
-the packed lanes cross). What still reads full buckets on the host: ORQ with 4 levels or more
-and BinGrad-pb, whose level search is a host function (``Ops.host``: the exact dynamic program
-is sequential). A
+the packed lanes cross). What still reads full buckets on the host: ORQ with 6 levels or more
+and BinGrad-pb, whose level search is a host function (``Ops.host``: the exact programs are
+sequential); ORQ-4/5 search on the device (:mod:`.device_levels`, the host search's bits on
+CPU tensors), as BinGrad-b and ORQ-2/3 always did. A
 tensor the device path cannot take as it is (NaN/Inf, or values beyond the scheme's float32
 range) goes to the host path, which applies the scheme's ``nonfinite`` policy and its errors.
 
