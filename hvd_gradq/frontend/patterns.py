@@ -317,7 +317,7 @@ def duration(seconds: float) -> str:
 @functools.lru_cache(maxsize=8192)
 def decide(
     scheme: Scheme, n: int, shape_ndim: int, nranks: int, requested: Pattern, offered: frozenset[Pattern] = EVERY,
-    local: int = 1, link_gbps: float = DEFAULT_LINK_GBPS, fallback: bool = True, figures: Figures | None = None,
+    local: int = 1, link_gbps: float = DEFAULT_LINK_GBPS, fallback: bool = False, figures: Figures | None = None,
 ) -> Pattern:
     """The pattern and pass-through policy, for both frontends (as PyTorch's ``_should_compress``
     decides for its DDP hooks): how one tensor of ``n`` elements is reduced over ``nranks`` ranks,
@@ -344,7 +344,7 @@ def decide(
 @functools.lru_cache(maxsize=8192)
 def decide_why(
     scheme: Scheme, n: int, shape_ndim: int, nranks: int, requested: Pattern, offered: frozenset[Pattern] = EVERY,
-    local: int = 1, link_gbps: float = DEFAULT_LINK_GBPS, fallback: bool = True, figures: Figures | None = None,
+    local: int = 1, link_gbps: float = DEFAULT_LINK_GBPS, fallback: bool = False, figures: Figures | None = None,
 ) -> tuple[Pattern, str]:
     """:func:`decide`'s pattern and why, one line for ``stats()`` and the log (:mod:`.stats`). The
     reason starts with a tag, the text before its first ``:`` (:func:`why_tag`): ``requested``;

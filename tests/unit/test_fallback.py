@@ -76,9 +76,9 @@ def test_the_figures_decide_both_ways() -> None:
     orq = hvd_gradq.parse("orq:levels=5")
     n = 1 << 22
     slow, fast = figures(orq.spec, 300.0, 10.0), figures(orq.spec, 0.1, 0.05)
-    assert decide(orq, n, 2, 8, Pattern.AUTO, link_gbps=10.0, figures=slow) is Pattern.FP16
-    assert decide(orq, n, 2, 8, Pattern.AUTO, link_gbps=10.0, figures=fast) in (Pattern.GATHER, Pattern.SCATTER)
-    assert decide(orq, n, 2, 8, Pattern.AUTO, link_gbps=0.01, figures=slow) in (Pattern.GATHER, Pattern.SCATTER)
+    assert decide(orq, n, 2, 8, Pattern.AUTO, fallback=True, link_gbps=10.0, figures=slow) is Pattern.FP16
+    assert decide(orq, n, 2, 8, Pattern.AUTO, fallback=True, link_gbps=10.0, figures=fast) in (Pattern.GATHER, Pattern.SCATTER)
+    assert decide(orq, n, 2, 8, Pattern.AUTO, fallback=True, link_gbps=0.01, figures=slow) in (Pattern.GATHER, Pattern.SCATTER)
 
 
 @pytest.mark.filterwarnings("ignore:pattern=hierarchical needs")
@@ -98,9 +98,9 @@ def test_only_propagate_falls_back_and_one_rank_never() -> None:
                        ("orq:levels=5,nonfinite=skip", False)):
         s = hvd_gradq.parse(spec)
         fig = Figures(((s.spec, *slow), (CAST, 0.5, 0.5)))
-        assert (decide(s, 1 << 20, 2, 8, Pattern.AUTO, link_gbps=100.0, figures=fig) is Pattern.FP16) is want, spec
+        assert (decide(s, 1 << 20, 2, 8, Pattern.AUTO, fallback=True, link_gbps=100.0, figures=fig) is Pattern.FP16) is want, spec
     s = hvd_gradq.parse("orq:levels=5")
-    assert decide(s, 1 << 20, 2, 1, Pattern.AUTO, figures=Figures(((s.spec, *slow),))) is not Pattern.FP16
+    assert decide(s, 1 << 20, 2, 1, Pattern.AUTO, fallback=True, figures=Figures(((s.spec, *slow),))) is not Pattern.FP16
 
 
 def test_measured_figures_replace_the_table_and_the_rest_stays() -> None:
@@ -148,12 +148,12 @@ def test_ranks_with_different_figures_decide_alike_once_agreed() -> None:
     orq = hvd_gradq.parse("orq:levels=5")
     n, nranks, gbps = 1 << 22, 3, 10.0
     own = [figures(orq.spec, e, d) for e, d in ((0.5, 0.1), (40.0, 2.0), (5.0, 0.5))]
-    alone = {decide(orq, n, 2, nranks, Pattern.AUTO, link_gbps=gbps, figures=f) for f in own}
+    alone = {decide(orq, n, 2, nranks, Pattern.AUTO, fallback=True, link_gbps=gbps, figures=f) for f in own}
     assert len(alone) > 1, alone  # the test needs ranks that would disagree
     gathered = np.concatenate([probe.to_row(f) for f in own])
     agreed = [probe.agree(f, gathered) for f in own]
     assert len(set(agreed)) == 1
-    assert {decide(orq, n, 2, nranks, Pattern.AUTO, link_gbps=gbps, figures=f) for f in agreed} == {Pattern.FP16}
+    assert {decide(orq, n, 2, nranks, Pattern.AUTO, fallback=True, link_gbps=gbps, figures=f) for f in agreed} == {Pattern.FP16}
 
 
 def test_agree_refuses_rows_of_another_width() -> None:
@@ -179,7 +179,7 @@ def test_measure_times_each_scheme_and_the_cast() -> None:
 
 def test_the_fallback_reason_parses() -> None:
     orq = hvd_gradq.parse("orq:levels=9")
-    p, why = decide_why(orq, 1 << 20, 2, 8, Pattern.AUTO, link_gbps=100.0)
+    p, why = decide_why(orq, 1 << 20, 2, 8, Pattern.AUTO, fallback=True, link_gbps=100.0)
     assert p is Pattern.FP16
     m = re.fullmatch(r"fallback: modelled (\w+) (.+) vs fp16 (.+) at 100 Gbit/s", why)
     assert m is not None, why
@@ -190,7 +190,7 @@ def test_stats_and_the_first_step_line_name_the_fallback() -> None:
     """A tensor sent as fp16 counts Horovod's fp16 ring (x1.00 against fp16) under pattern fp16,
     with its reason; the log line groups it as ``fp16 1 (fallback)``."""
     orq, n, nranks = hvd_gradq.parse("orq:levels=9"), 1 << 20, 8
-    p, why = decide_why(orq, n, 2, nranks, Pattern.AUTO, link_gbps=100.0)
+    p, why = decide_why(orq, n, 2, nranks, Pattern.AUTO, fallback=True, link_gbps=100.0)
     ring16 = round(2 * (nranks - 1) / nranks * 2 * n)
     st = Stats()
     st.begin_step()
