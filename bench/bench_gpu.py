@@ -81,7 +81,7 @@ def host_calls(spec: str, x: torch.Tensor) -> int:
         calls[0] += 1
         return real(self, fn, v, shape)
 
-    TorchOps.host = counted  # type: ignore[method-assign]
+    TorchOps.host = counted  # type: ignore[method-assign,assignment]
     try:
         parse(spec).encode(TorchOps(x.device), x, 1)
     finally:
