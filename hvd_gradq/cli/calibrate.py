@@ -15,15 +15,11 @@ from __future__ import annotations
 
 import argparse
 import os
-import time
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 
-import numpy as np
-
-from ..api import dequantize, split
 from ..errors import GradqError
-from ..frontend import codec
+from ..frontend import probe
 from ..frontend.cpu_cost import ns_per_element, table_key
 from ..spec import parse
 
@@ -36,24 +32,11 @@ DEFAULT = ["fp16", "uniform:bits=4", "qsgd:levels=4", "terngrad", "sign", "bingr
            "orq:levels=5"]
 
 
-def _best(f: Callable[[], object], reps: int) -> float:
-    out = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        f()
-        out = min(out, time.perf_counter() - t)
-    return out
-
-
 def measure(spec: str, elements: int = 1 << 20, reps: int = 5) -> tuple[float, float]:
-    """(encode, decode) nanoseconds an element of ``spec`` on this CPU, one thread."""
-    scheme = parse(spec)
-    x = np.random.default_rng(0).standard_normal(elements).astype(np.float32)
-    buf, _ = codec.encode(scheme, x, 1, "calibrate")  # compiles (or loads) the kernels first
-    (p,) = split(buf)
-    enc = _best(lambda: codec.encode(scheme, x, 1, "calibrate"), reps)
-    dec = _best(lambda: dequantize(p), reps)
-    return enc / elements * 1e9, dec / elements * 1e9
+    """(encode, decode) nanoseconds an element of ``spec`` on this CPU: the start-up probe's
+    measurement (:func:`hvd_gradq.frontend.probe.measure`) on a larger tensor."""
+    ((_, enc, dec),) = probe.measure([parse(spec)], elements=elements, reps=reps).ns
+    return enc, dec
 
 
 def table_source(rows: Mapping[str, tuple[float, float]], load: tuple[float, float]) -> str:

@@ -60,13 +60,14 @@ def ranks_per_host(size: int, rank: int, local_size: int, local_rank: int, cross
     return local_size
 
 
-def layout(nranks: int, local: int, link_gbps: float) -> str:
-    """The cluster facts :func:`~hvd_gradq.frontend.patterns.decide` reads, as the text both
-    frontends add to the configuration the ranks compare at their first step. The link rate is
+def layout(nranks: int, local: int, link_gbps: float, fallback: bool = False) -> str:
+    """The cluster facts :func:`~hvd_gradq.frontend.patterns.decide` reads (and the compressor's
+    ``fallback``, which it reads too), as the text both frontends add to the configuration the
+    ranks compare at their first step. The link rate is
     written exactly (``repr`` round-trips a float): rates that differ in the 7th digit pass a
     6-digit check yet may decide a tensor's pattern differently, and a rank that takes another
     pattern than its peers leaves a collective half-joined."""
-    return f"|hosts={nranks // local}x{local}|link={link_gbps!r}"
+    return f"|hosts={nranks // local}x{local}|link={link_gbps!r}" + ("|fallback" if fallback else "")
 
 
 def link_gbps(value: float | None = None) -> float:

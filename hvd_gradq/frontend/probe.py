@@ -26,7 +26,7 @@ from ..errors import GradqError, RankMismatchError
 from ..schemes.scheme import Scheme
 from . import codec
 from .cpu_cost import CAST, CAST_NS, Figures, ns_per_element
-from .patterns import reduced_scheme
+from .patterns import Pattern, reduced_scheme
 
 #: Elements of the synthetic tensor: large enough that per-call overhead (framing, checksum,
 #: dispatch) is a small share, small enough that the slowest scheme costs milliseconds.
@@ -72,7 +72,14 @@ def schemes_for(scheme: Scheme, nranks: int, local: int = 1) -> list[Scheme]:
     return list(out.values())
 
 
-def _best(f: Callable[[], object], reps: int) -> float:
+def priced(pattern: Pattern) -> bool:
+    """Whether the cost model chooses for a compressor asked for ``pattern`` (``auto``, and
+    ``hierarchical``'s cross-host part), so that its ranks need agreed CPU figures."""
+    return pattern in (Pattern.AUTO, Pattern.HIERARCHICAL)
+
+
+def best_of(f: Callable[[], object], reps: int) -> float:
+    """The fastest of ``reps`` runs of ``f``, in seconds (a preempted run only ever makes one longer)."""
     best = float("inf")
     for _ in range(reps):
         t = time.perf_counter()
@@ -91,12 +98,12 @@ def measure(schemes: list[Scheme], cast: Callable[[NDArray[np.float32]], Any] | 
     for s in schemes:
         buf, _ = codec.encode(s, x, 1, "probe")  # compiles or loads the kernels: not counted
         (p,) = split(buf)
-        enc = _best(lambda: codec.encode(s, x, 1, "probe"), reps)  # noqa: B023 (used inside the loop)
-        dec = _best(lambda: dequantize(p), reps)  # noqa: B023
+        enc = best_of(lambda: codec.encode(s, x, 1, "probe"), reps)  # noqa: B023 (used inside the loop)
+        dec = best_of(lambda: dequantize(p), reps)  # noqa: B023
         rows.append((s.spec, enc / elements * 1e9, dec / elements * 1e9))
     if cast is not None:
         cast(x)
-        half = _best(lambda: cast(x), reps) / elements * 1e9 / 2
+        half = best_of(lambda: cast(x), reps) / elements * 1e9 / 2
         rows.append((CAST, half, half))
     return Figures(tuple(rows))
 

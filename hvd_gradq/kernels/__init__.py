@@ -78,19 +78,9 @@ def encode(scheme: Scheme, x: NDArray[Any], seed: int | tuple[int, int], *, out:
     if n:
         sa, sb = (int(seed[0]), int(seed[1])) if isinstance(seed, tuple) else seed_words(seed)
         least = parallel.MIN_RANGE_ELEMS // (parallel.SEARCH_DIVISOR if k.searches else 1)
-        parallel.run(lambda b0, b1: k.encode(x, n, b0, b1, sa, sb, meta, codes), _ranges(k, n, threads, least))
+        parallel.run(lambda b0, b1: k.encode(x, n, b0, b1, sa, sb, meta, codes),
+                     parallel.plan(n, k.d, k.unit, threads, least))
     return {"meta": meta, "codes": codes}
-
-
-def _ranges(k: Kernel, n: int, threads: int | None, least: int) -> list[parallel.Range]:
-    """The bucket ranges of a call, none under ``least`` elements: one, without asking how many
-    threads, when ``n`` is too small to split (that costs a system call; gradients are mostly small)."""
-    least = max(least, 1)
-    if n < 2 * least:
-        if threads is not None:
-            parallel.check_threads(threads, "threads=")
-        return [(0, k.nbuckets(n))]
-    return parallel.split(n, k.d, k.unit, parallel.resolve(threads), least)
 
 
 def scan(x: NDArray[Any], limit: float, threads: int | None = None) -> tuple[bool, bool] | None:
@@ -105,12 +95,12 @@ def scan(x: NDArray[Any], limit: float, threads: int | None = None) -> tuple[boo
         return True, True
     from ._nb_common import _maxabs  # numba: imported on first use
 
-    least = parallel.MIN_RANGE_ELEMS
-    ranges = [(0, n)] if n < 2 * least else parallel.split(n, 1, 1, parallel.resolve(threads), least)
+    ranges = parallel.plan(n, 1, 1, threads)
     tops = np.zeros(len(ranges), np.float32)
+    slot = {r: i for i, r in enumerate(ranges)}
 
     def job(e0: int, e1: int) -> None:
-        tops[ranges.index((e0, e1))] = _maxabs(x[e0:e1], e1 - e0)
+        tops[slot[e0, e1]] = _maxabs(x[e0:e1], e1 - e0)
 
     parallel.run(job, ranges)
     m = float(tops.view(np.int32).max().view(np.float32))  # by bits, as _maxabs: NaN beats inf
@@ -161,6 +151,6 @@ def decode(scheme: Scheme, parts: Parts, n: int, *, out: NDArray[Any] | None = N
         raise ValueError(f"out must be a writeable contiguous float32 array of {n} elements")
     if n:
         meta, codes, dst = wp[0], wp[1], out
-        ranges = _ranges(k, n, threads, parallel.MIN_RANGE_ELEMS)  # ~1 ns an element, whatever the scheme
+        ranges = parallel.plan(n, k.d, k.unit, threads)  # ~1 ns an element, whatever the scheme
         parallel.run(lambda b0, b1: k.decode(meta, codes, n, b0, b1, dst, False), ranges)
     return out

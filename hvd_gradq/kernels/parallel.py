@@ -135,6 +135,18 @@ def split(n: int, bucket: int, unit: int, threads: int, min_elems: int = MIN_RAN
     return [(bounds[i], bounds[i + 1]) for i in range(k)]
 
 
+def plan(n: int, bucket: int, unit: int, threads: int | None, least: int | None = None) -> list[Range]:
+    """A call's ranges (:func:`split`, ``threads`` resolved; ``least``: :data:`MIN_RANGE_ELEMS`):
+    one range, without asking how many threads (a system call; gradients are mostly small), when
+    ``n`` is too small to split."""
+    least = max(MIN_RANGE_ELEMS if least is None else least, 1)
+    if n < 2 * least:
+        if threads is not None:
+            check_threads(threads, "threads=")
+        return [(0, -(-n // bucket))]
+    return split(n, bucket, unit, resolve(threads), least)
+
+
 _lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
 _pool_size = 0

@@ -152,8 +152,8 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
 
     def _check_ranks(self, ps: Any) -> None:
         self._host.checked.add(ps.process_set_id)  # the configuration compared, the CPU figures agreed
-        self._host.figures[ps.process_set_id] = agree(f"{self.config()}|fallback={self.fallback}", self.check_ranks,
-                                                      ps, self.scheme, self.pattern, self.link_gbps)
+        self._host.figures[ps.process_set_id] = agree(self.config(), self.check_ranks, ps, self.scheme, self.pattern,
+                                                      self.link_gbps, self.fallback)
 
     # -- identity ------------------------------------------------------------------------------
     def _pattern_for(self, n: int, ndim: int, size: int, local: int) -> tuple[Pattern | None, str]:

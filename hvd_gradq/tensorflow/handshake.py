@@ -74,7 +74,8 @@ def check_configs(config: str, ps: Any, suffix: str) -> None:
     check_config_blocks(gathered)
 
 
-def agree(config: str, check: bool, ps: Any, scheme: Scheme, pattern: Pattern, link_gbps: float) -> Figures | None:
+def agree(config: str, check: bool, ps: Any, scheme: Scheme, pattern: Pattern, link_gbps: float,
+          fallback: bool) -> Figures | None:
     """Once a process set, eagerly: compare ``config`` (with the cluster layout) across its ranks
     when ``check``, then, where the cost model chooses (``auto``, ``hierarchical``), the CPU
     figures every rank measured, agreed (the maximum). None: one rank, a TF1-style graph, or an
@@ -84,9 +85,9 @@ def agree(config: str, check: bool, ps: Any, scheme: Scheme, pattern: Pattern, l
         return None
     local = ranks_per_host_of(ps)
     if check:
-        check_configs(config + hosts.layout(hvd.size(), local, link_gbps), ps, suffix)
+        check_configs(config + hosts.layout(hvd.size(), local, link_gbps, fallback), ps, suffix)
     with tf.init_scope():
-        if not tf.executing_eagerly() or pattern not in (Pattern.AUTO, Pattern.HIERARCHICAL):
+        if not tf.executing_eagerly() or not probe.priced(pattern):
             return None
         return probe.agreed(scheme, size, local, _fp16_round_trip, lambda row: hvd.allgather(
             tf.constant(row), name=f"hvd_gradq.tfcpu{suffix}", ignore_name_scope=True, process_set=ps).numpy())

@@ -250,11 +250,11 @@ class GradqCompressor(Reports):
         if group.size == 1:
             return
         if self.check_ranks:
-            layout = hosts.layout(group.size, group.local, self.link_gbps) + f"|fallback={self.fallback}"
+            layout = hosts.layout(group.size, group.local, self.link_gbps, self.fallback)
             block = torch.from_numpy(codec.config_block(self.config() + layout))
             gathered = hvd.allgather(block, name=f"hvd_gradq.{group.key}config", process_set=group.process_set)
             codec.check_config_blocks(gathered.numpy())
-        if self.pattern in (Pattern.AUTO, Pattern.HIERARCHICAL):  # the patterns the model chooses
+        if probe.priced(self.pattern):
             self._figures[group.key] = probe.agreed(
                 self.scheme, group.size, group.local, _fp16_round_trip, lambda row: hvd.allgather(
                     torch.from_numpy(row), name=f"hvd_gradq.{group.key}cpu", process_set=group.process_set).numpy())

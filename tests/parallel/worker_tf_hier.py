@@ -21,18 +21,17 @@ Sections:
   ``auto`` it takes gather, and a NaN on the last rank makes every rank raise.
 """
 import argparse
-import os
 
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
+from fallback_figures import alone, measured_as
 from harness import digest, report, sections
 
 import hvd_gradq
 import hvd_gradq.tensorflow as gq
 from hvd_gradq.api import Payload
-from hvd_gradq.frontend import codec, probe
-from hvd_gradq.frontend.cpu_cost import CAST, Figures
+from hvd_gradq.frontend import codec
 from hvd_gradq.frontend.patterns import Pattern, chunk_bounds, decide, hier_cross, reduced_scheme
 from hvd_gradq.tensorflow.ops import step_words
 from hvd_gradq.wire.payload import header_size
@@ -247,22 +246,13 @@ def _nonfinite():
     return {"refused": refused, "raised": raised, "patterns": [s["pattern"] for s in comp.slots()]}
 
 
-def own_figures(schemes, cast=None, elements=probe.ELEMENTS, reps=probe.REPS) -> Figures:
-    """What each rank "measures" in the fallback section: rank 0 a codec next to free, every other
-    rank one hundreds of times slower (each its own), so that alone they would decide apart."""
-    e, d = (0.01, 0.01) if rank == 0 else (400.0 + rank, 40.0)
-    return Figures(tuple((s.spec, e, d) for s in schemes) + ((CAST, 0.1, 0.1 + rank / 100),))
-
-
 @section("fallback")
 def _fallback():
     """pattern=auto's fp16 fallback across ranks that measured different CPU figures: the same
     agreed figures (the maximum) and decision (fp16) on every rank, and the gradient bit for bit
     hvd.Compression.fp16's through the same tape (and not fp32's); fallback=False keeps the scheme."""
     spec, n, link = "orq:levels=5", 1 << 16, 10.0
-    real, probe.measure = probe.measure, own_figures
-    os.environ[probe.FIGURES_ENV] = "measure"  # the harness pins the table; this check is about measuring
-    try:
+    with measured_as(rank):
         c = tf.constant(grad_of(rank, 0, (n,)))
         res: dict = {}
         for fb in (True, False):
@@ -276,13 +266,8 @@ def _fallback():
         exact = var_step(hvd.Compression.none, tf.Variable(tf.zeros((n,)), name="stock32"))(c).numpy()
         res["equal_fp16"] = res["digestTrue"] == digest([stock])
         res["equal_fp32"] = res["digestTrue"] == digest([exact])
-        scheme = hvd_gradq.parse(spec)
-        mine = own_figures(probe.schemes_for(scheme, size, L))
-        res["alone"] = decide(scheme, n, 1, size, Pattern.AUTO, local=L, link_gbps=link, figures=mine).value
+        res["alone"] = alone(spec, n, rank, size, L, link)
         return res
-    finally:
-        probe.measure = real
-        os.environ[probe.FIGURES_ENV] = "table"
 
 
 report(rank, out)

@@ -9,19 +9,18 @@ kernels can agree with themselves.
 """
 import argparse
 import hashlib
-import os
 import traceback
 
 import horovod.torch as hvd
 import numpy as np
 import torch
+from fallback_figures import alone, measured_as
 from harness import report
 
 import hvd_gradq
 import hvd_gradq.torch as gq
 from hvd_gradq import kernels
-from hvd_gradq.frontend import codec, probe
-from hvd_gradq.frontend.cpu_cost import CAST, Figures
+from hvd_gradq.frontend import codec
 from hvd_gradq.frontend.patterns import Pattern, chunk_bounds, cost, decide, hier_cross, reduced_scheme
 from hvd_gradq.wire.payload import header_size
 
@@ -176,21 +175,12 @@ def auto_case() -> dict:
 check("auto", auto_case)
 
 
-def own_figures(schemes, cast=None, elements=probe.ELEMENTS, reps=probe.REPS) -> Figures:
-    """What each rank "measures" in fallback_case: rank 0 a codec next to free, every other rank
-    one hundreds of times slower (each its own), so that alone they would decide apart."""
-    e, d = (0.01, 0.01) if rank == 0 else (400.0 + rank, 40.0)
-    return Figures(tuple((s.spec, e, d) for s in schemes) + ((CAST, 0.1, 0.1 + rank / 100),))
-
-
 def fallback_case() -> dict:
     """pattern=auto's fp16 fallback across ranks that measured different CPU figures: every rank
     holds the same agreed figures (the maximum), decides alike (fp16), and the tensor's result is
     bit for bit hvd.Compression.fp16's (and not fp32's); fallback=False keeps the scheme."""
     spec, n, link = "orq:levels=5", 1 << 16, 10.0
-    real, probe.measure = probe.measure, own_figures
-    os.environ[probe.FIGURES_ENV] = "measure"  # the harness pins the table; this check is about measuring
-    try:
+    with measured_as(rank):
         g = torch.from_numpy(np.random.default_rng(rank).standard_normal(n).astype(np.float32))
         res: dict = {}
         for fb in (True, False):
@@ -205,13 +195,8 @@ def fallback_case() -> dict:
                 exact = hvd.allreduce(g.clone(), op=hvd.Average, name="stock.fp32")
                 res["equal_fp16"] = bool(torch.equal(got, stock)) and got.dtype == stock.dtype
                 res["equal_fp32"] = bool(torch.equal(got, exact))
-        scheme = hvd_gradq.parse(spec)
-        mine = own_figures(probe.schemes_for(scheme, size, L))
-        res["alone"] = decide(scheme, n, 1, size, Pattern.AUTO, local=L, link_gbps=link, figures=mine).value
+        res["alone"] = alone(spec, n, rank, size, L, link)
         return res
-    finally:
-        probe.measure = real
-        os.environ[probe.FIGURES_ENV] = "table"
 
 
 check("fallback", fallback_case)
