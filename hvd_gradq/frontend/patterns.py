@@ -11,8 +11,8 @@
   boundaries, each chunk compressed on its own; an alltoall hands rank j every rank's chunk j,
   rank j decodes and sums them, re-compresses the sum (with its own error feedback when ``ef``)
   and an allgather spreads the N reduced chunks. About 2(N-1)/N payloads a rank, whatever N, at
-  the price of a second quantization of the sum, made finer by :func:`reduced_scheme` so that
-  it adds no more noise than the first.
+  the price of a second quantization of the sum, a cheap unbiased one (:func:`reduced_scheme`:
+  stochastic rounding on evenly spaced levels) fine enough that it adds no more noise than the first.
 * ``hierarchical``: with several ranks a host (``local`` > 1, hosts alike), the way Horovod's
   hierarchical allreduce splits the work: the host's ranks first reduce-scatter the fp32 tensor
   among themselves (exact; over loopback or shared memory, never the host's link), each owns
@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import enum
 import functools
-import math
 import warnings
 from dataclasses import dataclass
 
@@ -48,6 +47,7 @@ from ..schemes.options import NonFinite
 from ..schemes.scheme import Combine, Scheme
 from ..wire.payload import header_size
 from .cpu_cost import ADD_NS, Figures, cast_ns, figures_for
+from .second_phase import reduced_scheme as reduced_scheme  # the frontends and the simulator import it from here
 
 
 class Pattern(enum.Enum):
@@ -210,23 +210,6 @@ def hier_cross(scheme: Scheme, n: int, nranks: int, local: int, link_gbps: float
     if hosts <= 1:
         return Pattern.GATHER
     return choose(scheme, -(-n // local), 1, hosts, Pattern.AUTO, CROSS, 1, link_gbps)
-
-
-@functools.lru_cache(maxsize=1024)
-def reduced_scheme(scheme: Scheme, nranks: int) -> Scheme:
-    """The scheme the scatter pattern re-quantizes a reduced chunk (a sum of N payloads) with:
-    ``scheme.refined(sqrt(N))``.
-
-    Why finer: the first quantization's errors are independent across ranks, so in the average
-    they shrink to 1/N of one rank's variance V, the same as under gather. The sum's range is up
-    to N times a rank's (gradients of one model agree in sign more than they differ), so the
-    same scheme would quantize it with an error of up to N^2 V, which is V again after dividing
-    by N: at N = 4, ORQ-3's scatter trained MNIST-1D 10 points below fp32 where gather lost 4
-    (bench/study.py). An interval a sqrt(N) times narrower brings the variance, ~ width^2, back
-    to V/N, for about log2(sqrt(N)) more bits on the allgather phase only (ORQ-3 at 4 ranks
-    re-quantizes with ORQ-5, uniform:bits=4 with 5 bits). Schemes without a finer form
-    (two-level, sign, Top-K, TernGrad) keep their own: their error feedback carries the rest."""
-    return scheme.refined(math.sqrt(nranks))
 
 
 def chunk_bounds(n: int, bucket: int, nranks: int) -> list[tuple[int, int]]:

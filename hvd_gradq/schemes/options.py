@@ -31,6 +31,15 @@ class Scales(enum.Enum):
     FP16 = "fp16"
 
 
+class Rounding(enum.Enum):
+    """How an element between two levels picks one: the nearest (biased, error at most half a
+    step), or stochastically, up with probability the fraction of the step it has climbed
+    (unbiased: E[Q(x)] = x inside the levels' range; variance at most step^2/4)."""
+
+    NEAREST = "nearest"
+    STOCHASTIC = "stochastic"
+
+
 def param(default: Any, kind: Any, doc: str = "") -> Any:
     """A scheme parameter: its default, its kind (int, float, bool or an Enum) and a doc line."""
     return field(default=default, metadata={"kind": kind, "doc": doc})

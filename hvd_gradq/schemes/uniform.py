@@ -1,5 +1,8 @@
-"""Deterministic uniform quantization (INT8, INT4, ...): round-to-nearest on each bucket's
-[min, max] with 2**bits evenly spaced levels. Biased; its error is at most step/2."""
+"""Uniform quantization (INT8, INT4, ...) on each bucket's [min, max] with 2**bits evenly spaced
+levels. ``rounding=nearest`` (default) is deterministic and biased, its error at most step/2;
+``rounding=stochastic`` rounds up with probability the fraction of the step, so it is unbiased
+with a variance of at most step^2/4 an element and needs no sort and no table: the scatter
+pattern's second phase (:func:`hvd_gradq.frontend.patterns.reduced_scheme`)."""
 from __future__ import annotations
 
 import dataclasses
@@ -13,15 +16,17 @@ from ..errors import SpecError
 from ..registry import register
 from ..xp import Array, Ops
 from .level import EvenLevelScheme
-from .options import param
+from .options import Rounding, param
 
 
 @register("uniform")
 @dataclass(frozen=True, kw_only=True)
 class Uniform(EvenLevelScheme):
-    """``uniform:bits=8``: 2**bits levels from the bucket's min to its max, nearest rounding."""
+    """``uniform:bits=8``: 2**bits levels from the bucket's min to its max, nearest rounding
+    (``rounding=stochastic``: unbiased)."""
 
     bits: int = param(8, int, "bits an element, 1..8")
+    rounding: Rounding = param(Rounding.NEAREST, Rounding, "nearest (biased) | stochastic (unbiased)")
     meta_width: ClassVar[int] = 2
 
     def __post_init__(self) -> None:
@@ -32,6 +37,14 @@ class Uniform(EvenLevelScheme):
     @property
     def symbols(self) -> int:
         return 1 << self.bits
+
+    @property
+    def unbiased(self) -> bool:
+        return self.rounding is Rounding.STOCHASTIC and self.clip == 0
+
+    @property
+    def draws(self) -> bool:
+        return self.rounding is Rounding.STOCHASTIC
 
     def refined(self, factor: float) -> Uniform:
         return dataclasses.replace(self, bits=min(8, self.bits + math.ceil(math.log2(max(factor, 1.0)) - 1e-9)))

@@ -6,7 +6,7 @@ chunk encoded on the host as a payload of its own (:func:`.host.chunk_encoder`),
 ``hvd.alltoall`` hands rank j every rank's payload of chunk j. ``decompress()`` runs phase 2
 (:func:`scatter_finish`): rank j decodes those N payloads and sums them in rank order (the
 gather pattern's decoder), adds its own scatter-side residual when ``ef``, re-encodes the sum with
-the finer :func:`~hvd_gradq.frontend.patterns.reduced_scheme`, and ``hvd.allgather`` spreads the N
+the second-phase :func:`~hvd_gradq.frontend.patterns.reduced_scheme`, and ``hvd.allgather`` spreads the N
 reduced chunks; every rank decodes them in rank order and concatenates them (the same bytes and
 the same computation on every rank). Error feedback of the rank's own gradient is the gather
 pattern's, with this rank's own decoded chunks concatenated as what was sent.

@@ -9,7 +9,7 @@ and carries one small context from ``compress()`` to ``decompress()``:
   Max-allreduces each bucket's statistics; phase 2 encodes against the shared scale and
   Sum-allreduces the codes packed into int32 lanes (:func:`hvd_gradq.wire.packing.pack_lanes`).
 * **scatter** (:class:`ScatterCtx`): phase 1 alltoalls per-chunk payloads, each rank decodes and
-  sums its own chunk; phase 2 re-compresses that partial sum with a finer scheme
+  sums its own chunk; phase 2 re-compresses that partial sum with the second-phase scheme
   (:func:`hvd_gradq.frontend.patterns.reduced_scheme`; its own residual, ``<name>#reduce``) and
   allgathers it.
 
@@ -373,7 +373,7 @@ class Reducer:
         if self.scheme.ef:
             sent = self.memory.compensate(key, sent)
         seed = codec.draw_seed(self.seed, hvd.rank(), ctx.step, key)
-        fine = reduced_scheme(self.scheme, g.size)  # finer: the sum's noise as one rank's
+        fine = reduced_scheme(self.scheme, g.size)  # cheap, unbiased, no noisier than the first phase
         what = f"{ctx.name} (step {ctx.step}, reduced)"
         with self.stats.clock.timed("encode"):
             buf, own = device.encode_any(fine, sent, seed, what, isinstance(ctx.own, torch.Tensor))

@@ -28,6 +28,7 @@ def _kernels_on(monkeypatch: pytest.MonkeyPatch) -> None:
 
 SCHEMES = (
     [f"uniform:bits={b}" for b in range(1, 9)]
+    + [f"uniform:bits={b},rounding=stochastic" for b in (1, 3, 4, 8)]
     + [f"qsgd:levels={q},norm={nm}" for q in (1, 2, 4) for nm in ("max", "l2")]
     + ["terngrad", "terngrad:clip=0", "sign", "bingrad", "bingrad:variant=pb"]
     + [f"orq:levels={s}" for s in range(2, 10)]

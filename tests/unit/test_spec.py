@@ -19,6 +19,7 @@ NON_DEFAULT = [
     "fp16:overflow=saturate,bucket=1",
     "uniform:bits=4,clip=2.0,scales=fp16",
     "uniform:bits=1,nonfinite=raise",
+    "uniform:bits=5,rounding=stochastic",
     "orq:levels=3,warmup=100",
     "fp16:overflow=raise",
     "qsgd:levels=2,norm=l2",

@@ -23,7 +23,7 @@ from hvd_gradq.xp import NUMPY, first_argmax, scan_sum, seed_words, tree_sum, un
 # Every registered scheme, with the parameters that change its arithmetic.
 SPECS = [
     "none", "fp16", "fp16:overflow=saturate",
-    "uniform:bits=8", "uniform:bits=3,bucket=100", "uniform:bits=1,clip=2.0",
+    "uniform:bits=8", "uniform:bits=3,bucket=100", "uniform:bits=1,clip=2.0", "uniform:bits=4,rounding=stochastic",
     "qsgd", "qsgd:levels=1,norm=l2", "qsgd:scales=fp16,bucket=64",
     "terngrad", "terngrad:clip=0.0",
     "sign", "sign:bucket=7,scales=fp16",

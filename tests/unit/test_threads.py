@@ -31,7 +31,7 @@ from hvd_gradq.wire.packing import layout
 from hvd_gradq.xp import NUMPY
 
 SCHEMES = [
-    "uniform:bits=2", "uniform:bits=4", "uniform:bits=8", "qsgd:levels=4", "qsgd:levels=2,norm=l2", "terngrad",
+    "uniform:bits=2", "uniform:bits=4", "uniform:bits=8", "uniform:bits=5,rounding=stochastic", "qsgd:levels=4", "qsgd:levels=2,norm=l2", "terngrad",
     "terngrad:clip=0", "sign", "bingrad", "bingrad:variant=pb", "orq:levels=3", "orq:levels=5", "orq:levels=9",
 ]
 OPTIONS = ["", "clip=1.5", "scales=fp16", "bucket=37", "bucket=100,clip=2,scales=fp16", "bucket=5"]

@@ -26,6 +26,8 @@ UNBIASED = [
     ("orq:levels=3", 600),
     ("orq:levels=5", 600),
     ("orq:levels=9", 600),
+    ("uniform:bits=4,rounding=stochastic", 600),  # the scatter pattern's second phase
+    ("uniform:bits=3,rounding=stochastic", 600),
 ]
 
 
