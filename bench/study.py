@@ -10,6 +10,13 @@ small machine). A row whose best rate is at the edge of the grid gets the rates 
 
     .venv/bin/python bench/study.py --plan main          # the whole grid (hours on 2 cores)
     .venv/bin/python bench/study.py --plan main --report # tables and plots from what is saved
+    .venv/bin/python bench/study.py --plan second_phase  # issue 24's rerun: results/quality_second_phase.md
+
+``--plan second_phase`` reruns the schemes whose scatter/hierarchical second phase changed (now
+stochastic uniform, :func:`hvd_gradq.frontend.patterns.reduced_scheme`) with the fp32 and fp16
+baselines, MNIST-1D at 4 and 8 workers, 5 seeds, each at the rate that was best for it in the
+main study's saved runs (no grid); its runs go to ``results/study_runs/second_phase.jsonl.gz``
+and its report to ``results/quality_second_phase.md``, beside the main study's figures.
 """
 from __future__ import annotations
 
@@ -47,6 +54,29 @@ RECIPE = ["orq:levels=3,warmup=30", "bingrad:ef=true,warmup=30", "orq:levels=3,c
 SCHEMES = KEY + REST + RECIPE
 #: the transformer's rows: the baselines and the schemes its targets name
 CHARS = ["none", "fp16", "orq:levels=5", "uniform:bits=4", "orq:levels=3", "bingrad:ef=true"]
+#: issue 24's rerun after the second phase changed: the summary's schemes with both baselines
+SECOND_PHASE = KEY + ["orq:levels=9"]
+#: plans run at one rate a row, the best of the main study's saved runs: no grid, no edges
+AT_BEST_RATE = {"second_phase"}
+#: plans with their own file of runs (results/study_runs/<name>.jsonl.gz) and report (quality_<name>.md)
+OWN_FILES = {"second_phase"}
+
+
+def best_rate(task: str, workers: int, spec: str) -> float:
+    """The rate with the best mean ``dev`` over seeds among the main study's saved runs of a row."""
+    import numpy as np
+    from study_tasks import TASKS
+
+    saved = [r for r in RunStore(ROOT / "results" / "study_runs" / "main.jsonl.gz").runs.values()
+             if r["task"] == task and r["workers"] == workers and r["spec"] == spec and "error" not in r]
+    if not saved:
+        raise SystemExit(f"no saved main-study runs of {task}, {workers} workers, {spec}: run --plan main first")
+    sign = 1.0 if TASKS[task].higher_is_better else -1.0
+    by: dict[float, list[float]] = {}
+    for r in saved:
+        by.setdefault(r["lr"], []).append(r["dev"])
+    score = {lr: sign * float(np.mean(v)) if np.all(np.isfinite(v)) else -np.inf for lr, v in by.items()}
+    return max(score, key=lambda lr: score[lr])
 
 
 def plan(name: str, seeds: int) -> list[dict[str, Any]]:
@@ -59,12 +89,14 @@ def plan(name: str, seeds: int) -> list[dict[str, Any]]:
                  ("mnist1d", 8, KEY + RECIPE + REST)],
         "baselines": [("chars", 4, ["none", "fp16"]), ("mnist1d", 8, ["none", "fp16"])],
         "smoke": [("mnist1d", 4, ["none", "orq:levels=3"])],
+        "second_phase": [("mnist1d", 4, SECOND_PHASE), ("mnist1d", 8, SECOND_PHASE)],
     }[name]
     runs = []
     for task, workers, specs in blocks:
         for spec in specs:
+            lrs = [best_rate(task, workers, spec)] if name in AT_BEST_RATE else TASKS[task].lrs
             for seed in range(seeds):
-                for lr in TASKS[task].lrs:
+                for lr in lrs:
                     runs.append({"task": task, "workers": workers, "spec": spec, "lr": lr, "seed": seed})
     return runs
 
@@ -143,7 +175,7 @@ def run_all(runs: list[dict[str, Any]], jobs: int) -> None:
 def main() -> None:
     global RAW
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    ap.add_argument("--plan", default="main", choices=["main", "baselines", "smoke"])
+    ap.add_argument("--plan", default="main", choices=["main", "baselines", "smoke", "second_phase"])
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--report", action="store_true", help="only write the tables and plots from saved runs")
@@ -152,16 +184,20 @@ def main() -> None:
     a = ap.parse_args()
     if a.raw:
         RAW = Path(a.raw).resolve()
+    elif a.plan in OWN_FILES:
+        RAW = ROOT / "results" / "study_runs" / f"{a.plan}.jsonl.gz"
+    tag = a.tag or (f"_{a.plan}" if a.plan in OWN_FILES else "")
     runs = plan(a.plan, a.seeds)
+    edges = (lambda _: []) if a.plan in AT_BEST_RATE else beyond_edges
     if not a.report:
-        run_all(beyond_edges(runs) + runs, a.jobs)  # the rows already complete first: they are cheap
+        run_all(edges(runs) + runs, a.jobs)  # the rows already complete first: they are cheap
         # rows whose best rate is at an edge of the grid: the rates beyond it, until it is inside
-        while more := [r for r in beyond_edges(runs) if not store().has(r)]:
+        while more := [r for r in edges(runs) if not store().has(r)]:
             run_all(more, a.jobs)
-    runs += beyond_edges(runs)
+    runs += edges(runs)
     import study_report
 
-    study_report.write(runs, [out for r in runs if (out := store().get(r)) is not None], a.tag)
+    study_report.write(runs, [out for r in runs if (out := store().get(r)) is not None], tag, a.plan, RAW)
 
 
 if __name__ == "__main__":
