@@ -54,8 +54,10 @@ RECIPE = ["orq:levels=3,warmup=30", "bingrad:ef=true,warmup=30", "orq:levels=3,c
 SCHEMES = KEY + REST + RECIPE
 #: the transformer's rows: the baselines and the schemes its targets name
 CHARS = ["none", "fp16", "orq:levels=5", "uniform:bits=4", "orq:levels=3", "bingrad:ef=true"]
-#: issue 24's rerun after the second phase changed: the summary's schemes with both baselines
-SECOND_PHASE = KEY + ["orq:levels=9"]
+#: issue 24's rerun after the second phase changed: the summary's schemes with both baselines, and
+#: ORQ-9 and ORQ-3 with the scatter pattern asked for (``spec@pattern``: on MNIST-1D's small tensors
+#: auto sends ORQ-9 by gather, so its rows alone would not exercise the second phase)
+SECOND_PHASE = KEY + ["orq:levels=9", "orq:levels=9@scatter", "orq:levels=3@scatter"]
 #: plans run at one rate a row, the best of the main study's saved runs: no grid, no edges
 AT_BEST_RATE = {"second_phase"}
 #: plans with their own file of runs (results/study_runs/<name>.jsonl.gz) and report (quality_<name>.md)
@@ -67,6 +69,7 @@ def best_rate(task: str, workers: int, spec: str) -> float:
     import numpy as np
     from study_tasks import TASKS
 
+    spec = spec.partition("@")[0]  # a pattern asked for runs at the scheme's rate under auto
     saved = [r for r in RunStore(ROOT / "results" / "study_runs" / "main.jsonl.gz").runs.values()
              if r["task"] == task and r["workers"] == workers and r["spec"] == spec and "error" not in r]
     if not saved:
@@ -147,8 +150,10 @@ def _one(r: dict[str, Any]) -> dict[str, Any]:
 
     if r["task"] not in _DATA:
         _DATA[r["task"]] = load_data(TASKS[r["task"]])
+    spec, _, pattern = r["spec"].partition("@")  # "spec@pattern": that pattern asked for, else auto
     try:
-        out = study_train.train(r["task"], _DATA[r["task"]], r["spec"], r["workers"], r["lr"], r["seed"])
+        out = study_train.train(r["task"], _DATA[r["task"]], spec, r["workers"], r["lr"], r["seed"], pattern or "auto")
+        out["spec"] = r["spec"]  # the report's row: the scheme and the pattern asked for
     except Exception as e:  # recorded, so that the report shows it instead of a missing row
         out = dict(r, error=f"{type(e).__name__}: {e}")
     return out  # saved by the main process (run_all): one writer for the study's file
