@@ -13,9 +13,9 @@ from hvd_gradq.frontend.patterns import Pattern, decide
 
 
 def _crossover() -> tuple[float, float]:
-    """Two adjacent float link rates between which ``decide`` changes its pattern (ORQ-5, 4M
+    """Two adjacent float link rates between which ``decide`` changes its pattern (ORQ-9, 4M
     elements, 8 ranks: scatter on slow links, gather on fast ones), found by bisection."""
-    orq = hvd_gradq.parse("orq:levels=5")
+    orq = hvd_gradq.parse("orq:levels=9")
 
     def pick(gbps: float) -> Pattern:
         return decide(orq, 1 << 22, 2, 8, Pattern.AUTO, link_gbps=gbps)
