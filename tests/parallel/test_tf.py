@@ -101,11 +101,16 @@ def _check_tape(reports, sections):
         assert r0["sparse"]["dense"]["slot_shapes"] == [[50, 8], [8, 2], [2]]
         assert_ranks_equal(reports, "sparse")
     if "nonfinite" in sections:
+        # rank 1 (the NaN) fails first with hvd_gradq's message; after that, a collective of another
+        # tensor that one rank started before its step aborted may stall until Horovod's stall
+        # shutdown (the launch sets it: see the TF compressor's docstring) ends it
         for r, rep in reports.items():
             for spec, msg in rep["nonfinite"].items():
                 assert "non-finite" in msg or "Horovod has been shut down" in msg, (r, spec, msg)
-        assert all("non-finite" in m for m in reports[1]["nonfinite"].values()), reports[1]["nonfinite"]
+        first = next(iter(reports[1]["nonfinite"].values()))
+        assert "non-finite" in first, reports[1]["nonfinite"]
         # fp16:overflow=raise on rank 1 (gather): it sent a marked row, so decoding stops every rank
+        # (it runs before the NaN cases, so no stall shutdown can have come first)
         refused = "rank(s) [1] had a finite value in this gradient that the scheme cannot quantize"
         assert refused in reports[1]["fp16_overflow"], reports[1]["fp16_overflow"]
         assert refused in reports[0]["fp16_overflow"] or "Horovod has been shut down" in reports[0]["fp16_overflow"]
@@ -143,7 +148,10 @@ def _check_telemetry(reports):
 
 
 def test_tape_features_gloo():
-    reports = launch("worker_tf_tape.py", np=2, controller="gloo", timeout=400)
+    # the nonfinite section is the last: a stall it may leave (see _check_tape) ends by Horovod's
+    # stall shutdown, after 120 s, well within the launch's timeout
+    reports = launch("worker_tf_tape.py", np=2, controller="gloo", timeout=420,
+                     env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "30", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "120"})
     _check_tape(reports, {"ckpt", "oracle", "telemetry", "dtypes", "eager", "sparse", "mismatch", "nonfinite"})
 
 
