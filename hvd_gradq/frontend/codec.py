@@ -3,7 +3,6 @@ frontends. Uses the fused kernels of :mod:`hvd_gradq.kernels` when they are avai
 
 from __future__ import annotations
 
-import enum
 import zlib
 from collections.abc import Sequence
 from typing import Any
@@ -15,7 +14,13 @@ from ..api import Payload, dequantize, quantize, split
 from ..errors import GradqError, NonFiniteError, RangeError, RankMismatchError
 from ..schemes.options import NonFinite
 from ..schemes.scheme import Scheme
+from ..wire.payload import read_header
+from ..wire.poison import Stop, poison, stop_in
+from ..wire.poison import headers as _headers
+from ..wire.poison import stops as _stops
 from ..xp import stream_seed
+
+__all__ = ["Stop", "poison", "stop_in"]  # the wire's poison (wire/poison.py), as the frontends use it
 
 
 def tensor_key(name: str) -> int:
@@ -36,17 +41,6 @@ def encode(scheme: Scheme, x: NDArray[Any], seed: int, name: str) -> tuple[NDArr
     return p.to_array(), own
 
 
-class Stop(enum.IntEnum):
-    """Why a rank stopped before encoding a gradient, as its poison payload tells the others."""
-
-    NONFINITE = 1  #: NaN/Inf under ``nonfinite=raise`` (:class:`~hvd_gradq.errors.NonFiniteError`)
-    RANGE = 2  #: a finite value the scheme cannot quantize (:class:`~hvd_gradq.errors.RangeError`)
-    ERROR = 3  #: any other error while encoding it
-
-
-_CODES = frozenset(int(s) for s in Stop)
-
-
 def stops_on_values(scheme: Scheme) -> str | None:
     """The option under which ``scheme`` stops a step on a gradient's values (``nonfinite=raise``,
     ``fp16:overflow=raise``), or None. A frontend that cannot poison a pattern's later phases
@@ -63,34 +57,13 @@ def stop_of(error: GradqError) -> Stop:
     return Stop.RANGE if isinstance(error, RangeError) else Stop.ERROR
 
 
-def poison(why: Stop = Stop.NONFINITE, origin: int | None = None) -> NDArray[np.uint8]:
-    """The payload a rank sends in place of a gradient it could not encode, so that the others
-    stop with an error too instead of waiting for it: an empty ``none`` payload of shape
-    ``(0, why)``, or ``(0, why, origin + 1)`` when it passes on another rank's stop (the
-    hierarchical pattern's later phases), so the error names the rank that stopped first. The
-    frontends only ever send flat payloads (one dimension, possibly empty, as the scatter
-    pattern's chunk of a small tensor is), so a poison is never taken for a gradient's."""
-    shape = (0, int(why)) if origin is None else (0, int(why), origin + 1)
-    return quantize(np.zeros(shape, np.float32), "none").to_array()
-
-
-def stop_in(p: Payload) -> tuple[Stop, int | None] | None:
-    """(why, the rank it names or None: the sender) of a poison payload; None for any other."""
-    if p.n == 0 and len(p.shape) in (2, 3) and p.shape[1] in _CODES:
-        return Stop(p.shape[1]), (p.shape[2] - 1 if len(p.shape) == 3 else None)
-    return None
-
-
-def stops_in(payloads: Sequence[Payload], ranks: Sequence[int] | None = None) -> dict[int, Stop]:
-    """{rank: why} of the poisons among gathered payloads (payload i from rank ``ranks[i]``, by
-    default i; a poison that names another rank counts for that one)."""
-    out: dict[int, Stop] = {}
-    for i, p in enumerate(payloads):
-        got = stop_in(p)
-        if got is not None:
-            why, origin = got
-            out[origin if origin is not None else (ranks[i] if ranks is not None else i)] = why
-    return out
+def stops_in(buf: NDArray[np.uint8], ranks: Sequence[int] | None = None) -> dict[int, Stop]:
+    """{rank: why} of the poisons (:func:`hvd_gradq.wire.poison.poison`) in a gathered buffer
+    (payload i from rank ``ranks[i]``, by default i): the payloads one after the other (1-D), or
+    one a row of a fixed width (2-D, TensorFlow's; a row's bytes past its payload are padding)."""
+    arr = np.asarray(buf, np.uint8)
+    heads = [read_header(row) for row in arr] if arr.ndim == 2 else _headers(arr.reshape(-1))
+    return _stops(heads, ranks)
 
 
 _PEER = {
@@ -170,10 +143,10 @@ def split_checked(buf: NDArray[np.uint8], name: str, ranks: Sequence[int] | None
     """The payloads of a gathered buffer, all of one size: a poison (:func:`poison`) raises the
     error of :func:`stopped` naming the ranks that sent one (``ranks[i]`` is the rank of the
     i-th payload; by default i), other sizes a model that differs (RankMismatchError)."""
+    peers = stops_in(buf, ranks)
+    if peers:
+        raise stopped(name, peers)
     payloads = split(buf)
-    stops = stops_in(payloads, ranks)
-    if stops:
-        raise stopped(name, stops)
     sizes = {p.n for p in payloads}
     if len(sizes) > 1:
         raise RankMismatchError(

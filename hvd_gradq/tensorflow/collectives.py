@@ -20,8 +20,8 @@ compressor's docstring describes: ``g`` the payloads, ``s`` the statistics, ``l`
 
 Both start their collective even when this rank's input is not finite, since a rank that
 failed before it would leave the others waiting: under ``nonfinite=raise`` the gather payload is
-all zeros (a poison its decoder refuses) and the summable statistics are +inf, and every rank
-fails after the collective with :func:`nonfinite_message`; under ``propagate`` a summable
+the poison (:mod:`hvd_gradq.wire.poison`, PyTorch's too) and the summable statistics are +inf,
+and every rank fails after the collective, naming the ranks; under ``propagate`` a summable
 bucket with NaN/Inf on some rank sends +inf statistics and decodes as NaN everywhere.
 """
 from __future__ import annotations
@@ -32,6 +32,7 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
+from ..frontend import codec as fcodec
 from ..frontend.patterns import Pattern
 from ..schemes.level import EvenLevelScheme
 from ..schemes.options import NonFinite
@@ -78,9 +79,9 @@ def gather_start(scheme: Scheme, math: Scheme, cid: str, x: Any, words: Any, key
     # on the host, by the compiled kernels PyTorch uses (host.py says why the graph stays right)
     payload = host.payload_encoder(scheme, math, ctx.shape, ctx.dtype.name, ctx.n)(
         x, words[0], words[1])
-    if ctx.finite is not None:
-        # all zeros, no magic: the same size as a payload (allgather shapes are traced)
-        payload = tf.where(ctx.finite, payload, tf.zeros_like(payload))
+    if ctx.finite is not None:  # the poison (wire/poison.py), padded to the payload's traced size
+        row = int(payload.shape[0])
+        payload = tf.where(ctx.finite, payload, tf.constant(fcodec.poison(fcodec.Stop.NONFINITE, width=row)))
     ctx.result = hvd.allgather(payload, name=f"hvd_gradq.{cid}.g{key}{set_suffix(ps)}",
                                ignore_name_scope=True, process_set=ps)
 
@@ -89,8 +90,7 @@ def gather_finish(ctx: Ctx) -> Any:
     """(sum, own): every rank's payload decoded and summed in rank order (the same bytes and
     the same computation on every rank), and this rank's own (for error feedback)."""
     rows = tf.reshape(ctx.result, (ctx.size, -1))
-    poison = nonfinite_message(ctx) if ctx.finite is not None else None
-    return host.gathered_decoder(ctx.n, ctx.size, ctx.rank, poison, ctx.what)(rows)
+    return host.gathered_decoder(ctx.n, ctx.size, ctx.rank, ctx.what)(rows)
 
 
 def summable_start(scheme: Scheme, cid: str, x: Any, words: Any, key: str, ctx: Ctx, ps: Any) -> Any:

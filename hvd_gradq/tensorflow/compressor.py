@@ -40,14 +40,8 @@ scale sent as NaN; summable: +inf statistics); ``none`` and ``fp16`` carry the v
 schemes make Horovod's ``[1.0]`` NaN, the whole tensor. Error feedback keeps its previous
 residual wherever the result is not finite (``loss_scale=`` keeps residuals unscaled).
 ``nonfinite=raise`` stops the step on every rank with an ``InvalidArgumentError`` that says so
-(the rank with NaN still takes part, with a poison payload or +inf statistics, so no rank
-waits for that tensor). One limit, TensorFlow's: the first failing op aborts the rest of the
-step's graph on that rank, so another tensor's Horovod collective that one rank had already
-started and the other had not yet may wait forever (seen once in ~20 CI runs; Horovod's ops
-cannot be cancelled). Where a job must end rather than wait, launch it with Horovod's
-``HOROVOD_STALL_SHUTDOWN_TIME_SECONDS`` (e.g. 120): Horovod then ends the stalled collective
-with "Horovod has been shut down". ``nonfinite=skip`` is refused (payload sizes are fixed when
-the graph is traced).
+(the rank with NaN takes part, with a poison payload or +inf statistics, so no rank waits for
+that tensor; another's may: docs/usage.md); ``nonfinite=skip`` is refused (sizes are traced).
 **Elastic Horovod**: the reduction runs eagerly at each step in the world of the moment
 (:mod:`.elastic`).
 """

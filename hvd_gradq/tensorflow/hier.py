@@ -13,7 +13,7 @@ host), each sending to itself too, so what comes back is every member's part in 
    (cross ``gather``) or one sub-piece a host (cross ``scatter``; then ``h3``: each owner sums
    its sub-piece over the hosts, adds its ``#host#reduce`` residual, re-encodes it with
    ``reduced_scheme(scheme, hosts)`` and sends it to every host). A raised flag on the host makes
-   the owner send the all-zero poison instead, so every owner on every host fails at its next
+   the owner send the poison (:mod:`hvd_gradq.wire.poison`) instead, so every owner on every host fails at its next
    decode with the same message, and no rank waits for one that failed.
 3. last: the reduced piece to the host's ranks; concatenated in local rank order, what comes
    back is the whole tensor's sum.
@@ -37,9 +37,10 @@ from ..frontend.hosts import Hosts, ranks_per_host
 from ..frontend.patterns import Cost, Pattern, chunk_bounds, cost, fp16_cost, fp32_cost, hier_cross, reduced_scheme
 from ..schemes.scheme import Scheme
 from ..wire.payload import header_size
+from ..wire.poison import poisons
 from ..xp import stream_seed
 from . import codec, host
-from .collectives import Ctx, nonfinite_message
+from .collectives import Ctx
 from .ops import TF, step_words
 from .state import make_residual
 
@@ -148,11 +149,9 @@ def hier_finish(scheme: Scheme, math: Scheme, ctx: Ctx, memory: Memory | None) -
     lo, hi = hi_.pieces[h.local_rank]
     m = hi - lo
     total, flagged = codec.host_sum(h.local, m)(tf.reshape(ctx.result, (h.local, m + 1)))  # local rank order
-    poison = None
     bad = None
     if ctx.finite is not None:  # nonfinite=raise: a flag from any rank of the host poisons my payloads
         bad = flagged
-        poison = nonfinite_message(ctx)
         total = tf.where(bad, tf.zeros_like(total), total)
     piece_w, sub_w = widths(ctx.n, scheme.bucket, h)
     hk = host_key(key)
@@ -160,15 +159,19 @@ def hier_finish(scheme: Scheme, math: Scheme, ctx: Ctx, memory: Memory | None) -
         sent = memory.compensate(hk, tf.pad(total, [[0, piece_w - m]]))
         total = sent[:m]
 
-    def poisoned(buf: Any) -> Any:
-        return buf if bad is None else tf.where(bad, tf.zeros_like(buf), buf)
+    def poisoned(buf: Any, rows: list[int]) -> Any:
+        """``buf`` (payloads of ``rows`` bytes one after the other), or poisons in their places."""
+        if bad is None:
+            return buf
+        return tf.where(bad, tf.constant(poisons(rows)), buf)
 
     if hi_.cross is Pattern.GATHER:
         a, b = _words(hi_.stream, hi_.step, "#host")
-        buf = poisoned(host.payload_encoder(scheme, math, (m,), "float32", m)(total, a, b))
         size = header_size(scheme.spec, 1) + scheme.nbytes(m)
+        buf = poisoned(host.payload_encoder(scheme, math, (m,), "float32", m)(total, a, b), [size])
         got = _send(tf.tile(buf, [h.count]), h.cross_peers(), [size] * h.count, h.nranks, hi_.collective(2))
-        piece, own = host.gathered_decoder(m, h.count, h.host, poison)(tf.reshape(got, (h.count, size)))
+        piece, own = host.gathered_decoder(m, h.count, h.host, ctx.what, tuple(h.cross_peers()))(
+            tf.reshape(got, (h.count, size)))
         if memory is not None:
             memory.update(hk, sent, tf.pad(own, [[0, piece_w - m]]))
     else:
@@ -176,12 +179,13 @@ def hier_finish(scheme: Scheme, math: Scheme, ctx: Ctx, memory: Memory | None) -
         words = [_words(hi_.stream, hi_.step, f"#host#{k}") for k in range(h.count)]
         a, b = tf.stack([w[0] for w in words]), tf.stack([w[1] for w in words])
         buf, mine = host.chunk_encoder(scheme, math, tuple(subs), memory is not None)(total, a, b)
-        buf = poisoned(buf)
         sizes = [header_size(scheme.spec, 1) + scheme.nbytes(e - s) for s, e in subs]
+        buf = poisoned(buf, sizes)
         got = _send(buf, h.cross_peers(), sizes, h.nranks, hi_.collective(2))
         s0, s1 = subs[h.host]
         k = s1 - s0
-        part, _ = host.gathered_decoder(k, h.count, h.host, poison)(tf.reshape(got, (h.count, sizes[h.host])))
+        part, _ = host.gathered_decoder(k, h.count, h.host, ctx.what, tuple(h.cross_peers()))(
+            tf.reshape(got, (h.count, sizes[h.host])))
         if memory is not None:
             memory.update(hk, sent, tf.pad(mine, [[0, piece_w - m]]))
             rk = reduced_key(hk)

@@ -18,11 +18,11 @@ Why the graph stays correct:
 * *Nothing raises before the collective.* An exception in the encoder would fail this rank
   only and leave the others waiting in the allgather. The encoder never raises for values:
   non-finite input and values beyond the limit take the reference path, which marks their
-  buckets NaN (``nonfinite=raise`` is handled by the compressor before encoding: it sends an
-  all-zero poison payload); a scheme that refuses a value itself (``fp16:overflow=raise``:
-  RangeError) sends a row of :data:`RANGE_FILL` instead. Decoding runs after the collective on
-  the same bytes on every rank, so a poison or corrupted payload fails every rank alike, with
-  the same message.
+  buckets NaN (``nonfinite=raise`` is handled by the compressor before encoding: it sends the
+  poison payload, :mod:`hvd_gradq.wire.poison`); a scheme that refuses a value itself
+  (``fp16:overflow=raise``: RangeError) sends the poison saying so instead, padded to the row.
+  Decoding runs after the collective on the same bytes on every rank, so a poison or corrupted
+  payload fails every rank alike, with the same message (PyTorch's: the ranks and why).
 * *Draws.* The two seed words come from the graph (``step_words``: a step counter in a
   variable), so a retrace or a restored checkpoint continues the same random stream.
 
@@ -47,11 +47,12 @@ import tensorflow as tf
 from numpy.typing import NDArray
 
 from .. import kernels
-from ..api import Payload, decode_flat, payload_of, split
-from ..errors import NonFiniteError, RangeError, RankMismatchError
+from ..api import Payload, decode_flat, parse_one, payload_of, split
+from ..errors import RangeError, RankMismatchError
+from ..frontend import codec
 from ..schemes.level import LevelScheme
 from ..schemes.scheme import Scheme
-from ..wire.payload import MAGIC, header_size
+from ..wire.payload import header_size
 from ..xp import NUMPY
 
 #: (record(kind, seconds, step), step tensor) of the reduction being traced: :func:`recording`.
@@ -108,12 +109,6 @@ def _payload(scheme: Scheme, math: Scheme, shape: tuple[int, ...], dtype: str, x
     return payload_of(scheme, parts, shape, dtype)
 
 
-#: The byte filling the row a rank sends in place of a payload that its scheme refused to encode
-#: (RangeError: a value beyond fp16's range under ``fp16:overflow=raise``), as the all-zero row
-#: stands for NaN/Inf under ``nonfinite=raise``; a payload begins with ``MAGIC``, never with it.
-RANGE_FILL = 0xFF
-
-
 @cache
 def payload_encoder(scheme: Scheme, math: Scheme, shape: tuple[int, ...], dtype: str, n: int) -> Any:
     """(x f32[n], a, b) -> the whole payload, uint8[total]: ``math`` encodes, the header names
@@ -124,7 +119,7 @@ def payload_encoder(scheme: Scheme, math: Scheme, shape: tuple[int, ...], dtype:
         try:
             return _payload(scheme, math, shape, dtype, x, int(a), int(b)).to_array()
         except RangeError:  # raising here would stop this rank before its collective: tell every rank
-            return np.full(total, RANGE_FILL, np.uint8)
+            return codec.poison(codec.Stop.RANGE, width=total)
 
     def encode(x: Any, a: Any, b: Any) -> Any:
         out = _call(host, [x, a, b], tf.uint8, "hvd_gradq_encode", "encode")
@@ -134,29 +129,24 @@ def payload_encoder(scheme: Scheme, math: Scheme, shape: tuple[int, ...], dtype:
 
 
 @cache
-def gathered_decoder(n: int, size: int, rank: int, poison_message: str | None, what: str = "") -> Any:
-    """rows uint8[size, total] -> (the sum of every rank's decoded payload in rank order, this
+def gathered_decoder(n: int, size: int, rank: int, what: str = "", ranks: tuple[int, ...] | None = None) -> Any:
+    """rows uint8[size, width] -> (the sum of every rank's decoded payload in rank order, this
     rank's own decoded payload), both float32[n]. Every payload is parsed and checked (header,
     checksum, codes) before it is decoded; every rank runs this on the same bytes.
 
-    ``poison_message`` (``nonfinite=raise``): a row that is not a payload (the all-zero poison a
-    rank sends when its gradient held NaN/Inf) raises NonFiniteError with this message. A
-    :data:`RANGE_FILL` row, whatever the policy, raises RangeError naming ``what`` and the ranks."""
+    A row that holds a poison (:mod:`hvd_gradq.wire.poison`: a rank whose gradient held NaN/Inf
+    under ``nonfinite=raise``, or a value its scheme refused) raises the error PyTorch's frontend
+    raises, naming ``what``, the ranks (row i is rank ``ranks[i]``, by default i) and why."""
 
     def host(rows: NDArray[np.uint8]) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
         rows = np.ascontiguousarray(rows)
-        refused = [r for r, row in enumerate(rows) if row.size and bool((row[: len(MAGIC)] == RANGE_FILL).all())]
-        if refused:
-            raise RangeError(f"hvd_gradq: {what}: rank(s) {refused} had a finite value in this gradient that the "
-                             "scheme cannot quantize (fp16:overflow=raise: beyond fp16's 65504); use "
-                             "fp16:overflow=saturate to clamp, overflow=inf (the default) to send inf, or scale "
-                             "the gradient down")
-        if poison_message is not None and any(bytes(r[: len(MAGIC)]) != MAGIC for r in rows):
-            raise NonFiniteError(poison_message)
+        stops = codec.stops_in(rows, ranks)
+        if stops:
+            raise codec.stopped(f"hvd_gradq: {what}", stops)
         total: NDArray[np.float32] | None = None
         own: NDArray[np.float32] | None = None
-        for r, p in enumerate(split(rows.reshape(-1))):
-            v = decode_flat(p)
+        for r, row in enumerate(rows):
+            v = decode_flat(parse_one(row)[0])
             if r == rank:
                 own = v
             total = v.copy() if total is None else total + v

@@ -42,10 +42,11 @@ from ..frontend.codec import tensor_key
 from ..frontend.patterns import chunk_bounds, reduced_scheme
 from ..schemes.scheme import Scheme
 from ..wire.payload import header_size
+from ..wire.poison import poisons
 from ..xp import stream_seed
 from . import host
 from .callsite import set_suffix
-from .collectives import Ctx, nonfinite_message
+from .collectives import Ctx
 from .ops import TF, step_words
 from .state import make_residual
 
@@ -89,9 +90,9 @@ def scatter_start(scheme: Scheme, math: Scheme, cid: str, x: Any, stream: int, s
     words = [_words(stream, step, f"#{j}") for j in range(ctx.size)]
     a, b = tf.stack([w[0] for w in words]), tf.stack([w[1] for w in words])
     buf, mine = host.chunk_encoder(scheme, math, tuple(bounds), own)(x, a, b)
-    if ctx.finite is not None:  # poison: all zeros, the size of the payloads (shapes are traced)
-        buf = tf.where(ctx.finite, buf, tf.zeros_like(buf))
     lens = _sizes(scheme, bounds)
+    if ctx.finite is not None:  # each chunk the poison (wire/poison.py), padded to its traced size
+        buf = tf.where(ctx.finite, buf, tf.constant(poisons(lens)))
     sfx = set_suffix(ps)
     recv, _ = hvd.alltoall(buf, splits=tf.constant(lens, tf.int32), name=f"hvd_gradq.{cid}.a{key}{sfx}",
                            ignore_name_scope=True, process_set=ps)
@@ -106,8 +107,7 @@ def scatter_finish(scheme: Scheme, math: Scheme, ctx: Ctx, memory: Memory | None
     ph = ctx.scatter
     assert isinstance(ph, Phase2)
     lo, hi = ph.bounds[ctx.rank]
-    poison = nonfinite_message(ctx) if ctx.finite is not None else None
-    part, _ = host.gathered_decoder(hi - lo, ctx.size, ctx.rank, poison)(ctx.result)  # in rank order
+    part, _ = host.gathered_decoder(hi - lo, ctx.size, ctx.rank, ctx.what)(ctx.result)  # in rank order
     pad = [[0, widest(ctx.n, scheme.bucket, ctx.size) - (hi - lo)]]
     if memory is not None:
         assert ctx.slot is not None

@@ -215,12 +215,12 @@ class Hierarchy:
         h = ctx.hosts
         assert h is not None
         ctx.received += int(got.numel()) - ctx.self_bytes
-        payloads = split(got.numpy())
-        peers = codec.stops_in(payloads, h.cross_peers())
+        peers = codec.stops_in(got.numpy(), h.cross_peers())
         if ctx.error is None and peers:
             self._stop(ctx, codec.stopped(f"{ctx.name} (step {ctx.step})", peers))
         if ctx.error is not None:
             return torch.zeros(self._own_len(ctx))
+        payloads = split(got.numpy())
         with self.stats.clock.timed("decode"):
             return torch.from_numpy(np.concatenate([
                 ctx.own if k == h.host and ctx.own is not None else dequantize(p).astype(np.float32).reshape(-1)

@@ -11,6 +11,8 @@ from hvd_gradq.api import split
 from hvd_gradq.frontend import codec
 from hvd_gradq.schemes.level import EvenLevelScheme
 from hvd_gradq.schemes.summable import local_stats
+from hvd_gradq.wire import poison as wire_poison
+from hvd_gradq.wire import read_header
 from hvd_gradq.xp import NUMPY
 
 ORQ = hvd_gradq.parse("orq:levels=5")
@@ -40,8 +42,8 @@ def test_the_errors_of_encoding_say_why() -> None:
 
 @pytest.mark.parametrize("why", list(codec.Stop))
 def test_a_poison_says_why_and_names_the_rank(why: codec.Stop) -> None:
-    p = split(codec.poison(why))[0]
-    assert p.n == 0 and codec.stop_in(p) == (why, None)
+    head = read_header(codec.poison(why))
+    assert head.spec.startswith("!") and codec.stop_in(head) == (why, None)
     buf = np.concatenate([_payload(700, 0), codec.poison(why), _payload(700, 2)])
     cls = {codec.Stop.NONFINITE: NonFiniteError, codec.Stop.RANGE: RangeError}.get(why, GradqError)
     with pytest.raises(cls, match=r"^w: rank\(s\) \[1\] ") as info:
@@ -51,7 +53,7 @@ def test_a_poison_says_why_and_names_the_rank(why: codec.Stop) -> None:
         codec.decode_sum(buf, 0, None, "w", ranks=[2, 6, 10])
     # a rank that passes on another's stop names that one (the hierarchical pattern's relays)
     relay = np.concatenate([_payload(700, 0), codec.poison(why, origin=5)])
-    assert codec.stop_in(split(codec.poison(why, origin=5))[0]) == (why, 5)
+    assert codec.stop_in(read_header(codec.poison(why, origin=5))) == (why, 5)
     with pytest.raises(cls, match=r"^w: rank\(s\) \[5\] "):
         codec.split_checked(relay, "w", ranks=[0, 2])
 
@@ -61,13 +63,29 @@ def test_empty_payloads_are_not_poisons() -> None:
     payload is flat, the poison is two-dimensional, so neither is taken for the other, even
     when every rank sent a poison (all of one size)."""
     empty = codec.encode(ORQ, np.zeros(0, np.float32), 0, "t")[0]
-    assert codec.stop_in(split(empty)[0]) is None
+    assert codec.stop_in(read_header(empty)) is None and split(empty)[0].n == 0
     total, count = codec.decode_sum(np.concatenate([empty, empty]), 0, None, "w")
     assert count == 2 and total.shape == (0,)
     with pytest.raises(NonFiniteError, match=r"rank\(s\) \[0, 1\]"):
         codec.split_checked(np.concatenate([codec.poison(), codec.poison()]), "w")
     with pytest.raises(RankMismatchError):  # sizes that differ without a poison: another model
         codec.split_checked(np.concatenate([_payload(700), _payload(300)]), "w")
+
+
+@pytest.mark.parametrize("why", list(codec.Stop))
+def test_a_padded_poison_fills_a_fixed_width_row(why: codec.Stop) -> None:
+    """TensorFlow's rows have a traced width: the poison, zero-padded to it, reads the same; it
+    fits the smallest payload a frontend sends (one fp16 element of a scalar)."""
+    row = codec.poison(why, width=300)
+    assert row.shape == (300,) and not row[wire_poison.SIZE :].any()
+    assert codec.stop_in(read_header(row)) == (why, None)
+    smallest = hvd_gradq.quantize(np.ones((), np.float32), "fp16").to_array()
+    assert wire_poison.SIZE <= smallest.size
+    assert codec.poison(why, width=smallest.size).shape == smallest.shape
+    with pytest.raises(hvd_gradq.PayloadError, match="cannot hold it"):
+        codec.poison(why, width=wire_poison.SIZE - 1)
+    rows = np.stack([_payload(700, 0), codec.poison(why, width=_payload(700, 0).size)])
+    assert codec.stops_in(rows, ranks=[4, 7]) == {7: why}
 
 
 def test_mixed_reasons_name_each_group() -> None:

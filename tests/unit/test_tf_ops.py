@@ -354,7 +354,7 @@ def test_compressor_nonfinite_policies(hvd):
 
 def test_compressor_fp16_overflow_raise_stops_after_the_gather(hvd):
     """fp16:overflow=raise: a value beyond 65504 makes the host encoder send the marked row
-    (host.RANGE_FILL) instead of raising before the allgather; decoding raises on every rank
+    (the poison, wire/poison.py) instead of raising before the allgather; decoding raises on every rank
     naming the ranks that sent one (here the only one). Patterns whose later phases start after
     a decode are refused with it, as with nonfinite=raise."""
     import hvd_gradq.tensorflow as gq
