@@ -3,7 +3,12 @@
 # with the C++17 fixes, `pip install -e .`).
 #
 #   docker build -t hvd_gradq .
-#   docker run --rm --shm-size=1g hvd_gradq                 # runs scripts/test.sh
+#   docker run --rm --shm-size=1g --cap-add NET_ADMIN --cap-add SYS_ADMIN \
+#     --security-opt apparmor=unconfined hvd_gradq         # runs scripts/test.sh
+#
+# The capabilities are for the emulated network of tests/parallel/test_netemu.py (bench/netemu/):
+# NET_ADMIN for veth, bridge and tc, SYS_ADMIN for `ip netns add/exec` (they mount); AppArmor's
+# default container profile denies mounts. Without them that test fails (not skipped).
 #
 # Offline torch: wheels put in .docker-wheels/ of the build context (scripts/docker_check.sh
 # does this) are lent to setup.sh as /opt/wheels during the set-up step only, and never land

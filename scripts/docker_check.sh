@@ -12,7 +12,8 @@
 #      If this host trusts extra CAs (/usr/local/share/ca-certificates/*.crt, e.g. a TLS-inspecting
 #      egress proxy), its CA bundle and a pip.conf naming it are lent to the RUN steps with
 #      --volume (not committed to any layer), so that pip inside the build reaches PyPI;
-#   5. podman --runtime runc run --rm --network=host (+ ulimits) hvd_gradq:latest CMD...
+#   5. podman --runtime runc run --rm --network=host (+ ulimits, + NET_ADMIN and SYS_ADMIN for the
+#      emulated network's namespaces and tc) hvd_gradq:latest CMD...
 #
 # Usage: sudo scripts/docker_check.sh [--build-only | --run-only] [CMD ARGS...]
 #   CMD defaults to `bash scripts/test.sh`.
@@ -36,7 +37,7 @@ do_build=1 do_run=1
 case "${1:-}" in
   --build-only) do_run=0; shift ;;
   --run-only) do_build=0; shift ;;
-  -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,21p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
 esac
 [ "${1:-}" = "--" ] && shift
 if (($#)); then CMD=("$@"); else CMD=(bash scripts/test.sh); fi
@@ -226,8 +227,17 @@ if ((do_run)); then
   label="${CMD[*]}"; ((${#label} <= 60)) || label="${label:0:57}..."
   phase_start "podman run: $label"
   rc=0
+  # The emulated network of tests/parallel/test_netemu.py (bench/netemu/) needs, beyond the
+  # default capabilities: NET_ADMIN (veth, bridge, addresses, `tc qdisc`) and SYS_ADMIN
+  # (`ip netns add` bind-mounts /run/netns/<ns> and makes it shared; `ip netns exec` unshares
+  # the mount namespace and remounts /sys). Measured here: neither alone is enough, both are,
+  # with the default seccomp profile. Where AppArmor is on (Ubuntu), its containers-default
+  # profile denies every mount whatever the capabilities, hence apparmor=unconfined (a no-op
+  # on a host without AppArmor, like this one). Less than --privileged: no devices, /proc/sys
+  # and /sys stay read-only, seccomp stays on.
   "${PODMAN[@]}" run --rm --network=host --shm-size=1g \
     --ulimit nofile=20000:20000 --ulimit nproc=32768:32768 \
+    --cap-add NET_ADMIN --cap-add SYS_ADMIN --security-opt apparmor=unconfined \
     "$IMAGE" "${CMD[@]}" || rc=$?
   phase_end
   ((rc == 0)) || die "command in the image exited with $rc: ${CMD[*]}"
