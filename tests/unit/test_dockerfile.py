@@ -205,6 +205,44 @@ def test_workflow_builds_image_and_runs_tests_in_it() -> None:
     )
 
 
+# The emulated network of tests/parallel/test_netemu.py (bench/netemu/) needs NET_ADMIN (veth, bridge,
+# tc) and SYS_ADMIN (`ip netns add/exec` mount), and no AppArmor profile (docker-default denies every
+# mount); without them that test fails in the container. --privileged would also do, but gives more.
+NETEMU_CAPS = {"NET_ADMIN", "SYS_ADMIN"}
+
+
+def assert_netemu_privileges(command: str, where: str) -> None:
+    flat = " ".join(command.split())
+    caps = {c.upper().removeprefix("CAP_") for c in re.findall(r"--cap-add[ =](\S+)", flat)}
+    assert NETEMU_CAPS <= caps, f"{where}: lacks --cap-add {sorted(NETEMU_CAPS - caps)} (emulated network): {flat}"
+    assert re.search(r"--security-opt[ =]apparmor[=:]unconfined\b", flat), (
+        f"{where}: lacks --security-opt apparmor=unconfined (ip netns mounts): {flat}"
+    )
+    assert "--privileged" not in flat, f"{where}: --privileged gives more than the emulated network needs: {flat}"
+
+
+def test_test_containers_may_build_the_emulated_network() -> None:
+    doc, run_lines = workflow_steps()
+    test_runs = [r for r in run_lines if re.search(r"\bdocker run\b[\s\S]*\sbash scripts/test\.sh\s*$", r)]
+    assert test_runs, "no `docker run ... bash scripts/test.sh` step"
+    for r in test_runs:
+        assert_netemu_privileges(r, "docker.yml's docker run")
+    jobs = doc["jobs"]
+    assert isinstance(jobs, dict)
+    containers = {name: job["container"] for name, job in jobs.items() if isinstance(job, dict) and "container" in job}
+    assert "bare" in containers, "docker.yml's bare job runs in no container"
+    for name, container in containers.items():
+        assert isinstance(container, dict), f"job {name}: `container:` needs `options:` for the emulated network"
+        assert_netemu_privileges(str(container.get("options", "")), f"job {name}'s container options")
+    podman_run = re.search(r'"\$\{PODMAN\[@\]\}" run\b(?:[^\n]*\\\n)*[^\n]*', DOCKER_CHECK.read_text())
+    assert podman_run, "scripts/docker_check.sh has no `\"${PODMAN[@]}\" run` command"
+    assert_netemu_privileges(podman_run.group(0).replace("\\\n", " "), "scripts/docker_check.sh's podman run")
+    usage = "\n".join(line.lstrip("# ") for line in DOCKERFILE.read_text().splitlines() if line.startswith("#"))
+    shown = re.search(r"docker run\b(?:[^\n]*\\\n)*[^\n]*", usage)
+    assert shown, "the Dockerfile's usage comment shows no `docker run`"
+    assert_netemu_privileges(shown.group(0).replace("\\\n", " "), "the Dockerfile's usage comment")
+
+
 # ---- scripts/docker_check.sh ----------------------------------------------------------------------
 
 
