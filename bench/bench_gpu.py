@@ -38,8 +38,7 @@ sys.path.insert(0, str(ROOT))
 import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
-from hvd_gradq import parse  # noqa: E402
-from hvd_gradq.registry import names  # noqa: E402
+from hvd_gradq.spec import names, parse_scheme  # noqa: E402
 from hvd_gradq.torch import device as dev_codec  # noqa: E402
 from hvd_gradq.torch.ops import TorchOps  # noqa: E402
 
@@ -83,7 +82,7 @@ def host_calls(spec: str, x: torch.Tensor) -> int:
 
     TorchOps.host = counted  # type: ignore[method-assign,assignment]
     try:
-        parse(spec).encode(TorchOps(x.device), x, 1)
+        parse_scheme(spec).encode(TorchOps(x.device), x, 1)
     finally:
         TorchOps.host = real  # type: ignore[method-assign]
     return calls[0]
@@ -122,7 +121,7 @@ def main() -> int:
         if left <= 0:
             print(f"| {spec} | skipped: the {args.budget:.0f} s budget is spent | | | | | |")
             continue
-        scheme = parse(spec)
+        scheme = parse_scheme(spec)
         ops = TorchOps(device)
 
         def math() -> None:

@@ -64,7 +64,7 @@ sys.path.insert(0, str(TREE))
 
 import hvd_gradq  # noqa: E402
 from hvd_gradq import kernels  # noqa: E402
-from hvd_gradq.spec import parse  # noqa: E402
+from hvd_gradq.spec import parse_scheme  # noqa: E402
 from hvd_gradq.xp import NUMPY  # noqa: E402
 
 # (spec, target %): issue 13's targets for quantize+dequantize through the public API, as a share
@@ -105,7 +105,7 @@ def threads_kw(fn: Callable[..., Any], threads: int) -> dict[str, int] | None:
 
 
 def fast_path(spec: str, x: np.ndarray, reps: int, threads: int) -> dict[str, float] | None:
-    scheme = parse(spec)
+    scheme = parse_scheme(spec)
     n = x.size
     kw = threads_kw(kernels.encode, threads)
     sec = {s.name: s for s in scheme.sections(n)}
@@ -126,7 +126,7 @@ def public_api(spec: str, x: np.ndarray, reps: int, threads: int) -> dict[str, f
     kw = threads_kw(hvd_gradq.quantize, threads)
     if kw is None:
         return None
-    scheme = parse(spec)
+    scheme = parse_scheme(spec)
     p = hvd_gradq.quantize(x, scheme, seed=1, **kw)
     hvd_gradq.dequantize(p, **kw)
     enc = best_of(lambda: hvd_gradq.quantize(x, scheme, seed=1, **kw), reps)
@@ -163,7 +163,7 @@ def torch_native(x: np.ndarray, reps: int) -> dict[str, float] | None:
 
 
 def reference(spec: str, x: np.ndarray, reps: int) -> dict[str, float]:
-    scheme = parse(spec)
+    scheme = parse_scheme(spec)
     holder: dict[str, Any] = {}
 
     def enc() -> None:
@@ -203,7 +203,7 @@ def main() -> int:
     specs = args.schemes or [s for s, _ in SCHEMES]
     rows: list[dict[str, Any]] = []
     for spec in specs:
-        target = targets.get(spec, 20.0 if parse(spec).name in ("uniform", "qsgd", "terngrad", "sign") else 10.0)
+        target = targets.get(spec, 20.0 if parse_scheme(spec).name in ("uniform", "qsgd", "terngrad", "sign") else 10.0)
         paths: list[tuple[str, int, dict[str, float] | None]] = []
         if kernels.available():
             for t in args.threads:

@@ -80,14 +80,22 @@ def parse_topology(text: str) -> tuple[int, int]:
     return h, r
 
 
+def _scheme(spec: str) -> Any:
+    """The scheme ``spec`` names: ``parse`` gives a config (the scheme and its policy) since the
+    policy split, the scheme itself before (this script also measures older versions)."""
+    from hvd_gradq import parse
+
+    got = parse(spec)
+    return getattr(got, "scheme", got)
+
+
 def patterns_for(spec: str, local: int, only: Optional[list[str]] = None) -> list[str]:
     """Every requestable pattern ``spec`` accepts (read from the library now), ``auto`` last;
     ``only`` keeps those named."""
-    from hvd_gradq import parse
     from hvd_gradq.frontend.patterns import REQUESTABLE, Pattern
     from hvd_gradq.schemes.scheme import Combine
 
-    scheme = parse(spec)
+    scheme = _scheme(spec)
     out = []
     for p in REQUESTABLE:
         if p is Pattern.AUTO:
@@ -137,13 +145,12 @@ def _cost_per_host(spec: str, n: int, nd: int, nranks: int, local: int, p: Any) 
     """What the library's cost says one host's link carries for one tensor. ``cost(..., local=L)``
     is per host (its docstring); a library whose ``cost`` takes no ``local`` says what one rank
     moves, so the host's ranks are summed (L x)."""
-    from hvd_gradq import parse
     from hvd_gradq.frontend.patterns import Pattern, cost, fp32_cost
 
     if p is Pattern.FP32:
         c = fp32_cost(n, nranks)  # Horovod's ring: one edge a host crosses the link each way
         return c.sent, c.received
-    c = cost(parse(spec), n, nd, nranks, p, **_kw(cost, local))
+    c = cost(_scheme(spec), n, nd, nranks, p, **_kw(cost, local))
     mult = 1 if _takes_local(cost) else local
     return mult * c.sent, mult * c.received
 
@@ -170,10 +177,9 @@ def baseline_model(spec: str, nranks: int, hosts: int) -> tuple[int, int]:
 def library_model(spec: str, requested: str, nranks: int, local: int) -> dict[str, Any]:
     """Per host: what ``patterns.cost`` says the host's link carries each way, over the model's
     tensors, each with the pattern ``patterns.decide`` picks (fp32: ``fp32_cost``)."""
-    from hvd_gradq import parse
     from hvd_gradq.frontend.patterns import Pattern, decide
 
-    scheme = parse(spec)
+    scheme = _scheme(spec)
     sent = recv = 0
     used: dict[str, int] = {}
     for shape in shapes():
@@ -191,11 +197,10 @@ def wire_model(spec: str, requested: str, nranks: int, local: int, host: int) ->
     r // L): ring allreduce and ring allgatherv cross once a host, alltoallv directly, with every
     chunk's own size (the library's cost takes the largest chunk for each). Patterns it does not
     know (``hierarchical``) take the library's cost."""
-    from hvd_gradq import parse
     from hvd_gradq.frontend.patterns import Pattern, chunk_bounds, decide, lanes_for, reduced_scheme
     from hvd_gradq.wire.payload import header_size
 
-    scheme = parse(spec)
+    scheme = _scheme(spec)
     hosts = nranks // local
     if hosts <= 1:
         return 0, 0

@@ -67,8 +67,9 @@ def measure(label: str, spec: str, x, bucket: int) -> dict[str, object]:
     import numpy as np
 
     import hvd_gradq
+    from hvd_gradq.spec import parse_scheme
 
-    scheme = hvd_gradq.parse(spec).replace(bucket=bucket)
+    scheme = parse_scheme(spec).replace(bucket=bucket)
     n = x.size
     c0, t0 = time.process_time(), time.perf_counter()
     p = hvd_gradq.quantize(x, scheme, seed=1)

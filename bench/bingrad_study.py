@@ -32,13 +32,13 @@ import numpy as np
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-import hvd_gradq  # noqa: E402
+from hvd_gradq.spec import parse_scheme  # noqa: E402
 from hvd_gradq.xp import NUMPY  # noqa: E402
 
 D = 512
 SCHEMES = {
-    "BinGrad-b": hvd_gradq.parse(f"bingrad:variant=b,bucket={D}"),
-    "BinGrad-pb": hvd_gradq.parse(f"bingrad:variant=pb,bucket={D}"),
+    "BinGrad-b": parse_scheme(f"bingrad:variant=b,bucket={D}"),
+    "BinGrad-pb": parse_scheme(f"bingrad:variant=pb,bucket={D}"),
 }
 
 

@@ -26,9 +26,9 @@ os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from hvd_gradq import parse  # noqa: E402
 from hvd_gradq.cli import calibrate  # noqa: E402
 from hvd_gradq.frontend.cpu_cost import table_key  # noqa: E402
+from hvd_gradq.spec import parse_scheme  # noqa: E402
 
 SPECS = calibrate.EVERY
 OUT = ROOT / "hvd_gradq" / "frontend" / "cpu_table.py"
@@ -37,7 +37,7 @@ OUT = ROOT / "hvd_gradq" / "frontend" / "cpu_table.py"
 def measure(spec: str) -> tuple[float, float]:
     """(encode, decode) ns an element: the package's own measurement (``python -m hvd_gradq calibrate``)
     at 1M elements, 256k for the slow ORQ level counts and BinGrad-pb."""
-    scheme = parse(spec)
+    scheme = parse_scheme(spec)
     slow = (spec.startswith("orq") and scheme.levels > 9) or "pb" in spec  # type: ignore[attr-defined]
     return calibrate.measure(spec, 1 << (18 if slow else 20), 2 if slow else 5)
 
@@ -50,7 +50,7 @@ def main() -> None:
     rows: dict[str, tuple[float, float]] = {}
     for i, spec in enumerate(SPECS):
         e, d = measure(spec)
-        rows[table_key(parse(spec))] = (e, d)
+        rows[table_key(parse_scheme(spec))] = (e, d)
         print(f"[{i + 1}/{len(SPECS)}] {spec:22s} encode {e:8.2f} ns/el  decode {d:6.2f} ns/el", flush=True)
     load2 = os.getloadavg()
     print(f"load average {load[0]:.1f} at start, {load2[0]:.1f} at end")

@@ -28,8 +28,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from hvd_gradq import parse
 from hvd_gradq.frontend.patterns import EVERY, Pattern, cost, decide, fp32_cost, seconds
+from hvd_gradq.spec import parse_scheme
 
 ROOT = Path(__file__).resolve().parents[1]
 NS = [2 ** k for k in range(1, 11)]
@@ -69,7 +69,7 @@ def host_bytes(spec: str, shapes: list[tuple[int, ...]], nranks: int, per_host: 
                gbps: float) -> tuple[int, float, dict[str, int]]:
     """(bytes a host's link moves: max of sent and received, summed over tensors; modelled
     seconds; tensors per pattern)."""
-    scheme = parse(spec)
+    scheme = parse_scheme(spec)
     local = local_of(nranks, per_host)
     total, secs, used = 0, 0.0, {}
     for shape in shapes:

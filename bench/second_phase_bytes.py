@@ -21,10 +21,10 @@ from pathlib import Path
 
 from scale_model import BELOW_4_BITS, LABELS, SCHEMES, gpt2_small, host_bytes, numel, ring
 
-from hvd_gradq import parse
 from hvd_gradq.frontend import patterns
 from hvd_gradq.frontend.patterns import Pattern
 from hvd_gradq.schemes.scheme import Scheme
+from hvd_gradq.spec import parse_scheme
 
 NS = (8, 64, 1024)
 GBPS = 1.0
@@ -50,7 +50,7 @@ def table(shapes: list[tuple[int, ...]], title: str) -> list[str]:
     out.insert(2, "fp16 ring: " + ", ".join(f"{fp16[n] / elements:.3f} B/el at N = {n}" for n in NS) + "\n")
     misses = []
     for spec in [s for s in SCHEMES if s in BELOW_4_BITS]:
-        scheme = parse(spec)
+        scheme = parse_scheme(spec)
         second = patterns.reduced_scheme(scheme, NS[0])
         name = "its own" if second == scheme else second.spec.split(":")[0] + ":" + ",".join(
             p for p in second.spec.split(":")[1].split(",") if p.startswith(("bits", "levels", "rounding")))

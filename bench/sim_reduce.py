@@ -28,9 +28,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 from hvd_gradq.feedback import Memory, reduced_key
 from hvd_gradq.frontend import codec
 from hvd_gradq.frontend.patterns import Pattern, chunk_bounds, cost, decide, in_warmup, parse_pattern, reduced_scheme
+from hvd_gradq.policy import Policy
 from hvd_gradq.schemes.level import EvenLevelScheme
 from hvd_gradq.schemes.scheme import Scheme
 from hvd_gradq.schemes.summable import decode_codes, encode_shared, local_stats
+from hvd_gradq.spec import Config, as_config
 from hvd_gradq.torch.feedback import TensorStore
 from hvd_gradq.torch.ops import TorchOps
 
@@ -42,12 +44,16 @@ class SimReducer:
     GradqCompressor(scheme, seed=seed, pattern=pattern))`` would reduce them; ``scheme=None`` is
     Horovod's plain fp32 allreduce and ``"fp16"`` Horovod's own ``Compression.fp16``."""
 
-    def __init__(self, scheme: Scheme | str | None, workers: int, seed: int = 0, pattern: str = "auto") -> None:
-        self.scheme = scheme
+    def __init__(self, scheme: Config | Scheme | str | None, workers: int, seed: int = 0,
+                 pattern: str = "auto") -> None:
+        # a scheme (or config) with its policy, or one of the two Horovod baselines (no policy)
+        self.config = as_config(scheme) if isinstance(scheme, (Config, Scheme)) else None
+        self.scheme: Scheme | str | None = self.config.scheme if self.config is not None else scheme
+        self.policy = self.config.policy if self.config is not None else Policy()
         self.workers = workers
         self.seed = seed
         self.pattern = parse_pattern(pattern)
-        self.memory = [Memory(_CPU, TensorStore()) for _ in range(workers)]
+        self.memory = [Memory(_CPU, TensorStore(), variant=self.policy.feedback) for _ in range(workers)]
         self.steps: dict[str, int] = {}
         self.sent: dict[str, int] = {}  # bytes worker 0 sent for each pattern, summed over steps
         self.patterns: dict[str, str] = {}  # tensor name -> the pattern of its latest step
@@ -64,15 +70,15 @@ class SimReducer:
             return self._plain(name, flat, shape)
         assert isinstance(self.scheme, Scheme)
         step = self.steps.get(name, 0)
-        pattern = decide(self.scheme, n, len(shape), w, self.pattern)
+        pattern = decide(self.config or self.scheme, n, len(shape), w, self.pattern)
         if pattern is not Pattern.FP32:
             self.steps[name] = step + 1
-            if in_warmup(self.scheme, step):
+            if in_warmup(self.policy, step):
                 pattern = Pattern.FP32
         self.patterns[name] = pattern.value
         if pattern is Pattern.FP32:
             return self._plain(name, flat, shape, fp16=False)
-        if self.scheme.ef:
+        if self.policy.ef:
             flat = [m.compensate(name, x) for m, x in zip(self.memory, flat)]
         run = {Pattern.GATHER: self._gather, Pattern.SUMMABLE: self._summable, Pattern.SCATTER: self._scatter}
         total = run[pattern](name, step, flat)
@@ -103,7 +109,7 @@ class SimReducer:
         owns = []
         for r, x in enumerate(flat):
             buf, own = self._encode(x, r, step, name)
-            if self.scheme.ef:  # type: ignore[union-attr]
+            if self.policy.ef:
                 self.memory[r].update(name, x, own)
             owns.append(own)
             if r == 0:
@@ -125,7 +131,7 @@ class SimReducer:
         for r, x in enumerate(flat):
             seed = codec.draw_seed(self.seed, r, step, name)
             codes, meta = encode_shared(scheme, _CPU, x, stats, seed)
-            if scheme.ef:
+            if self.policy.ef:
                 self.memory[r].update(name, x, decode_codes(scheme, _CPU, codes, meta, n))
             summed = codes.clone() if summed is None else summed + codes
         self._count("summable", cost(scheme, n, 1, self.workers, Pattern.SUMMABLE).sent)
@@ -143,15 +149,15 @@ class SimReducer:
                 parts[j] = own.clone() if parts[j] is None else parts[j] + own  # type: ignore[operator]
                 if r == 0 and j != 0:
                     self._count("scatter", buf.shape[0])
-            if self.scheme.ef:  # type: ignore[union-attr]
+            if self.policy.ef:
                 self.memory[r].update(name, x, torch.cat(owns))
         key = reduced_key(name)
         reduced = []
         for j, part in enumerate(parts):  # rank j owns chunk j: its second quantization and residual
             assert part is not None
-            sent = self.memory[j].compensate(key, part) if self.scheme.ef else part  # type: ignore[union-attr]
+            sent = self.memory[j].compensate(key, part) if self.policy.ef else part
             buf, own = self._encode(sent, j, step, key, reduced_scheme(self.scheme, w))  # type: ignore[arg-type]
-            if self.scheme.ef:  # type: ignore[union-attr]
+            if self.policy.ef:
                 self.memory[j].update(key, sent, own)
             if j == 0:
                 self._count("scatter", buf.shape[0] * (w - 1))

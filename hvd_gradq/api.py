@@ -19,7 +19,7 @@ from . import kernels, wire
 from .errors import GradqError, NonFiniteError, PayloadError, RangeError, SpecError
 from .schemes.options import NonFinite
 from .schemes.scheme import Scheme
-from .spec import parse
+from .spec import Config, as_config, parse
 from .xp import NUMPY
 
 
@@ -43,7 +43,7 @@ def scheme_of(spec_text: str) -> Scheme:
     """The scheme a payload header names; PayloadError if the text is not a canonical spec
     ("ORQ:..." would decode alike but re-encode to other bytes: one spelling per payload)."""
     try:
-        scheme = parse(spec_text)
+        scheme = parse(spec_text).scheme
     except SpecError as e:
         raise PayloadError(f"payload names an invalid scheme: {e}") from None
     if scheme.spec != spec_text:
@@ -69,8 +69,9 @@ def split(buf: NDArray[Any]) -> list[Payload]:
     return out
 
 
-def as_scheme(spec: str | Scheme) -> Scheme:
-    return spec if isinstance(spec, Scheme) else parse(spec)
+def as_scheme(spec: str | Scheme | Config) -> Scheme:
+    """The scheme of a spec string, a scheme or a config (its policy left out)."""
+    return as_config(spec).scheme
 
 
 def _as_float_array(x: Any) -> tuple[NDArray[Any], str]:
@@ -86,39 +87,41 @@ def _as_float_array(x: Any) -> tuple[NDArray[Any], str]:
 F32_MAX = float(np.finfo(np.float32).max)
 
 
-def quantize(x: Any, spec: str | Scheme, *, seed: int = 0, name: str = "tensor",
+def quantize(x: Any, spec: str | Scheme | Config, *, seed: int = 0, name: str = "tensor",
              threads: int | None = None) -> Payload:
     """Quantize an array with a scheme; ``seed`` fixes every random draw. ``threads``: how many
     threads the compiled encoder uses (the same bytes whatever the count; default
     :func:`hvd_gradq.kernels.parallel.resolve`: ``HVD_GRADQ_THREADS``, else this rank's cores).
 
-    Non-finite input follows the scheme's ``nonfinite`` option: ``propagate`` (default: a
-    bucketed scheme decodes every bucket holding NaN/Inf as NaN and the others as usual; ``none``,
-    ``fp16`` and ``topk`` carry the non-finite values through), ``raise`` (a NonFiniteError naming
-    ``name``) or ``skip`` (sent uncompressed as ``none``, with a warning). Finite values that the
+    Non-finite input follows the policy's ``nonfinite`` option (a bare scheme: the default),
+    ``propagate`` (default: a bucketed scheme decodes every bucket holding NaN/Inf as NaN and the
+    others as usual; ``none``, ``fp16`` and ``topk`` carry the non-finite values through),
+    ``raise`` (a NonFiniteError naming ``name``) or ``skip`` (sent uncompressed as ``none``, with a
+    warning). Finite values that the
     scheme's float32 arithmetic cannot take (``scheme.limit``, e.g. |x| >= 2**127 for a range)
     raise a RangeError (a GradqError) that says so (``skip``: sent uncompressed), as do float64 values beyond
     float32's range.
     """
-    scheme = as_scheme(spec)
+    config = as_config(spec)
+    scheme, nonfinite = config.scheme, config.policy.nonfinite
     arr, dtype = _as_float_array(x)
     with np.errstate(over="ignore"):  # float64 beyond float32's range: checked below
         flat = np.ascontiguousarray(arr, dtype=np.float32).reshape(-1)
     finite, inside = _scan(flat, scheme.limit, threads)
     if not finite:
         _check_float32_range(arr, flat, name)
-        if scheme.nonfinite is NonFinite.RAISE:
+        if nonfinite is NonFinite.RAISE:
             bad = int((~np.isfinite(flat)).sum())
             raise NonFiniteError(
                 f"{name}: {bad} non-finite value(s) (NaN/Inf) in the gradient; set nonfinite=propagate "
                 "to send them on (their buckets decode as NaN), or nonfinite=skip to send such tensors uncompressed"
             )
-        if scheme.nonfinite is NonFinite.SKIP:
+        if nonfinite is NonFinite.SKIP:
             return _skip(flat, arr.shape, dtype, seed, f"{name}: non-finite values; sent uncompressed this time")
         # propagate: the reference encoders mark such buckets (LevelScheme.encode_rows)
         return payload_of(scheme, scheme.encode(NUMPY, flat, seed), arr.shape, dtype)
     if not inside:
-        if scheme.nonfinite is NonFinite.SKIP:
+        if nonfinite is NonFinite.SKIP:
             why = f"{name}: values beyond {scheme.name}'s range; sent uncompressed"
             return _skip(flat, arr.shape, dtype, seed, why)
         big = float(np.abs(flat).max())
@@ -162,7 +165,7 @@ def _check_float32_range(arr: NDArray[Any], flat: NDArray[Any], name: str) -> No
 
 def _skip(flat: NDArray[Any], shape: tuple[int, ...], dtype: str, seed: int, why: str) -> Payload:
     warnings.warn(why, RuntimeWarning, stacklevel=3)
-    plain = parse("none")
+    plain = parse("none").scheme
     return payload_of(plain, plain.encode(NUMPY, flat, seed), shape, dtype)
 
 

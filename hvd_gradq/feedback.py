@@ -27,11 +27,21 @@ NaN/Inf on every rank, so ``GradScaler`` skips it everywhere), the residuals tha
 described an update that never happened: :meth:`Memory.rollback` restores them. That needs an undo
 log across a step, which eager frontends have; a TensorFlow graph instead passes ``keep`` (the
 elements whose reduced result is not finite) to :meth:`Memory.update`, in the same graph.
+
+**Variants.** Which rule a tensor follows is the policy's ``ef`` (:class:`hvd_gradq.policy.Policy`),
+a name in the small registry here: ``none`` (no residual) and ``classic`` (the rule above; a
+spec's ``ef=true``). A variant is one class with :meth:`Rule.compensate` and
+:meth:`Rule.residual`, registered with ``@register_rule("name")``; it is then valid as
+``ef=name`` in a spec and a factory's ``ef=`` keyword, and :class:`Memory` runs it (the
+frontends call only ``Memory``, so they are unchanged). Loss-scale units, the non-finite guard
+and the undo log stay :class:`Memory`'s, the same for every variant.
 """
 from __future__ import annotations
 
-from typing import Any, Protocol
+from collections.abc import Callable
+from typing import Any, ClassVar, Protocol, TypeVar
 
+from .errors import SpecError
 from .xp import Array, Ops
 
 REDUCED = "#reduce"
@@ -57,6 +67,87 @@ def parameter_of(key: str) -> str:
     return key
 
 
+class Rule:
+    """One error-feedback variant: what is sent given the residual, and the residual it leaves.
+    Both take and return tensors of the namespace in use (``+``/``-`` work in all of them)."""
+
+    name: ClassVar[str] = "?"
+    #: whether tensors under this rule keep residuals at all (``none``: no)
+    active: ClassVar[bool] = True
+
+    def compensate(self, x: Array, e: Array) -> Array:
+        """The tensor to send, from the gradient ``x`` and the stored residual ``e`` (already in
+        the step's loss-scale units)."""
+        raise NotImplementedError
+
+    def residual(self, sent: Array, decoded: Array) -> Array:
+        """The residual to keep, from what was sent and what the receivers decoded (in the
+        step's loss-scale units; :class:`Memory` divides by the scale)."""
+        raise NotImplementedError
+
+
+_RULES: dict[str, Rule] = {}
+R = TypeVar("R", bound=type[Rule])
+
+
+def register_rule(name: str) -> Callable[[R], R]:
+    """Class decorator: make an error-feedback variant available as ``ef=name``; a duplicate
+    name, or one a spec reads as a boolean (``true``, ``off``, ...), is refused."""
+
+    def deco(cls: R) -> R:
+        if name in _RULES or name.lower() in ("1", "0", "true", "false", "yes", "no", "on", "off"):
+            raise SpecError(f"error-feedback variant {name!r} is already registered or reads as a boolean")
+        cls.name = name
+        _RULES[name] = cls()
+        return cls
+
+    return deco
+
+
+def rule(name: str) -> Rule:
+    """The variant registered as ``name``, or a SpecError listing those that are."""
+    try:
+        return _RULES[name]
+    except KeyError:
+        raise SpecError(f"unknown error-feedback variant {name!r}; valid: {', '.join(sorted(_RULES))}") from None
+
+
+def rules() -> list[str]:
+    """The registered variants' names, sorted."""
+    return sorted(_RULES)
+
+
+@register_rule("none")
+class NoFeedback(Rule):
+    """No error feedback: nothing is kept, the gradient is sent as it is."""
+
+    active: ClassVar[bool] = False
+
+    def compensate(self, x: Array, e: Array) -> Array:
+        return x
+
+    def residual(self, sent: Array, decoded: Array) -> Array:
+        return sent - sent
+
+
+@register_rule("classic")
+class Classic(Rule):
+    """``p = g + e`` is sent, ``e <- p - decode(Q(p))`` kept (Seide et al. 2014; Karimireddy et
+    al. 2019): a spec's ``ef=true``."""
+
+    def compensate(self, x: Array, e: Array) -> Array:
+        return x + e
+
+    def residual(self, sent: Array, decoded: Array) -> Array:
+        return sent - decoded
+
+
+#: the variant ``ef=true`` names
+CLASSIC = "classic"
+#: the variant ``ef=false`` names
+NONE = "none"
+
+
 class Store(Protocol):
     """Where a frontend keeps residuals (unscaled float32, flat)."""
 
@@ -75,9 +166,10 @@ class Memory:
     ``undo=False`` for graph frontends, which cannot hold values across a step and use
     ``update(keep=...)`` instead of :meth:`rollback`."""
 
-    def __init__(self, ops: Ops, store: Store, *, undo: bool = True) -> None:
+    def __init__(self, ops: Ops, store: Store, *, undo: bool = True, variant: str = CLASSIC) -> None:
         self.ops = ops
         self.store = store
+        self.rule = rule(variant)
         self.scale: Any = None  # the step's loss scale: None (or 1.0) when gradients are unscaled
         self._undo: dict[str, Array | None] | None = {} if undo else None
         self._zero = ops.full((), 0.0)  # a 0-d zero: broadcasts, and torch lets it meet CUDA tensors
@@ -97,7 +189,7 @@ class Memory:
         e = self.store.read(key, x)
         if e is None:
             return x
-        return x + (e * self.scale if self._scaled() else e)
+        return self.rule.compensate(x, e * self.scale if self._scaled() else e)
 
     def update(self, key: str, sent: Array, decoded: Array, keep: Array | None = None) -> None:
         """Store ``(sent - decoded) / S`` for ``key``; the old residual (zero if none) stays where
@@ -105,7 +197,7 @@ class Memory:
         old = self.store.read(key, sent)
         if self._undo is not None and key not in self._undo:
             self._undo[key] = old
-        e = sent - decoded
+        e = self.rule.residual(sent, decoded)
         if self._scaled():
             e = e / self.scale
         bad = ~self.ops.isfinite(e)

@@ -119,15 +119,12 @@ def describe(summary: dict[str, Any], what: str) -> str:
 
 
 def short_spec(spec: str) -> str:
-    """``spec`` with only the parameters that differ from the scheme's defaults
-    (``orq:levels=3``); unchanged if it does not parse."""
+    """``spec`` with only the parameters that differ from the scheme's defaults (``orq:levels=3``:
+    the canonical text, :attr:`hvd_gradq.spec.Config.spec`); unchanged if it does not parse."""
     try:
-        scheme = parse(spec)
-        defaults = set(parse(scheme.name).spec.partition(":")[2].split(","))
+        return parse(spec).spec
     except GradqError:
         return spec
-    changed = [p for p in scheme.spec.partition(":")[2].split(",") if p and p not in defaults]
-    return scheme.name + (":" + ",".join(changed) if changed else "")
 
 
 def _size(b: float) -> str:

@@ -1,28 +1,77 @@
 """Config strings.
 
-``"orq:levels=5,bucket=512,clip=2.5,ef=true"`` -> a validated, frozen scheme object. The names
-are the ones users type everywhere: in code, config strings, CLI flags and docs. The registry
-(name -> class, one class a name) lives in :mod:`hvd_gradq.registry`, which the schemes
-register into; this module loads the built-in schemes and re-exports the registry's functions.
+``"orq:levels=5,bucket=512,clip=2.5,ef=true"`` -> a validated, frozen :class:`Config`: the
+scheme (what encoding and decoding need: :mod:`hvd_gradq.schemes`) and the policy around it
+(error feedback, warm-up, non-finite gradients: :mod:`hvd_gradq.policy`). Users write both in
+one string, with the names they type everywhere (code, config strings, CLI flags, docs); the
+keys of :data:`hvd_gradq.policy.KEYS` go to the policy, the rest to the scheme. The registry
+(name -> class) lives in :mod:`hvd_gradq.schemes.registry`; this module loads the built-in
+schemes and re-exports the registry's functions.
 """
 from __future__ import annotations
 
+import functools
+from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import TYPE_CHECKING
+from typing import Any
 
 from . import schemes as _schemes  # noqa: F401  (importing it registers the built-in schemes)
 from .errors import SpecError
-from .registry import build, names, register, scheme_class, to_spec
+from .policy import KEYS, Policy
+from .schemes.registry import build as build_scheme
+from .schemes.registry import names, register, scheme_class
+from .schemes.scheme import Scheme
 
-if TYPE_CHECKING:
-    from .schemes.scheme import Scheme
+__all__ = ["Config", "SchemeLike", "as_config", "build", "names", "parse", "parse_scheme", "register", "scheme_class"]
 
-__all__ = ["build", "names", "parse", "register", "scheme_class", "to_spec"]
+
+@dataclass(frozen=True)
+class Config:
+    """A scheme and the policy a frontend applies around it: what a spec string means.
+
+    ``spec`` is the one canonical text for users and logs: the scheme's (only parameters that
+    differ from a default) and then the policy's keys that differ from the scheme's defaults
+    (``orq:levels=3,ef=true``). ``parse(config.spec) == config``."""
+
+    scheme: Scheme
+    policy: Policy = field(default_factory=Policy)
+
+    @property
+    def name(self) -> str:
+        return self.scheme.name
+
+    @functools.cached_property
+    def spec(self) -> str:
+        items = self.policy.items(self.scheme.default_ef)
+        if not items:
+            return self.scheme.spec
+        return self.scheme.spec + ("," if ":" in self.scheme.spec else ":") + ",".join(items)
+
+    def __str__(self) -> str:
+        return self.spec
+
+    @staticmethod
+    def of(scheme: Scheme) -> Config:
+        """``scheme`` with the policy its class gives a user who says nothing of one."""
+        return Config(scheme, Policy.of(scheme.name, {}, scheme.default_ef))
+
+
+#: what the compressors and ``quantize`` take: a config, or a scheme (with its class's default policy)
+SchemeLike = Config | Scheme
+
+
+def build(name: str, **params: Any) -> Config:
+    """A config from a scheme name and keyword parameters (strings or Python values), the
+    policy's keys (``ef``, ``nonfinite``, ``warmup``) among them: what the factories call."""
+    policy = {k: v for k, v in params.items() if k in KEYS}
+    maths = {k: v for k, v in params.items() if k not in KEYS}
+    scheme = build_scheme(name, extra=tuple(KEYS), **maths)
+    return Config(scheme, Policy.of(name, policy, scheme.default_ef))
 
 
 @lru_cache(maxsize=1024)
-def parse(spec: str) -> Scheme:
-    """Parse ``"name:key=value,key=value"`` into a validated scheme object.
+def parse(spec: str) -> Config:
+    """Parse ``"name:key=value,key=value"`` into a validated scheme and policy.
 
     Example: ``parse("orq:levels=5,ef=true")``. Raises :class:`SpecError` (a ``ValueError``)
     naming what was wrong and what is valid.
@@ -45,3 +94,22 @@ def parse(spec: str) -> Scheme:
                 raise SpecError(f"{spec!r}: parameter {key!r} given twice")
             params[key] = val.strip()
     return build(name, **params)
+
+
+def parse_scheme(spec: str) -> Scheme:
+    """The scheme of a spec that names no policy (a payload header's text, or maths alone); a
+    policy key raises SpecError, since dropping it silently would change what a user asked."""
+    config = parse(spec)
+    if config.policy != Config.of(config.scheme).policy:
+        raise SpecError(f"{spec!r} sets a policy ({', '.join(config.policy.items(config.scheme.default_ef))}); "
+                        "parse() returns the scheme with its policy")
+    return config.scheme
+
+
+def as_config(spec: str | Scheme | Config) -> Config:
+    """A spec string, a scheme (with its class's default policy) or a config, as a config."""
+    if isinstance(spec, Config):
+        return spec
+    if isinstance(spec, Scheme):
+        return Config.of(spec)
+    return parse(spec)

@@ -100,11 +100,12 @@ class Row:
 def model(spec: str, tensors: list[tuple[int, int]], ranks: int, local: int, gbps: float) -> tuple[int, float,
                                                                                                     dict[str, int]]:
     """(bytes over a host's link each way, modelled seconds, tensors by pattern) for one scheme."""
-    scheme = parse(spec)
+    config = parse(spec)
+    scheme = config.scheme
     total_b, total_s = 0, 0.0
     patterns: dict[str, int] = {}
     for n, ndim in tensors:
-        p, _ = decide_why(scheme, n, ndim, ranks, Pattern.AUTO, local=local, link_gbps=gbps)
+        p, _ = decide_why(config, n, ndim, ranks, Pattern.AUTO, local=local, link_gbps=gbps)
         c = (fp32_cost(n, ranks) if p is Pattern.FP32 else fp16_cost(n, ranks) if p is Pattern.FP16
              else cost(scheme, n, ndim, ranks, p, local, gbps))
         total_b += max(c.sent, c.received)

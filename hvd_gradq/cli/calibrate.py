@@ -35,7 +35,7 @@ DEFAULT = ["fp16", "uniform:bits=4", "qsgd:levels=4", "terngrad", "sign", "bingr
 def measure(spec: str, elements: int = 1 << 20, reps: int = 5) -> tuple[float, float]:
     """(encode, decode) nanoseconds an element of ``spec`` on this CPU: the start-up probe's
     measurement (:func:`hvd_gradq.frontend.probe.measure`) on a larger tensor."""
-    ((_, enc, dec),) = probe.measure([parse(spec)], elements=elements, reps=reps).ns
+    ((_, enc, dec),) = probe.measure([parse(spec).scheme], elements=elements, reps=reps).ns
     return enc, dec
 
 
@@ -71,11 +71,11 @@ def run(args: argparse.Namespace) -> int:
     rows: dict[str, tuple[float, float]] = {}
     for s in specs:
         e, d = measure(s, args.elements, args.reps)
-        rows[table_key(parse(s))] = (e, d)
-        te, td = ns_per_element(parse(s))
+        rows[table_key(parse(s).scheme)] = (e, d)
+        te, td = ns_per_element(parse(s).scheme)
         print(f"{s:22s} {e:13.2f} {d:13.2f} {te:13.2f} {td:13.2f}", flush=True)
     print("table: the cost model's figures (hvd_gradq/frontend/cpu_table.py, the project's machine; "
-          f"keys such as {table_key(parse(specs[0]))!r})")
+          f"keys such as {table_key(parse(specs[0]).scheme)!r})")
     if args.write is not None:
         try:
             args.write.write_text(table_source(rows, (load[0], os.getloadavg()[0])))

@@ -30,13 +30,15 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.elements < 1 or args.ranks < 2 or not args.link_gbps > 0:
         raise SpecError("--elements must be >= 1, --ranks >= 2 and --link-gbps > 0")
-    scheme = parse(args.spec)
+    config = parse(args.spec)
+    scheme, policy = config.scheme, config.policy
     n = args.elements
     body = scheme.nbytes(n)
     nbytes = header_size(scheme.spec, 1) + body
     bits = 8 * nbytes / n
     print(f"spec        {args.spec}")
-    print(f"canonical   {scheme.spec}")
+    print(f"canonical   {config.spec}")
+    print(f"header      names {scheme.spec!r}: the scheme alone (the policy, ef/warmup/nonfinite, stays on this rank)")
     print(f"unbiased    {'yes' if scheme.unbiased else 'no (use ef=true to carry the bias over steps)'}")
     print(f"wire        {bits:.4f} bits an element at {n:,} elements, header included ({nbytes:,} bytes; "
           f"{32 / bits:.2f}x fewer than fp32); {8 * body / n:.4f} without the header")
@@ -57,11 +59,11 @@ def run(args: argparse.Namespace) -> int:
         note = "" if got is p else f" (runs as {got.value})"
         where = " with 2 ranks a host" if local == 2 else ""
         print(f"  {p.value:13s} ok{where}{note}")
-    got, why = decide_why(scheme, n, 1, args.ranks, Pattern.AUTO, link_gbps=args.link_gbps)
+    got, why = decide_why(config, n, 1, args.ranks, Pattern.AUTO, link_gbps=args.link_gbps)
     print(f"  {'auto':13s} {got.value} at {args.link_gbps:g} Gbit/s for {n:,} elements ({why})")
-    if scheme.nonfinite is NonFinite.SKIP:
+    if policy.nonfinite is NonFinite.SKIP:
         print("frontends   nonfinite=skip is PyTorch only (hvd_gradq.tensorflow refuses it)")
-    elif scheme.nonfinite is NonFinite.RAISE:
+    elif policy.nonfinite is NonFinite.RAISE:
         print("frontends   TensorFlow refuses nonfinite=raise with pattern=scatter and hierarchical "
               "(auto then uses gather or summable)")
     return 0

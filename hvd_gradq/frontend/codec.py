@@ -14,6 +14,7 @@ from ..api import Payload, dequantize, quantize, split
 from ..errors import GradqError, NonFiniteError, RangeError, RankMismatchError
 from ..schemes.options import NonFinite
 from ..schemes.scheme import Scheme
+from ..spec import Config
 from ..wire.payload import read_header
 from ..wire.poison import Stop, poison, stop_in
 from ..wire.poison import headers as _headers
@@ -33,19 +34,21 @@ def draw_seed(base: int, rank: int, step: int, name: str) -> int:
     return stream_seed(base, rank, step, tensor_key(name))
 
 
-def encode(scheme: Scheme, x: NDArray[Any], seed: int, name: str) -> tuple[NDArray[np.uint8], NDArray[np.float32]]:
+def encode(scheme: Scheme | Config, x: NDArray[Any], seed: int,
+           name: str) -> tuple[NDArray[np.uint8], NDArray[np.float32]]:
     """Payload bytes of flat float32 ``x`` and this rank's own decoded values (for EF and for
-    summing without decoding one's own payload twice)."""
+    summing without decoding one's own payload twice); a config's ``nonfinite`` applies."""
     p = quantize(x, scheme, seed=seed, name=name)
     own = dequantize(p).astype(np.float32, copy=False).reshape(-1)
     return p.to_array(), own
 
 
-def stops_on_values(scheme: Scheme) -> str | None:
-    """The option under which ``scheme`` stops a step on a gradient's values (``nonfinite=raise``,
+def stops_on_values(config: Config) -> str | None:
+    """The option under which ``config`` stops a step on a gradient's values (``nonfinite=raise``,
     ``fp16:overflow=raise``), or None. A frontend that cannot poison a pattern's later phases
     refuses such a scheme there (TensorFlow's scatter and hierarchical patterns)."""
-    if scheme.nonfinite is NonFinite.RAISE:
+    scheme = config.scheme
+    if config.policy.nonfinite is NonFinite.RAISE:
         return "nonfinite=raise"
     return "fp16:overflow=raise" if getattr(scheme, "overflow", None) == "raise" else None
 

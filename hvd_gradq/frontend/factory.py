@@ -3,7 +3,9 @@ checks ``from_spec`` and ``from_env`` share with them.
 
 **One source for every keyword.** A factory's signature is made, not written: the scheme's
 parameters come from its class (the dataclass fields :func:`hvd_gradq.schemes.options.param`
-declares, with their kinds, defaults and doc lines), the compressor's options from the
+declares, with their kinds, defaults and doc lines), then the policy's (``ef``, ``nonfinite``,
+``warmup``: :class:`hvd_gradq.policy.Policy`'s fields, ``ef``'s default the scheme class's),
+the compressor's options from the
 frontend's compressor constructor (its signature, and the ``Args:`` of its docstring). So
 ``help(gq.ORQ)`` and ``inspect.signature(gq.ORQ)`` show ``levels=5`` and every option, and a
 parameter added to a scheme or an option added to a compressor reaches the factories by itself.
@@ -31,11 +33,8 @@ from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
 from ..errors import GradqError, SpecError
-from ..registry import build, scheme_class
-from ..spec import parse
-
-if typing.TYPE_CHECKING:
-    from ..schemes.scheme import Scheme
+from ..policy import KEYS, Policy
+from ..spec import Config, build, parse, scheme_class
 
 C = TypeVar("C")
 
@@ -70,26 +69,33 @@ _SCALARS = (str, bytes, int, float, bool)  # never a compressor's positional arg
 
 
 # -- the scheme's parameters and the compressor's options ------------------------------------------------
-def scheme_parameters(name: str) -> list[inspect.Parameter]:
-    """The parameters of scheme ``name`` as keyword-only :class:`inspect.Parameter` s: its own
-    first (those its class declares, e.g. ORQ's ``levels``), then those it inherits; enum
-    values as the strings a spec uses."""
+def parameter_fields(name: str) -> dict[str, dataclasses.Field[Any]]:
+    """Spec key -> the dataclass field that declares it, for scheme ``name``: the scheme's own
+    and inherited parameters, then the policy's (``ef``, ``nonfinite``, ``warmup``)."""
     cls = scheme_class(name)
     mro = cls.__mro__
 
     def declared_at(f: dataclasses.Field[Any]) -> int:  # the most derived class declaring it
         return next((i for i, k in enumerate(mro) if f.name in inspect.get_annotations(k)), len(mro))
 
-    new = set(own_parameters(name))  # before those it only re-declares (BinGrad's ef default)
+    out = {f.name: f for f in sorted((f for f in dataclasses.fields(cls) if f.init), key=declared_at)}
+    policy = {f.name: f for f in dataclasses.fields(Policy)}
+    return out | {key: policy[field] for key, field in KEYS.items()}
+
+
+def scheme_parameters(name: str) -> list[inspect.Parameter]:
+    """The parameters of scheme ``name`` as keyword-only :class:`inspect.Parameter` s: its own
+    first (those its class declares, e.g. ORQ's ``levels``), then those it inherits, then the
+    policy's; enum values as the strings a spec uses, ``ef`` at the scheme class's default."""
     out = []
-    for f in sorted((f for f in dataclasses.fields(cls) if f.init), key=lambda f: (declared_at(f), f.name not in new)):
+    for key, f in parameter_fields(name).items():
         kind = f.metadata.get("kind")
-        default = f.default
+        default: Any = scheme_class(name).default_ef if key == "ef" else f.default
         annotation: Any = kind if isinstance(kind, type) else inspect.Parameter.empty
         if isinstance(kind, type) and issubclass(kind, enum.Enum):
             annotation = typing.Literal.__getitem__(tuple(m.value for m in kind))
             default = default.value
-        out.append(inspect.Parameter(f.name, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation))
+        out.append(inspect.Parameter(key, inspect.Parameter.KEYWORD_ONLY, default=default, annotation=annotation))
     return out
 
 
@@ -164,7 +170,7 @@ def check_keywords(given: Iterable[str], valid: list[str], frontend: str, who: s
 
 
 # -- HVD_GRADQ -----------------------------------------------------------------------------------------
-def env_scheme(default: str | None, who: str = "from_env()") -> Scheme:
+def env_scheme(default: str | None, who: str = "from_env()") -> Config:
     """The scheme in ``HVD_GRADQ``. A bad spec there raises SpecError naming the variable and its
     value. Unset or empty: ``default``, with a warning when the caller named none (the fallback
     is then ``none``, no compression, which is easy to run by mistake)."""
@@ -220,7 +226,7 @@ class SchemeFactory(Generic[C]):
         return f"{self.__name__}({own[0]}={default if value is None else value!r})"
 
     def _doc(self, head: str, params: list[inspect.Parameter], options: list[inspect.Parameter]) -> str:
-        fields = {f.name: f for f in dataclasses.fields(scheme_class(self.scheme))}
+        fields = parameter_fields(self.scheme)
         cname = getattr(self.construct, "__name__", "the compressor")
         lines = [head, "", f"Returns a {self.frontend}.{cname}; pass it called: ``compression=gq.{self.example()}``.",
                  "", f"Scheme parameters (keyword only; the same names in spec strings and {ENV}):"]

@@ -42,9 +42,11 @@ import warnings
 from dataclasses import dataclass
 
 from ..errors import SpecError
+from ..policy import Policy
 from ..schemes.level import EvenLevelScheme
 from ..schemes.options import NonFinite
 from ..schemes.scheme import Combine, Scheme
+from ..spec import Config, as_config
 from ..wire.payload import header_size
 from .cpu_cost import ADD_NS, Figures, cast_ns, figures_for
 from .second_phase import reduced_scheme as reduced_scheme  # the frontends and the simulator import it from here
@@ -299,8 +301,9 @@ def duration(seconds: float) -> str:
 
 @functools.lru_cache(maxsize=8192)
 def decide(
-    scheme: Scheme, n: int, shape_ndim: int, nranks: int, requested: Pattern, offered: frozenset[Pattern] = EVERY,
-    local: int = 1, link_gbps: float = DEFAULT_LINK_GBPS, fallback: bool = False, figures: Figures | None = None,
+    scheme: Config | Scheme, n: int, shape_ndim: int, nranks: int, requested: Pattern,
+    offered: frozenset[Pattern] = EVERY, local: int = 1, link_gbps: float = DEFAULT_LINK_GBPS,
+    fallback: bool = False, figures: Figures | None = None,
 ) -> Pattern:
     """The pattern and pass-through policy, for both frontends (as PyTorch's ``_should_compress``
     decides for its DDP hooks): how one tensor of ``n`` elements is reduced over ``nranks`` ranks,
@@ -326,8 +329,9 @@ def decide(
 
 @functools.lru_cache(maxsize=8192)
 def decide_why(
-    scheme: Scheme, n: int, shape_ndim: int, nranks: int, requested: Pattern, offered: frozenset[Pattern] = EVERY,
-    local: int = 1, link_gbps: float = DEFAULT_LINK_GBPS, fallback: bool = False, figures: Figures | None = None,
+    scheme: Config | Scheme, n: int, shape_ndim: int, nranks: int, requested: Pattern,
+    offered: frozenset[Pattern] = EVERY, local: int = 1, link_gbps: float = DEFAULT_LINK_GBPS,
+    fallback: bool = False, figures: Figures | None = None,
 ) -> tuple[Pattern, str]:
     """:func:`decide`'s pattern and why, one line for ``stats()`` and the log (:mod:`.stats`). The
     reason starts with a tag, the text before its first ``:`` (:func:`why_tag`): ``requested``;
@@ -336,7 +340,10 @@ def decide_why(
     allreduce's); ``fallback`` (fp16: the chosen pattern's modelled time against fp16's);
     ``nonfinite=skip``; ``one rank a host`` (hierarchical asked for with one rank a
     host); and, from the frontends, ``warm-up`` (:func:`warmup_why`) and ``one rank``
-    (:data:`ONE_RANK_WHY`)."""
+    (:data:`ONE_RANK_WHY`). ``scheme``: a config (its policy's ``nonfinite`` counts), or a scheme
+    with its default policy."""
+    nonfinite = as_config(scheme).policy.nonfinite
+    scheme = as_config(scheme).scheme
     p, why = choose_why(scheme, n, shape_ndim, nranks, requested, offered, local, link_gbps, figures)
     if requested is Pattern.AUTO and nranks > 1:
         moved = cost(scheme, n, shape_ndim, nranks, p, local, link_gbps).received
@@ -344,9 +351,9 @@ def decide_why(
         if moved >= fp32:
             return Pattern.FP32, (f"no saving: {p.value} would move {moved} B a rank, fp32 allreduce {fp32} B "
                                   f"({n} elements)")
-    if p in (Pattern.SUMMABLE, Pattern.HIERARCHICAL) and scheme.nonfinite is NonFinite.SKIP:
+    if p in (Pattern.SUMMABLE, Pattern.HIERARCHICAL) and nonfinite is NonFinite.SKIP:
         return Pattern.GATHER, f"nonfinite=skip: a rank's uncompressed tensor cannot join a {p.value} sum, so gather"
-    if fallback and requested is Pattern.AUTO and nranks > 1 and scheme.nonfinite is NonFinite.PROPAGATE:
+    if fallback and requested is Pattern.AUTO and nranks > 1 and nonfinite is NonFinite.PROPAGATE:
         mine = seconds(scheme, n, shape_ndim, nranks, p, local, link_gbps, figures)
         fp16 = seconds(scheme, n, shape_ndim, nranks, Pattern.FP16, local, link_gbps, figures)
         if mine > fp16:
@@ -359,9 +366,9 @@ def decide_why(
 ONE_RANK_WHY = "one rank: nothing to exchange, Horovod's allreduce passes it through"
 
 
-def warmup_why(scheme: Scheme, step: int, then: Pattern) -> str:
+def warmup_why(policy: Policy, step: int, then: Pattern) -> str:
     """Why a tensor's ``step`` (0-based) goes fp32: the warm-up (:func:`in_warmup`), and what follows."""
-    return f"warm-up: step {step + 1} of {scheme.warmup}, then {then.value}"
+    return f"warm-up: step {step + 1} of {policy.warmup}, then {then.value}"
 
 
 def why_tag(why: str) -> str:
@@ -369,10 +376,10 @@ def why_tag(why: str) -> str:
     return why.split(":", 1)[0]
 
 
-def in_warmup(scheme: Scheme, step: int) -> bool:
-    """Whether a tensor's ``step`` (0-based, counted per tensor) is still in the scheme's
+def in_warmup(policy: Policy, step: int) -> bool:
+    """Whether a tensor's ``step`` (0-based, counted per tensor) is still in the policy's
     ``warmup``: sent as Horovod's exact fp32 allreduce, as PowerSGD's ``start_powerSGD_iter``
     does, because the first steps of training (large, fast-changing gradients, momentum and
     Adam statistics still forming) are where quantization noise costs the most accuracy for
     the fewest bytes saved. Error feedback neither reads nor writes residuals during warm-up."""
-    return step < scheme.warmup
+    return step < policy.warmup

@@ -32,7 +32,7 @@ def reduced_scheme(scheme: Scheme, nranks: int) -> Scheme:
     reduced chunk with, the sum S' of N first-phase payloads: for a level scheme with a finer
     form (ORQ, QSGD, uniform), stochastic rounding on 2**b evenly spaced levels of each bucket's
     [min, max] (``uniform:rounding=stochastic``, b = :func:`second_phase_bits` of the first
-    phase's levels), with the scheme's bucket, clip, scales, ef and nonfinite. It is unbiased,
+    phase's levels), with the scheme's bucket, clip and scales (the policy is the rank's). It is unbiased,
     needs no sort and no per-bucket table (two floats a bucket) and costs 1-2 ns an element,
     where ``scheme.refined(sqrt(N))`` (ORQ-5 -> ORQ-9 at 4 ranks) was the slowest search and a
     table of sqrt(N)·s floats a bucket, so that at 1 Gbit/s the model preferred gather.
@@ -67,5 +67,4 @@ def reduced_scheme(scheme: Scheme, nranks: int) -> Scheme:
     if nranks <= 1 or not isinstance(scheme, LevelScheme) or scheme.refined(2.0) == scheme:
         return scheme
     return Uniform(bits=second_phase_bits(scheme.symbols), rounding=Rounding.STOCHASTIC, bucket=scheme.bucket,
-                   ef=scheme.ef, nonfinite=scheme.nonfinite, warmup=scheme.warmup, clip=scheme.clip,
-                   scales=scheme.scales)
+                   clip=scheme.clip, scales=scheme.scales)

@@ -37,10 +37,10 @@ from typing import ClassVar
 
 import numpy as np
 
-from ..registry import register
 from ..xp import Array, Ops, first_argmax, scan_sum
 from .level import LevelScheme
 from .options import param
+from .registry import register
 
 
 class Variant(enum.Enum):
@@ -71,8 +71,8 @@ class BinGrad(LevelScheme):
     # On by default, unlike every other scheme's: -b is biased, and without error feedback its bias
     # accumulates (the quality study, results/quality.md: momentum SGD on MNIST-1D, 4 workers, 5
     # seeds, each at its best rate: -6.1 points vs fp32 without, -0.5 with). ``ef=false`` is the
-    # paper's plain BinGrad.
-    ef: bool = param(True, bool, "error feedback (on by default for BinGrad: it is biased)")
+    # paper's plain BinGrad. A policy default (hvd_gradq.policy): it never reaches the wire.
+    default_ef: ClassVar[bool] = True
     meta_width: ClassVar[int] = 2
 
     @property

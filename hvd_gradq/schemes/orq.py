@@ -27,10 +27,10 @@ from dataclasses import dataclass
 from typing import ClassVar
 
 from ..errors import SpecError
-from ..registry import register
 from ..xp import Array, Ops, count_true, scan_sum
 from .level import LevelScheme
 from .options import param
+from .registry import register
 
 
 def best_level(ops: Ops, ys: Array, pre: Array, a: Array, b: Array) -> Array:

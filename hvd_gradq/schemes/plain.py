@@ -7,9 +7,9 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import RangeError, SpecError
-from ..registry import register
 from ..xp import Array, Ops
 from .options import param
+from .registry import register
 from .scheme import Scheme, Section
 
 FP16_MAX = 65504.0

@@ -17,10 +17,10 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import SpecError
-from ..registry import register
 from ..xp import Array, Ops, tree_sum
 from .level import SQUARE_LIMIT, EvenLevelScheme, sqrt_pow2_at_least
 from .options import param
+from .registry import register
 
 
 class Norm(enum.Enum):

@@ -5,6 +5,10 @@
 ``decode`` on a :class:`~hvd_gradq.xp.Ops` namespace, and :class:`Combine`, the one fact the
 frontends' pattern choice needs from a scheme class. Level schemes (a table of levels a
 bucket) build on it in :mod:`.level`; plain, fp16 and Top-K implement it directly.
+
+A scheme holds only what encoding and decoding need. What a frontend does around it (error
+feedback, warm-up, non-finite gradients) is a :class:`hvd_gradq.policy.Policy` beside it, and
+never reaches a payload header.
 """
 
 from __future__ import annotations
@@ -21,7 +25,7 @@ from numpy.typing import NDArray
 
 from ..errors import SpecError
 from ..xp import Array, Ops
-from .options import NonFinite, param
+from .options import changed, param
 
 
 class Combine(enum.Enum):
@@ -54,18 +58,16 @@ class Scheme:
     # parameters that bias the whole scheme (clipping)
     unbiased_rounding: ClassVar[bool] = False
     stochastic: ClassVar[bool] = False
+    #: whether a user who says nothing of ``ef`` gets error feedback with this scheme (a policy
+    #: default, :mod:`hvd_gradq.policy`; not a parameter of the scheme, never on the wire)
+    default_ef: ClassVar[bool] = False
     bucket: int = param(512, int, "elements per bucket")
-    ef: bool = param(False, bool, "error feedback: e <- p - decode(Q(p)), p = g + e")
-    nonfinite: NonFinite = param(NonFinite.PROPAGATE, NonFinite, "propagate | raise | skip")
-    warmup: int = param(0, int, "the first steps of each tensor go uncompressed (fp32 allreduce)")
 
     def __post_init__(self) -> None:
         if self.bucket <= 0:
             raise SpecError(f"{self.name}: bucket={self.bucket} must be a positive integer (default 512)")
         if self.bucket > 1 << 24:
             raise SpecError(f"{self.name}: bucket={self.bucket} is too large; valid: 1 .. 2**24")
-        if self.warmup < 0:
-            raise SpecError(f"{self.name}: warmup={self.warmup} must be 0 (none) or a number of steps")
 
     @property
     def unbiased(self) -> bool:
@@ -87,20 +89,19 @@ class Scheme:
     # -- identity -----------------------------------------------------------------------
     @functools.cached_property
     def spec(self) -> str:
-        """The canonical spec string (computed once: it is in every payload header)."""
-        from ..registry import to_spec
-
-        return to_spec(self)
+        """The canonical spec text: the name, then each parameter that differs from its default,
+        in declaration order (``orq``, ``orq:levels=3``, ``qsgd:bucket=256,levels=4``). Computed
+        once: it is in every payload header, so it is as short as the parameters allow, and a
+        default is part of the payload format (``wire.payload.VERSION``)."""
+        items = changed(self)
+        return self.name + (":" + ",".join(items) if items else "")
 
     def __str__(self) -> str:
         return self.spec
 
     def replace(self, **changes: Any) -> Scheme:
-        from ..registry import build
-
-        params = {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if f.init}
-        params.update(changes)
-        return build(self.name, **params)
+        """This scheme with some parameters changed (Python values), validated again."""
+        return dataclasses.replace(self, **changes)
 
     # -- the wire ---------------------------------------------------------------------------
     def sections(self, n: int) -> list[Section]:

@@ -7,9 +7,9 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..registry import register
 from ..xp import Array, Ops, tree_sum
 from .level import RANGE_LIMIT, LevelScheme, pow2_at_least
+from .registry import register
 
 
 @register("sign")

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import ClassVar
 
-from ..registry import register
 from ..xp import Array, Ops
 from .level import EvenLevelScheme
 from .options import param
+from .registry import register
 
 
 @register("terngrad")

@@ -21,10 +21,10 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import PayloadError, SpecError
-from ..registry import register
 from ..wire.packing import pack_bits, unpack_bits
 from ..xp import NUMPY, Array, Ops
 from .options import param
+from .registry import build, names, register
 from .scheme import Scheme, Section
 
 
@@ -42,16 +42,12 @@ class TopK(Scheme):
         super().__post_init__()
         if not 0.0 < self.ratio <= 1.0:
             raise SpecError(f"topk: ratio={self.ratio} is not valid; valid: 0 < ratio <= 1")
-        from ..registry import names
-
         if self.values == "topk" or self.values not in names():
             valid = [n for n in names() if n != "topk"]
             raise SpecError(f"topk: values={self.values!r} is not valid; valid: {', '.join(valid)}")
 
     @property
     def value_scheme(self) -> Scheme:
-        from ..registry import build
-
         return build(self.values, bucket=self.bucket)
 
     @property

@@ -13,10 +13,10 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import SpecError
-from ..registry import register
 from ..xp import Array, Ops
 from .level import EvenLevelScheme
 from .options import Rounding, param
+from .registry import register
 
 
 @register("uniform")

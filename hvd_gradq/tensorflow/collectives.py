@@ -73,11 +73,10 @@ def nonfinite_message(ctx: Ctx) -> str:
             "(nonfinite=raise, checked on every rank); set nonfinite=propagate to send NaN buckets instead")
 
 
-def gather_start(scheme: Scheme, math: Scheme, cid: str, x: Any, words: Any, key: str, ctx: Ctx, ps: Any) -> None:
-    """Encode ``x`` into a payload and allgather it into ``ctx.result``; ``math`` is ``scheme``
-    without ``ef`` (what the encoder depends on), ``scheme`` what the header names."""
+def gather_start(scheme: Scheme, cid: str, x: Any, words: Any, key: str, ctx: Ctx, ps: Any) -> None:
+    """Encode ``x`` into a payload and allgather it into ``ctx.result``."""
     # on the host, by the compiled kernels PyTorch uses (host.py says why the graph stays right)
-    payload = host.payload_encoder(scheme, math, ctx.shape, ctx.dtype.name, ctx.n)(
+    payload = host.payload_encoder(scheme, ctx.shape, ctx.dtype.name, ctx.n)(
         x, words[0], words[1])
     if ctx.finite is not None:  # the poison (wire/poison.py), padded to the payload's traced size
         row = int(payload.shape[0])
@@ -93,12 +92,13 @@ def gather_finish(ctx: Ctx) -> Any:
     return host.gathered_decoder(ctx.n, ctx.size, ctx.rank, ctx.what)(rows)
 
 
-def summable_start(scheme: Scheme, cid: str, x: Any, words: Any, key: str, ctx: Ctx, ps: Any) -> Any:
+def summable_start(scheme: Scheme, nonfinite: NonFinite, cid: str, x: Any, words: Any, key: str, ctx: Ctx,
+                   ps: Any) -> Any:
     """Agree on the shared table, then Sum-allreduce this rank's codes into ``ctx.result``;
     returns this rank's own decoded contribution (for error feedback). ``scheme`` without ``ef``."""
     assert isinstance(scheme, EvenLevelScheme)
     sfx = set_suffix(ps)
-    propagate = scheme.nonfinite is NonFinite.PROPAGATE
+    propagate = nonfinite is NonFinite.PROPAGATE
     if propagate:  # a bucket with NaN/Inf sends +inf statistics: every rank decodes it NaN
         bad_b = masks.bad_buckets(x, scheme.bucket, ctx.n)
         x = tf.where(masks.per_element(bad_b, scheme.bucket, ctx.n), tf.zeros_like(x), x)

@@ -67,7 +67,7 @@ from ..frontend.patterns import EVERY, Pattern, choose, decide_why, fp32_cost, p
 from ..schemes.level import LevelScheme
 from ..schemes.options import NonFinite
 from ..schemes.plain import FP16Scheme, NoneScheme
-from ..schemes.scheme import Scheme
+from ..spec import SchemeLike, as_config
 from ..wire.payload import DTYPE_CODES, MAX_NDIM
 from ..xp import stream_seed
 from . import codec, collectives, hier, telemetry
@@ -95,7 +95,7 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
     """Compress gradients with a hvd_gradq scheme inside Horovod's TensorFlow reductions.
 
     Args:
-        scheme: the scheme (``hvd_gradq.parse("orq:levels=5")``).
+        scheme: the scheme and its policy (``hvd_gradq.parse("orq:levels=5,ef=true")``; a scheme alone: its default).
         seed: base seed of the rounding noise; draws differ across ranks, steps and tensors.
         pattern: ``auto`` (cost model), ``gather``, ``summable``, ``scatter`` or ``hierarchical``.
         link_gbps: the link rate (Gbit/s) ``auto`` weighs bytes with against encoding and decoding
@@ -112,20 +112,19 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
         threads: host codec threads a tensor (:mod:`hvd_gradq.frontend.workers`; default: this rank's cores).
     """
 
-    def __init__(self, scheme: Scheme, *, seed: int = 0, pattern: str | Pattern = "auto", check_ranks: bool = True,
-                 name: str | None = None, process_set: Any = None, loss_scale: Any = None,
+    def __init__(self, scheme: SchemeLike, *, seed: int = 0, pattern: str | Pattern = "auto",
+                 check_ranks: bool = True, name: str | None = None, process_set: Any = None, loss_scale: Any = None,
                  link_gbps: float | None = None, threads: int | None = None, fallback: bool | None = None) -> None:
         super().__init__(name="hvd_gradq_compressor")
-        cid = check_arguments(scheme, seed, loss_scale, process_set, name)
+        self.settings = as_config(scheme)
+        cid = check_arguments(self.settings, seed, loss_scale, process_set, name)
         workers.configure_codec(threads, None)  # each host encode/decode splits over this many threads
-        self.scheme, self.fallback = scheme, probe.resolve_fallback(fallback)
-        self._math = scheme.replace(ef=False) if scheme.ef else scheme  # what the encoders depend on
-        self.seed = seed
-        self.pattern = parse_pattern(pattern)
+        self.scheme, self.policy, self.seed = self.settings.scheme, self.settings.policy, seed
+        self.fallback, self.pattern = probe.resolve_fallback(fallback), parse_pattern(pattern)
         self.link_gbps = hosts.link_gbps(link_gbps)
         if self.pattern is Pattern.SUMMABLE:
-            choose(scheme, 1, 1, 2, Pattern.SUMMABLE)  # refuse now, not at the first step
-        if (stops := stops_on_values(scheme)) and self.pattern in LATE_PHASES:
+            choose(self.scheme, 1, 1, 2, Pattern.SUMMABLE)  # refuse now, not at the first step
+        if (stops := stops_on_values(self.settings)) and self.pattern in LATE_PHASES:
             raise GradqError(
                 f"{stops} with pattern={self.pattern.value} is not supported by hvd_gradq.tensorflow: its later "
                 "phases start in decompress(), and a step that stops on one tensor's values could leave another "
@@ -137,15 +136,16 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
         self.residuals: dict[str, Any] = {}  # residuals/<variable name> (ef only), unscaled
         self.owners: dict[str, Any] = {}  # owners/<variable name>: the rank whose residual it is
         self._host = Bookkeeping(loss_scale)
-        self.memory = Memory(TF, SlotStore(self.residuals, self.owners, hvd.rank()), undo=False)
+        store = SlotStore(self.residuals, self.owners, hvd.rank())
+        self.memory = Memory(TF, store, undo=False, variant=self.policy.feedback)
         self._host.process_set = process_set
-        self._telemetry = telemetry.Telemetry(scheme, self.pattern, self.link_gbps, self._host.slots.values)
+        self._telemetry = telemetry.Telemetry(self.settings, self.pattern, self.link_gbps, self._host.slots.values)
         self._elastic = tf_elastic.attach(self, cid)
 
     # -- configuration ---------------------------------------------------------------------------
     def config(self) -> str:
         """What every rank must agree on."""
-        return f"{self.scheme.spec}|pattern={self.pattern.value}|seed={self.seed}|name={self.cid}|tf|v=2"
+        return f"{self.settings.spec}|pattern={self.pattern.value}|seed={self.seed}|name={self.cid}|tf|v=2"
 
     def digest(self) -> str:
         return hashlib.sha256(self.config().encode()).hexdigest()[:16]
@@ -158,8 +158,8 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
     # -- identity ------------------------------------------------------------------------------
     def _pattern_for(self, n: int, ndim: int, size: int, local: int) -> tuple[Pattern | None, str]:
         """A tensor's pattern and why (:func:`~hvd_gradq.frontend.patterns.decide_why`); None: Horovod's fp32."""
-        offered = EVERY - LATE_PHASES if stops_on_values(self.scheme) else EVERY
-        p, why = decide_why(self.scheme, n, ndim, size, self.pattern, offered, local, self.link_gbps, self.fallback,
+        offered = EVERY - LATE_PHASES if stops_on_values(self.settings) else EVERY
+        p, why = decide_why(self.settings, n, ndim, size, self.pattern, offered, local, self.link_gbps, self.fallback,
                             self._host.agreed)
         return None if p is Pattern.FP32 else p, why
 
@@ -188,7 +188,7 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
         c = hier.slot_cost(self.scheme, n, len(shape), size, local, pattern, self.link_gbps)
         step, residual, owner = self.steps.get(key), self.residuals.get(key), self.owners.get(key)
         if step is None:  # elastic: a new world's slot keeps its variables (tf_elastic.new_world)
-            step, residual, owner = make_variables(key, n, self.scheme.ef, hvd.rank())
+            step, residual, owner = make_variables(key, n, self.policy.ef, hvd.rank())
             if self._elastic is not None and (synced := self._elastic.step_of(key)) is not None:
                 step.assign(synced)
         self.steps[key] = step
@@ -253,7 +253,7 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
         self._host.agreed = self._host.figures.get(ps.process_set_id)  # what _pattern_for prices with
         slot = None
         if tf.executing_eagerly() and not host:
-            if self.scheme.ef:
+            if self.policy.ef:
                 raise GradqError(
                     "error feedback needs to know which variable a gradient belongs to, and an eager "
                     "hvd.allreduce(t, compression=...) does not say: reduce gradients with "
@@ -274,7 +274,7 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
         with self._telemetry.recording(step):  # counts the step; the host functions' time (stats)
             if pattern is None or pattern is Pattern.FP16:  # Horovod's own allreduce: fp32, or fp16 as stock
                 return codec.horovod_operand(tensor, pattern is Pattern.FP16), ctx
-            if slot is not None and self.scheme.warmup > 0 and n > 0:
+            if slot is not None and self.policy.warmup > 0 and n > 0:
                 return self._warm_or_compressed(tensor, ctx, step, stream, key, ps)
             return self._start(tensor, ctx, step, stream, key, ps), ctx
 
@@ -287,7 +287,7 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
         x = self._compensate(ctx, tf.reshape(tf.cast(tensor, tf.float32), (n,)))
         words: Any = step_words(TF, stream, step)
         ctx.what = f"gradient {slot.key if slot is not None else '#' + key} {list(shape)}"
-        nf = self.scheme.nonfinite
+        nf = self.policy.nonfinite
         if nf is NonFinite.RAISE:
             # Failing here, before the collective, would leave the other ranks waiting for this
             # rank's payload forever. Instead the collective goes ahead with a signal (a poison
@@ -301,15 +301,15 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
             x = tf.where(tf.math.is_finite(x), x, tf.zeros_like(x))
         ctx.x = x
         if pattern is Pattern.GATHER:
-            collectives.gather_start(self.scheme, self._math, self.cid, x, words, key, ctx, ps)
+            collectives.gather_start(self.scheme, self.cid, x, words, key, ctx, ps)
         elif pattern is Pattern.HIERARCHICAL:
             hier.hier_start(self.scheme, x, ctx, hier.ranks_per_host_of(ps), self.link_gbps, stream, step,
                             f"hvd_gradq.{self.cid}.h", f"{key}{set_suffix(ps)}")
         elif pattern is Pattern.SCATTER:
             own = ctx.slot is not None and ctx.slot.residual is not None
-            scatter_start(self.scheme, self._math, self.cid, x, stream, step, key, ctx, ps, own)
+            scatter_start(self.scheme, self.cid, x, stream, step, key, ctx, ps, own)
         else:
-            own = collectives.summable_start(self._math, self.cid, x, words, key, ctx, ps)
+            own = collectives.summable_start(self.scheme, nf, self.cid, x, words, key, ctx, ps)
             if ctx.slot is not None and ctx.slot.residual is not None:
                 self._store_residual(ctx, own, ctx.bad)
         return one
@@ -334,7 +334,7 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
             total, own = self._finish(inner)
             return total, one, inner.x, inner.x if own is None else own
 
-        warm = step < self.scheme.warmup
+        warm = step < self.policy.warmup
         ctx.total, one, ctx.x, ctx.own = tf.cond(warm, exact, compressed)
         ctx.warm = warm
         return one, ctx
@@ -390,9 +390,9 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
             if server:
                 self.memory.begin_step(self._loss_scale())
             if ctx.pattern is Pattern.HIERARCHICAL:
-                return hier.hier_finish(self.scheme, self._math, ctx, self.memory if server else None), None
-            return scatter_finish(self.scheme, self._math, ctx, self.memory if server else None)
-        return collectives.summable_finish(self._math, ctx), None
+                return hier.hier_finish(self.scheme, ctx, self.memory if server else None), None
+            return scatter_finish(self.scheme, ctx, self.memory if server else None)
+        return collectives.summable_finish(self.scheme, ctx), None
 
     # -- state and accounting ----------------------------------------------------------------------
     def slots(self) -> list[dict[str, Any]]:

@@ -33,6 +33,7 @@ from ..frontend.membership import membership
 from ..frontend.patterns import Pattern
 from ..schemes.options import NonFinite
 from ..schemes.scheme import Scheme
+from ..spec import Config
 from .callsite import set_suffix
 from .hier import ranks_per_host_of
 
@@ -40,7 +41,7 @@ _COUNTER = itertools.count()
 _NAME_OK = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 
 
-def check_arguments(scheme: Scheme, seed: Any, loss_scale: Any, process_set: Any, name: str | None) -> str:
+def check_arguments(config: Config, seed: Any, loss_scale: Any, process_set: Any, name: str | None) -> str:
     """Refuse what this frontend cannot serve, with what to use instead; returns the collectives'
     name prefix (``name``, or ``c<k>`` for the k-th compressor built in this process). First, that
     this is the frontend of the script: in a PyTorch script (horovod.torch initialized), Horovod
@@ -48,9 +49,9 @@ def check_arguments(scheme: Scheme, seed: Any, loss_scale: Any, process_set: Any
     check_initialized("hvd_gradq.tensorflow", bool(hvd.is_initialized()))
     if isinstance(seed, bool) or not isinstance(seed, int):
         raise GradqError(f"seed must be an integer, not {type(seed).__name__}")
-    if scheme.nonfinite is NonFinite.SKIP:
+    if config.policy.nonfinite is NonFinite.SKIP:
         raise GradqError(
-            f"{scheme.name}: nonfinite=skip is not supported by hvd_gradq.tensorflow: it changes a "
+            f"{config.name}: nonfinite=skip is not supported by hvd_gradq.tensorflow: it changes a "
             "payload's size at run time, and a TF graph's allgather sizes are fixed when it is traced. "
             "Valid here: nonfinite=propagate (NaN results, as Horovod) or nonfinite=raise (the step fails)"
         )

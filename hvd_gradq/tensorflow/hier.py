@@ -141,7 +141,7 @@ def hier_start(scheme: Scheme, x: Any, ctx: Ctx, local: int, link_gbps: float, s
     ctx.scatter = hi_
 
 
-def hier_finish(scheme: Scheme, math: Scheme, ctx: Ctx, memory: Memory | None) -> Any:
+def hier_finish(scheme: Scheme, ctx: Ctx, memory: Memory | None) -> Any:
     """The sum over every rank, f32[n]: the owner's phases, then the pieces from the host's ranks."""
     hi_ = ctx.scatter
     assert isinstance(hi_, Hier) and (memory is None or ctx.slot is not None)
@@ -168,7 +168,7 @@ def hier_finish(scheme: Scheme, math: Scheme, ctx: Ctx, memory: Memory | None) -
     if hi_.cross is Pattern.GATHER:
         a, b = _words(hi_.stream, hi_.step, "#host")
         size = header_size(scheme.spec, 1) + scheme.nbytes(m)
-        buf = poisoned(host.payload_encoder(scheme, math, (m,), "float32", m)(total, a, b), [size])
+        buf = poisoned(host.payload_encoder(scheme, (m,), "float32", m)(total, a, b), [size])
         got = _send(tf.tile(buf, [h.count]), h.cross_peers(), [size] * h.count, h.nranks, hi_.collective(2))
         piece, own = host.gathered_decoder(m, h.count, h.host, ctx.what, tuple(h.cross_peers()))(
             tf.reshape(got, (h.count, size)))
@@ -178,7 +178,7 @@ def hier_finish(scheme: Scheme, math: Scheme, ctx: Ctx, memory: Memory | None) -
         subs = chunk_bounds(m, scheme.bucket, h.count)
         words = [_words(hi_.stream, hi_.step, f"#host#{k}") for k in range(h.count)]
         a, b = tf.stack([w[0] for w in words]), tf.stack([w[1] for w in words])
-        buf, mine = host.chunk_encoder(scheme, math, tuple(subs), memory is not None)(total, a, b)
+        buf, mine = host.chunk_encoder(scheme, tuple(subs), memory is not None)(total, a, b)
         sizes = [header_size(scheme.spec, 1) + scheme.nbytes(e - s) for s, e in subs]
         buf = poisoned(buf, sizes)
         got = _send(buf, h.cross_peers(), sizes, h.nranks, hi_.collective(2))
@@ -191,9 +191,9 @@ def hier_finish(scheme: Scheme, math: Scheme, ctx: Ctx, memory: Memory | None) -
             rk = reduced_key(hk)
             psent = memory.compensate(rk, tf.pad(part, [[0, sub_w - k]]))
             part = psent[:k]
-        fine, fine_math = reduced_scheme(scheme, h.count), reduced_scheme(math, h.count)
+        fine = reduced_scheme(scheme, h.count)
         a, b = _words(hi_.stream, hi_.step, "#host#reduce")
-        rbuf = host.payload_encoder(fine, fine_math, (k,), "float32", k)(part, a, b)
+        rbuf = host.payload_encoder(fine, (k,), "float32", k)(part, a, b)
         rsize = header_size(fine.spec, 1) + fine.nbytes(k)
         got = _send(tf.tile(rbuf, [h.count]), h.cross_peers(), [rsize] * h.count, h.nranks, hi_.collective(3))
         piece, rmine = host.chunks_decoder(tuple(e - s for s, e in subs), h.host)(got)

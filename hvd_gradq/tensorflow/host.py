@@ -89,35 +89,34 @@ def _call(fn: Callable[..., Any], inputs: list[Any], tout: Any, name: str, kind:
     return tf.numpy_function(timed, [step, *inputs], tout, stateful=False, name=name)
 
 
-def _parts(math: Scheme, x: NDArray[np.float32], a: int, b: int) -> dict[str, Any]:
+def _parts(scheme: Scheme, x: NDArray[np.float32], a: int, b: int) -> dict[str, Any]:
     lo, hi = (float(x.min()), float(x.max())) if x.size else (0.0, 0.0)
-    if isinstance(math, LevelScheme) and np.isfinite(lo) and np.isfinite(hi) and max(-lo, hi) < math.limit:
-        fast = kernels.encode(math, x, (a, b))
+    if isinstance(scheme, LevelScheme) and np.isfinite(lo) and np.isfinite(hi) and max(-lo, hi) < scheme.limit:
+        fast = kernels.encode(scheme, x, (a, b))
         if fast is not None:
             return fast
     # no kernel (none, fp16, topk), NaN/Inf (level schemes mark those buckets NaN), beyond the
     # limit, or kernels turned off
     words: Any = (np.int64(a), np.int64(b))  # the seed already split (xp.uniforms takes either)
     with np.errstate(all="ignore"):
-        return dict(math.encode(NUMPY, x, words))
+        return dict(scheme.encode(NUMPY, x, words))
 
 
-def _payload(scheme: Scheme, math: Scheme, shape: tuple[int, ...], dtype: str, x: NDArray[Any], a: int,
+def _payload(scheme: Scheme, shape: tuple[int, ...], dtype: str, x: NDArray[Any], a: int,
              b: int) -> Payload:
-    """The payload of flat ``x``: ``math`` encodes, the header names ``scheme``."""
-    parts = _parts(math, np.ascontiguousarray(x, np.float32).reshape(-1), a, b)
+    """The payload of flat ``x``."""
+    parts = _parts(scheme, np.ascontiguousarray(x, np.float32).reshape(-1), a, b)
     return payload_of(scheme, parts, shape, dtype)
 
 
 @cache
-def payload_encoder(scheme: Scheme, math: Scheme, shape: tuple[int, ...], dtype: str, n: int) -> Any:
-    """(x f32[n], a, b) -> the whole payload, uint8[total]: ``math`` encodes, the header names
-    ``scheme`` (the same scheme with its error-feedback flag)."""
+def payload_encoder(scheme: Scheme, shape: tuple[int, ...], dtype: str, n: int) -> Any:
+    """(x f32[n], a, b) -> the whole payload, uint8[total]."""
     total = header_size(scheme.spec, len(shape)) + scheme.nbytes(n)
 
     def host(x: NDArray[np.float32], a: np.int64, b: np.int64) -> NDArray[np.uint8]:
         try:
-            return _payload(scheme, math, shape, dtype, x, int(a), int(b)).to_array()
+            return _payload(scheme, shape, dtype, x, int(a), int(b)).to_array()
         except RangeError:  # raising here would stop this rank before its collective: tell every rank
             return codec.poison(codec.Stop.RANGE, width=total)
 
@@ -161,7 +160,7 @@ def gathered_decoder(n: int, size: int, rank: int, what: str = "", ranks: tuple[
 
 
 @cache
-def chunk_encoder(scheme: Scheme, math: Scheme, bounds: tuple[tuple[int, int], ...], own: bool) -> Any:
+def chunk_encoder(scheme: Scheme, bounds: tuple[tuple[int, int], ...], own: bool) -> Any:
     """The scatter pattern's first phase: (x f32[n], a int64[N], b int64[N]) -> (the payloads of
     the chunks ``x[lo:hi]`` of ``bounds``, chunk j drawn with words (a[j], b[j]), concatenated
     in chunk order, uint8[total]; with ``own`` this rank's decoded chunks concatenated, f32[n],
@@ -172,7 +171,7 @@ def chunk_encoder(scheme: Scheme, math: Scheme, bounds: tuple[tuple[int, int], .
     def host(x: NDArray[np.float32], a: NDArray[np.int64],
              b: NDArray[np.int64]) -> tuple[NDArray[np.uint8], NDArray[np.float32]]:
         flat = np.ascontiguousarray(x, np.float32).reshape(-1)
-        ps = [_payload(scheme, math, (hi - lo,), "float32", flat[lo:hi], int(a[j]), int(b[j]))
+        ps = [_payload(scheme, (hi - lo,), "float32", flat[lo:hi], int(a[j]), int(b[j]))
               for j, (lo, hi) in enumerate(bounds)]
         mine = np.concatenate([decode_flat(p) for p in ps]) if own else np.zeros(0, np.float32)
         return np.concatenate([p.to_array() for p in ps]), mine

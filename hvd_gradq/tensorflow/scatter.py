@@ -82,14 +82,14 @@ def _sizes(scheme: Scheme, bounds: list[tuple[int, int]]) -> list[int]:
     return [header_size(scheme.spec, 1) + scheme.nbytes(hi - lo) for lo, hi in bounds]
 
 
-def scatter_start(scheme: Scheme, math: Scheme, cid: str, x: Any, stream: int, step: Any, key: str, ctx: Ctx,
+def scatter_start(scheme: Scheme, cid: str, x: Any, stream: int, step: Any, key: str, ctx: Ctx,
                   ps: Any, own: bool) -> None:
     """Encode the N chunks of ``x`` and alltoall them (into ``ctx.result``: rank j's chunk from
     every rank, one row a rank); ``own``: keep this rank's decoded chunks for error feedback."""
     bounds = chunk_bounds(ctx.n, scheme.bucket, ctx.size)
     words = [_words(stream, step, f"#{j}") for j in range(ctx.size)]
     a, b = tf.stack([w[0] for w in words]), tf.stack([w[1] for w in words])
-    buf, mine = host.chunk_encoder(scheme, math, tuple(bounds), own)(x, a, b)
+    buf, mine = host.chunk_encoder(scheme, tuple(bounds), own)(x, a, b)
     lens = _sizes(scheme, bounds)
     if ctx.finite is not None:  # each chunk the poison (wire/poison.py), padded to its traced size
         buf = tf.where(ctx.finite, buf, tf.constant(poisons(lens)))
@@ -101,7 +101,7 @@ def scatter_start(scheme: Scheme, math: Scheme, cid: str, x: Any, stream: int, s
                          f"hvd_gradq.{cid}.r{key}{sfx}", ps)
 
 
-def scatter_finish(scheme: Scheme, math: Scheme, ctx: Ctx, memory: Memory | None) -> tuple[Any, Any]:
+def scatter_finish(scheme: Scheme, ctx: Ctx, memory: Memory | None) -> tuple[Any, Any]:
     """(the sum over ranks, f32[n]; this rank's own decoded chunks or None): reduce this rank's
     chunk, re-encode it finer (its residual through ``memory`` when given), allgather, decode."""
     ph = ctx.scatter
@@ -113,8 +113,8 @@ def scatter_finish(scheme: Scheme, math: Scheme, ctx: Ctx, memory: Memory | None
         assert ctx.slot is not None
         sent = memory.compensate(reduced_key(ctx.slot.key), tf.pad(part, pad))
         part = sent[: hi - lo]
-    fine, fine_math = reduced_scheme(scheme, ctx.size), reduced_scheme(math, ctx.size)
-    buf = host.payload_encoder(fine, fine_math, (hi - lo,), "float32", hi - lo)(part, ph.words[0], ph.words[1])
+    fine = reduced_scheme(scheme, ctx.size)
+    buf = host.payload_encoder(fine, (hi - lo,), "float32", hi - lo)(part, ph.words[0], ph.words[1])
     gathered = hvd.allgather(buf, name=ph.name, ignore_name_scope=True, process_set=ph.ps)
     out, mine = host.chunks_decoder(tuple(h - l for l, h in ph.bounds), ctx.rank)(gathered)
     if memory is not None:

@@ -32,7 +32,7 @@ from .. import log
 from ..frontend.patterns import Pattern
 from ..frontend.stats import Reports as Reports  # the compressor's stats() and metrics()
 from ..frontend.stats import Stats
-from ..schemes.scheme import Scheme
+from ..spec import Config
 from . import host
 from .callsite import function_graph
 from .hier import ranks_per_host_of
@@ -45,11 +45,11 @@ KINDS = ("encode", "decode")
 class Telemetry:
     """One compressor's figures: its scheme, requested pattern, link rate, and its slots."""
 
-    def __init__(self, scheme: Scheme, pattern: Pattern, link_gbps: float,
+    def __init__(self, config: Config, pattern: Pattern, link_gbps: float,
                  slots: Callable[[], Iterable[Slot]]) -> None:
         log.env_level()  # a bad HVD_GRADQ_LOG fails at construction, not inside a graph
         self.stats = Stats(KINDS)
-        self.scheme, self.pattern, self.link_gbps = scheme, pattern, link_gbps
+        self.config, self.pattern, self.link_gbps = config, pattern, link_gbps
         self.slots = slots
         self._graphs: weakref.WeakSet[Any] = weakref.WeakSet()  # traced functions holding a step callback
         self._calls = 0
@@ -60,8 +60,8 @@ class Telemetry:
     def decide(self, key: str, pattern: Pattern | None, why: str, n: int, size: int) -> None:
         """A slot's pattern (None: fp32) and why; a tf.cond picks warm-up steps at run time, so
         the reason says it once."""
-        if pattern not in (None, Pattern.FP16) and self.scheme.warmup > 0:  # fp16 (fallback): no warm-up
-            k = self.scheme.warmup
+        if pattern not in (None, Pattern.FP16) and self.config.policy.warmup > 0:  # fp16 (fallback): no warm-up
+            k = self.config.policy.warmup
             why += f"; the first {k} step{'s' if k > 1 else ''} fp32 (warm-up)"
         self.stats.decide(key, pattern.value if pattern else "fp32", why, n, size)
 
@@ -129,7 +129,7 @@ class Telemetry:
     def world(self) -> dict[str, Any]:
         """What ``stats()`` and the log say of the run."""
         up = hvd.is_initialized()
-        return {"frontend": "tensorflow", "scheme": self.scheme.spec, "pattern": self.pattern.value,
+        return {"frontend": "tensorflow", "scheme": self.config.spec, "pattern": self.pattern.value,
                 "ranks": hvd.size() if up else None,
                 "ranks_a_host": ranks_per_host_of(hvd.global_process_set) if up else 1,
                 "link_gbps": self.link_gbps}

@@ -28,10 +28,11 @@ and parameters without a gradient are named), the op (Adasum, Min, Max and reduc
 refused with an error that says what to use), and the process set, whose ranks, rank and size
 every collective of that tensor uses.
 
-**Non-finite values** follow the scheme's ``nonfinite`` option; the default ``propagate`` carries
-NaN/Inf to every rank as stock Horovod does, so ``GradScaler`` skips the step everywhere. Error
-feedback (:mod:`.feedback`) keeps its residuals in unscaled units (``loss_scale=``) and rolls back
-what a step wrote when that step's reduced gradients were not finite.
+**Non-finite values** follow the policy's ``nonfinite`` option (:mod:`hvd_gradq.policy`); the
+default ``propagate`` carries NaN/Inf to every rank as stock Horovod does, so ``GradScaler`` skips
+the step everywhere. Error feedback (:mod:`.feedback`) keeps its residuals in unscaled units
+(``loss_scale=``) and rolls back what a step wrote when that step's reduced gradients were not
+finite.
 """
 
 from __future__ import annotations
@@ -68,6 +69,7 @@ from ..frontend.patterns import (
 from ..frontend.stats import Reports, Stats
 from ..frontend.workers import start as start_threads
 from ..schemes.scheme import Scheme
+from ..spec import Config, as_config
 from . import checkpoint
 from .callsite import CallSite, inspect_call
 from .context import Ctx, Group, Pass
@@ -89,7 +91,8 @@ class GradqCompressor(Reports):
     """Compress gradients with a hvd_gradq scheme inside ``hvd.DistributedOptimizer``.
 
     Args:
-        scheme: the scheme (``hvd_gradq.parse("orq:levels=5")``).
+        scheme: the scheme and its policy (``hvd_gradq.parse("orq:levels=5,ef=true")``); a bare
+            scheme gets its class's default policy.
         named_parameters: ``model.named_parameters()``, optional: Horovod's own parameter names
             are used where Horovod calls the compressor; these let ``load_state_dict`` check a
             checkpoint against the model, and name gradients compressed outside Horovod's optimizer.
@@ -128,7 +131,7 @@ class GradqCompressor(Reports):
 
     def __init__(
         self,
-        scheme: Scheme,
+        scheme: Config | Scheme,
         named_parameters: Iterable[tuple[str, torch.nn.Parameter]] | None = None,
         *,
         seed: int = 0,
@@ -143,7 +146,8 @@ class GradqCompressor(Reports):
     ) -> None:
         if isinstance(seed, bool) or not isinstance(seed, int):
             raise GradqError(f"seed must be an integer, not {type(seed).__name__}")
-        self.scheme = scheme
+        self.settings = as_config(scheme)
+        self.scheme, self.policy = self.settings.scheme, self.settings.policy
         self.seed = seed
         self.pattern = parse_pattern(pattern)
         self.link_gbps = hosts.link_gbps(link_gbps)
@@ -151,7 +155,7 @@ class GradqCompressor(Reports):
         self._figures: dict[str, Figures] = {}  # the CPU figures every rank of a process set agreed on
         self._local: int | None = None  # ranks a host (frontend/hosts.py), asked of Horovod once
         if self.pattern is Pattern.SUMMABLE:
-            choose(scheme, 1, 1, 2, Pattern.SUMMABLE)  # refuse now, not at the first step
+            choose(self.scheme, 1, 1, 2, Pattern.SUMMABLE)  # refuse now, not at the first step
         self.check_ranks = check_ranks
         self.process_set = process_set
         self._params: dict[str, torch.nn.Parameter] = {}
@@ -170,11 +174,12 @@ class GradqCompressor(Reports):
         self._steps: dict[str, int] = {}
         self._loss_scale = check_loss_scale(loss_scale)
         self._store = TensorStore()
-        self.memory = Memory(TorchOps("cpu"), self._store)
+        self.memory = Memory(TorchOps("cpu"), self._store, variant=self.policy.feedback)
         self._stats = Stats()
         self._telemetry: Telemetry = Telemetry(self._stats, self._world)
         self.workers = start_threads(threads, _local_size())  # the codec's threads and the pipelining pool
-        self._reducer = Reducer(scheme, seed, self.memory, self._stats, self.workers, resolve_codec(codec))
+        self._reducer = Reducer(self.scheme, self.policy, seed, self.memory, self._stats, self.workers,
+                                resolve_codec(codec))
         self._checked: set[str] = set()  # process sets whose ranks' configurations were compared
         self._decompressing = True  # the next compress() starts a new step
         self._elastic = Elastic(self)  # elastic Horovod: generation, commit/restore/sync (.elastic)
@@ -236,7 +241,7 @@ class GradqCompressor(Reports):
 
     def config(self) -> str:
         """What every rank must agree on."""
-        return f"{self.scheme.spec}|pattern={self.pattern.value}|seed={self.seed}|v=1"
+        return f"{self.settings.spec}|pattern={self.pattern.value}|seed={self.seed}|v=1"
 
     def _check(self, group: Group) -> None:
         """Once per process set, before anything depends on the configuration: ranks that
@@ -275,7 +280,7 @@ class GradqCompressor(Reports):
         self._check(group)
         name = self._name_of(tensor, site)
         if name is None:
-            if self.scheme.ef:
+            if self.policy.ef:
                 raise GradqError(
                     "error feedback needs to know which tensor a gradient is: pass name= to hvd.allreduce, "
                     "or use hvd.DistributedOptimizer (Horovod names its parameters)"
@@ -284,13 +289,13 @@ class GradqCompressor(Reports):
         n = tensor.numel()
         # one-rank sets pass through exactly; otherwise the shared policy (frontend/patterns.py)
         pattern, why = (Pattern.FP32, ONE_RANK_WHY) if group.size == 1 else decide_why(
-            self.scheme, n, tensor.dim(), group.size, self.pattern, local=group.local, link_gbps=self.link_gbps,
+            self.settings, n, tensor.dim(), group.size, self.pattern, local=group.local, link_gbps=self.link_gbps,
             fallback=self.fallback, figures=self._figures.get(group.key))
         step = self._steps.get(name, 0)
         if pattern not in (Pattern.FP32, Pattern.FP16):
             self._steps[name] = step + 1
-            if in_warmup(self.scheme, step):  # the recipe's first steps: exact, no residual kept
-                pattern, why = Pattern.FP32, warmup_why(self.scheme, step, pattern)
+            if in_warmup(self.policy, step):  # the recipe's first steps: exact, no residual kept
+                pattern, why = Pattern.FP32, warmup_why(self.policy, step, pattern)
         self._stats.decide(name, pattern.value, why, n, group.size)
         if pattern in (Pattern.FP32, Pattern.FP16):
             # Horovod's own fp32 allreduce, exactly (torch's allreduce has no bf16: sent as fp32), or
@@ -301,7 +306,7 @@ class GradqCompressor(Reports):
                 tensor.to(torch.float32) if tensor.dtype == torch.bfloat16 else tensor)
             return self._telemetry.compressed(t0, (out, Pass(name, tensor.dtype)))
         x = tensor.detach().reshape(-1).to(torch.float32)
-        if self.scheme.ef:
+        if self.policy.ef:
             x = self.memory.compensate(name, x)
         base = (name, step, tensor.shape, tensor.dtype, tensor.device, group)
         ctx = {Pattern.GATHER: GatherCtx, Pattern.SUMMABLE: SummableCtx, Pattern.SCATTER: ScatterCtx,
@@ -338,7 +343,7 @@ class GradqCompressor(Reports):
     def _check_output(self, out: torch.Tensor) -> None:
         """A step whose reduced gradients hold NaN/Inf is skipped by GradScaler on every rank
         (every rank sees the same bits): the residuals it wrote are rolled back."""
-        if self.scheme.ef and out.is_floating_point() and not bool(torch.isfinite(out).all()):
+        if self.policy.ef and out.is_floating_point() and not bool(torch.isfinite(out).all()):
             self.memory.rollback()
 
     # -- state ----------------------------------------------------------------------------------
@@ -356,7 +361,7 @@ class GradqCompressor(Reports):
     def _world(self) -> dict[str, Any]:
         """What ``stats()`` and the log say of the run."""
         size = hvd.size() if hvd.is_initialized() else None
-        return {"frontend": "torch", "scheme": self.scheme.spec, "pattern": self.pattern.value, "ranks": size,
+        return {"frontend": "torch", "scheme": self.settings.spec, "pattern": self.pattern.value, "ranks": size,
                 "ranks_a_host": self._local or 1, "link_gbps": self.link_gbps, "threads": self.workers.threads,
                 "codec": self._reducer.codec}
 

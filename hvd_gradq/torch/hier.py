@@ -42,6 +42,7 @@ from ..frontend import codec
 from ..frontend.hosts import Hosts
 from ..frontend.patterns import Pattern, chunk_bounds, reduced_scheme
 from ..frontend.stats import Stats
+from ..policy import Policy
 from ..schemes.scheme import Scheme
 from .context import Ctx
 from .jobs import sync
@@ -67,6 +68,7 @@ class HierCtx(Ctx):
 @dataclass
 class Hierarchy:
     scheme: Scheme
+    policy: Policy
     seed: int
     memory: Memory
     stats: Stats
@@ -92,7 +94,7 @@ class Hierarchy:
             total = got[:m].clone()
             for i in range(1, h.local):
                 total += got[i * m:(i + 1) * m]
-            if self.scheme.ef:
+            if self.policy.ef:
                 total = self.memory.compensate(key, total)
             if ctx.cross is Pattern.GATHER:
                 ctx.part = m
@@ -105,7 +107,7 @@ class Hierarchy:
                 own = np.concatenate([o for _, o in parts]) if all(o is not None for _, o in parts) else None
                 ctx.own = parts[h.host][1]
                 self._to_cross(ctx, [b for b, _ in parts], 2)
-            if self.scheme.ef and own is not None:
+            if self.policy.ef and own is not None:
                 self.memory.update(key, total, torch.from_numpy(own))
             if ctx.cross is Pattern.GATHER:
                 ctx.own = own
@@ -113,10 +115,10 @@ class Hierarchy:
         if ctx.stage == 2 and ctx.cross is Pattern.SCATTER:  # my sub-piece's sum, finer, to every host
             part = self._sum(ctx, got)
             rkey = reduced_key(key)
-            if self.scheme.ef and ctx.error is None:
+            if self.policy.ef and ctx.error is None:
                 part = self.memory.compensate(rkey, part)
             buf, own = self._encode(ctx, reduced_scheme(self.scheme, h.count), part, rkey)
-            if self.scheme.ef and own is not None:
+            if self.policy.ef and own is not None:
                 self.memory.update(rkey, part, torch.from_numpy(own))
             ctx.own = own
             self._to_cross(ctx, [buf] * h.count, 3)

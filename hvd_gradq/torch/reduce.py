@@ -42,6 +42,7 @@ from ..frontend import codec
 from ..frontend.patterns import Lanes, Pattern, chunk_bounds, cost, lanes_for, reduced_scheme
 from ..frontend.stats import Stats
 from ..frontend.workers import Workers
+from ..policy import Policy
 from ..schemes.level import EvenLevelScheme
 from ..schemes.options import NonFinite
 from ..schemes.scheme import Scheme
@@ -104,6 +105,7 @@ class Reducer:
     byte counters, and the contexts whose second phase is not launched yet."""
 
     scheme: Scheme
+    policy: Policy
     seed: int
     memory: Memory
     stats: Stats
@@ -115,7 +117,7 @@ class Reducer:
     staged: list[HierCtx] = field(default_factory=list)  # hierarchical tensors whose last phase is not out
 
     def __post_init__(self) -> None:
-        self.hier = Hierarchy(self.scheme, self.seed, self.memory, self.stats)
+        self.hier = Hierarchy(self.scheme, self.policy, self.seed, self.memory, self.stats)
 
     def start(self, ctx: Ctx, x: torch.Tensor) -> Ctx:
         """Start ``ctx``'s first phase on ``x`` (float32, flat, error feedback already added)."""
@@ -208,7 +210,7 @@ class Reducer:
             ctx.own_bytes = enc.lens[g.rank]
             ctx.sent = sum(n for j, n in enumerate(enc.lens) if j != g.rank)
             self.pending.append(ctx)
-        if self.scheme.ef:  # own values: NumPy (host kernels) or tensors (device path), per chunk
+        if self.policy.ef:  # own values: NumPy (host kernels) or tensors (device path), per chunk
             owns = [enc.own] if isinstance(ctx, GatherCtx) else enc.own
             own = torch.cat([(o if isinstance(o, torch.Tensor) else torch.from_numpy(o)).to(x.device) for o in owns])
             self.memory.update(ctx.name, x, own)
@@ -265,7 +267,7 @@ class Reducer:
                 "nonfinite=skip to send such tensors uncompressed")
             # a statistic no bucket can have, naming this rank (codec.range_stat): the max names the lowest
             stats = torch.full((rows, scheme.meta_width), codec.range_stat(ctx.group.rank), device=xc.device)
-        elif scheme.nonfinite is NonFinite.RAISE:
+        elif self.policy.nonfinite is NonFinite.RAISE:
             ctx.local_bad = True  # +inf statistics: every rank sees it in the max and stops
             stats = torch.full((rows, scheme.meta_width), float("inf"), device=xc.device)
         else:  # propagate: +inf statistics for the buckets holding NaN/Inf (or, as in quantize, a
@@ -299,7 +301,7 @@ class Reducer:
         top = float(torch.where(finite, stats, torch.zeros_like(stats)).max()) if stats.numel() else 0.0
         peer = codec.range_rank(top)
         nonfinite = not bool(finite_rows.all())
-        if ctx.local_error is not None or peer is not None or (nonfinite and scheme.nonfinite is NonFinite.RAISE):
+        if ctx.local_error is not None or peer is not None or (nonfinite and self.policy.nonfinite is NonFinite.RAISE):
             # still launch the lanes (zeros) and wait for them: a rank that raised later must not
             # leave the others waiting, and a rank that raised first must not end Horovod (its
             # exit shuts every rank down) before the slower ranks have reached this same error
@@ -307,7 +309,7 @@ class Reducer:
             sync(ctx.handle)
             if ctx.local_error is not None:
                 raise ctx.local_error
-            if ctx.local_bad or (nonfinite and scheme.nonfinite is NonFinite.RAISE):
+            if ctx.local_bad or (nonfinite and self.policy.nonfinite is NonFinite.RAISE):
                 who = "this rank" if ctx.local_bad else "another rank"
                 raise NonFiniteError(
                     f"{ctx.name} (step {ctx.step}): {who} had non-finite values (NaN/Inf) in this gradient "
@@ -318,7 +320,7 @@ class Reducer:
             ctx.bad_rows = ~finite_rows
             stats = torch.where(finite_rows[:, None], stats, torch.zeros_like(stats))
         own = self._launch_lanes(ctx, ctx.x, stats)
-        if scheme.ef:
+        if self.policy.ef:
             self.memory.update(ctx.name, ctx.x, own)
         c = cost(scheme, ctx.x.numel(), 1, g.size, Pattern.SUMMABLE)
         self.stats.record(ctx.name, c.sent, c.received)
@@ -370,14 +372,14 @@ class Reducer:
             sent, _count = device.sum_any(recv.numpy(), g.rank, ctx.own, ctx.name)
         ctx.received = int(recv.numel()) - ctx.own_bytes
         key = reduced_key(ctx.name)
-        if self.scheme.ef:
+        if self.policy.ef:
             sent = self.memory.compensate(key, sent)
         seed = codec.draw_seed(self.seed, hvd.rank(), ctx.step, key)
         fine = reduced_scheme(self.scheme, g.size)  # cheap, unbiased, no noisier than the first phase
         what = f"{ctx.name} (step {ctx.step}, reduced)"
         with self.stats.clock.timed("encode"):
             buf, own = device.encode_any(fine, sent, seed, what, isinstance(ctx.own, torch.Tensor))
-        if self.scheme.ef:
+        if self.policy.ef:
             self.memory.update(key, sent, own if isinstance(own, torch.Tensor) else torch.from_numpy(own))
         ctx.reduced_own, ctx.reduced_bytes = own, int(buf.shape[0])
         ctx.gather_handle = hvd.allgather_async(torch.from_numpy(buf), name=f"hvd_gradq.{g.key}r.{ctx.name}",

@@ -3,7 +3,7 @@
 Layout (little-endian)::
 
     magic  b"HVGQ"            4
-    version u8 (=1)           1
+    version u8 (=2)           1
     dtype   u8                1   the input's dtype (see DTYPES)
     ndim    u8                1
     flags   u8 (=0)           1
@@ -11,8 +11,23 @@ Layout (little-endian)::
     check   u32               4   checksum of every byte but these four
     speclen u16               2
     dims    u64 * ndim
-    spec    utf-8 * speclen       the canonical scheme spec, e.g. "orq:bucket=512,...,levels=5"
+    spec    utf-8 * speclen       the scheme's canonical spec text: its name and the parameters
+                                  that differ from their defaults ("orq", "orq:levels=3")
     sections                      as the scheme declares them for n = prod(dims); sizes exact
+
+**Version 2: the maths only, defaults left out.** The spec text names what decoding needs and
+nothing else: the scheme and its non-default parameters (bucket, levels, clip, scales, ...). The
+policy a rank applies around the scheme (error feedback, warm-up, non-finite handling:
+:mod:`hvd_gradq.policy`) changes no byte of a payload, so it is not written. A 512-element ORQ-5
+payload's header is 22 + 8 + 3 = **33 bytes** (``"orq"``); version 1 spelled out every parameter,
+policy included (``"orq:bucket=512,ef=false,nonfinite=propagate,warmup=0,clip=0.0,scales=fp32,
+levels=5"``, 82 characters), **112 bytes**, 39% of that payload. The price of leaving defaults
+out: a scheme's defaults are part of this format. Changing one changes what a version-2 header
+means, so it needs a new VERSION (``tests/unit/test_payload.py`` pins every default).
+
+A payload of another version is refused (:class:`~hvd_gradq.errors.PayloadError`); version 1
+with a message that says so and what to do: re-encode with this version. Payloads are messages
+between ranks of one job, which run one hvd_gradq, not an archive format.
 
 The checksum is sum(byte_i * (1 + i mod CHECK_MODULUS)) mod 2**32: any single flipped bit
 changes it, and it is cheap in every array namespace (no CRC table walk), so the frontends
@@ -38,7 +53,7 @@ from numpy.typing import NDArray
 from ..errors import PayloadError
 
 MAGIC = b"HVGQ"
-VERSION = 1
+VERSION = 2
 _FIXED = struct.Struct("<4sBBBBQIH")
 CHECK_OFFSET = 16
 MAX_NDIM = 16
@@ -206,6 +221,12 @@ def read_header(buf: NDArray[Any], offset: int = 0) -> Header:
     magic, version, dcode, ndim, flags, total, check, speclen = _FIXED.unpack(bytes(buf[offset : offset + _FIXED.size]))
     if magic != MAGIC:
         raise PayloadError(f"not an hvd_gradq payload: magic {magic!r}, expected {MAGIC!r}")
+    if version == 1:
+        raise PayloadError(
+            "payload version 1: written by an older hvd_gradq, whose header spelled out every scheme parameter "
+            f"and the error-feedback, warm-up and non-finite policy; this hvd_gradq reads version {VERSION} only "
+            "(the scheme's non-default parameters alone). Re-encode the tensor with this version "
+            "(hvd_gradq.quantize), and run one hvd_gradq version on every rank")
     if version != VERSION:
         raise PayloadError(f"payload version {version} is not supported; this hvd_gradq reads version {VERSION}")
     if dcode not in DTYPES:

@@ -8,10 +8,10 @@ import contextlib
 import os
 from collections.abc import Callable, Iterator
 
-import hvd_gradq
 from hvd_gradq.frontend import probe
 from hvd_gradq.frontend.cpu_cost import CAST, Figures
 from hvd_gradq.frontend.patterns import Pattern, decide
+from hvd_gradq.spec import parse
 
 
 def figures_of(rank: int) -> Callable[..., Figures]:
@@ -39,6 +39,6 @@ def measured_as(rank: int) -> Iterator[None]:
 
 def alone(spec: str, n: int, rank: int, size: int, local: int, link: float) -> str:
     """The pattern ``rank`` would choose for a tensor of ``n`` elements with its own figures only."""
-    scheme = hvd_gradq.parse(spec)
-    mine = figures_of(rank)(probe.schemes_for(scheme, size, local))
-    return decide(scheme, n, 1, size, Pattern.AUTO, local=local, link_gbps=link, figures=mine).value
+    config = parse(spec)
+    mine = figures_of(rank)(probe.schemes_for(config.scheme, size, local))
+    return decide(config, n, 1, size, Pattern.AUTO, local=local, link_gbps=link, figures=mine).value

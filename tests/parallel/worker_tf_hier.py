@@ -69,7 +69,8 @@ def _decode(buf):
 def simulate(spec, slot_index, cs, state, step):
     """One step of the hierarchical pattern over every rank (``cs[r]``: rank r's flat gradient);
     ``state`` holds every owner's residuals (``("h", owner)``, ``("r", owner)``). Returns the sum."""
-    scheme = hvd_gradq.parse(spec)
+    config = hvd_gradq.parse(spec)
+    scheme, policy = config.scheme, config.policy
     n = cs[0].size
     cross = hier_cross(scheme, n, size, L, args.link)
     fine = reduced_scheme(scheme, H)
@@ -80,10 +81,10 @@ def simulate(spec, slot_index, cs, state, step):
         return (np.int64(a), np.int64(b))
 
     def quantize(sch, x, owner, tag, kind):
-        if scheme.ef:
+        if policy.ef:
             x = x + state.get((kind, owner), np.zeros(x.size, np.float32))
         buf, dec = codec.encode(sch, x, words(owner, tag), "oracle")
-        if scheme.ef:
+        if policy.ef:
             e = x - dec
             state[kind, owner] = np.where(np.isfinite(e), e, state.get((kind, owner), 0 * e))
         return buf
@@ -106,10 +107,10 @@ def simulate(spec, slot_index, cs, state, step):
         subs = chunk_bounds(hi - lo, scheme.bucket, H)
         sent = []
         for h in range(H):  # the owner's residual covers its whole piece
-            x = sums[h] + state.get(("h", h * L + i), np.zeros(hi - lo, np.float32)) if scheme.ef else sums[h]
+            x = sums[h] + state.get(("h", h * L + i), np.zeros(hi - lo, np.float32)) if policy.ef else sums[h]
             bufs = [codec.encode(scheme, x[a:b], words(h * L + i, f"#host#{k}"), "oracle")[0]
                     for k, (a, b) in enumerate(subs)]
-            if scheme.ef:
+            if policy.ef:
                 e = x - np.concatenate([_decode(b) for b in bufs])
                 state["h", h * L + i] = np.where(np.isfinite(e), e, state.get(("h", h * L + i), 0 * e))
             sent.append(bufs)
@@ -161,7 +162,8 @@ def sent_bytes(scheme, n, cross):
 
 def tape_case(spec, name):
     comp, step = make(spec, name)
-    scheme = hvd_gradq.parse(spec)
+    config = hvd_gradq.parse(spec)
+    scheme, policy = config.scheme, config.policy
     states = {k: {} for k in SHAPES}
     equal, digests, crosses = [], [], {}
     for t in range(STEPS):
@@ -175,7 +177,7 @@ def tape_case(spec, name):
             digests.append(digest([g]))
     res = {"equal": equal, "digest": digest(digests), "patterns": sorted({s["pattern"] for s in comp.slots()}),
            "cross": {k: c.value for k, c in crosses.items()}}
-    if scheme.ef:
+    if policy.ef:
         ok = []
         for k in SHAPES:
             for kind, suffix in (("h", "#host"), ("r", "#host#reduce")):

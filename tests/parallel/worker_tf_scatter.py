@@ -98,7 +98,8 @@ def simulate(spec, members, slot_index, grads, state, step, v):
     the flat gradient of member i; ``state`` holds every member's residual (``e``) and every
     chunk's scatter-side residual (``s``); ``v`` Horovod's reduced [1.0]. Returns the reduced
     flat gradient."""
-    scheme = hvd_gradq.parse(spec)
+    config = hvd_gradq.parse(spec)
+    scheme, policy = config.scheme, config.policy
     n, N = grads[0].size, len(members)
     bounds = chunk_bounds(n, scheme.bucket, N)
     fine = reduced_scheme(scheme, N)
@@ -111,14 +112,14 @@ def simulate(spec, members, slot_index, grads, state, step, v):
     sent = {}  # (member, chunk) -> payload bytes
     for i in range(N):
         x = grads[i]
-        if scheme.ef:
+        if policy.ef:
             x = x + state.setdefault(("e", i), np.zeros(n, np.float32))
         own = []
         for j, (lo, hi) in enumerate(bounds):
             buf, dec = codec.encode(scheme, x[lo:hi], words(i, f"#{j}"), "oracle")
             sent[i, j] = buf
             own.append(dec)
-        if scheme.ef:
+        if policy.ef:
             e = x - np.concatenate(own)
             state["e", i] = np.where(np.isfinite(e), e, state["e", i])
     reduced = []
@@ -127,10 +128,10 @@ def simulate(spec, members, slot_index, grads, state, step, v):
         for i in range(N):  # rank order
             d = _decode(sent[i, j])
             part = d.copy() if part is None else part + d
-        if scheme.ef:
+        if policy.ef:
             part = part + state.setdefault(("s", j), np.zeros(hi - lo, np.float32))
         buf, dec = codec.encode(fine, part, words(j, "#reduce"), "oracle")
-        if scheme.ef:
+        if policy.ef:
             s = part - dec
             state["s", j] = np.where(np.isfinite(s), s, state["s", j])
         reduced.append(_decode(buf))
@@ -175,7 +176,8 @@ def tape_case(spec, members, ps, name):
     |error| <= N * eps * sum|c_r| / N (+ the division's half ulp); they write no residual."""
     comp, step = make(spec, ps, name)
     me = members.index(rank)
-    scheme = hvd_gradq.parse(spec)
+    config = hvd_gradq.parse(spec)
+    scheme, policy = config.scheme, config.policy
     states = {k: {} for k in SHAPES}
     v = horovod_one(ps)
     equal, digests = [], []
@@ -186,7 +188,7 @@ def tape_case(spec, members, ps, name):
             idx = slots[f"w{k}:0"]["index"]
             cs = [grad_of(r, t, shape).reshape(-1) for r in members]
             g = got[k].numpy().reshape(-1)
-            if t < scheme.warmup:
+            if t < policy.warmup:
                 mean = np.sum(np.array(cs, np.float64), axis=0) / len(members)
                 bound = (len(members) + 1) * np.finfo(np.float32).eps * np.sum(np.abs(cs), axis=0) / len(members)
                 equal.append(bool(np.all(np.abs(g - mean) <= bound)))
@@ -200,7 +202,7 @@ def tape_case(spec, members, ps, name):
                       flush=True)
             digests.append(digest([g]))
     res = {"equal": equal, "digest": digest(digests), "patterns": sorted({s["pattern"] for s in comp.slots()})}
-    if scheme.ef:
+    if policy.ef:
         ok = []
         for k, shape in SHAPES.items():
             n = int(np.prod(shape))

@@ -48,7 +48,7 @@ def encode(scheme, x: np.ndarray, owner: int, step: int, key: str) -> np.ndarray
     return own
 
 
-def oracle(scheme, name: str, grads: np.ndarray, step: int, res: dict) -> np.ndarray:
+def oracle(scheme, policy, name: str, grads: np.ndarray, step: int, res: dict) -> np.ndarray:
     """The sum over every rank as the hierarchical pattern defines it (``res``: residuals by owner)."""
     n = grads.shape[1]
     cross = hier_cross(scheme, n, size, L, args.link)
@@ -63,10 +63,10 @@ def oracle(scheme, name: str, grads: np.ndarray, step: int, res: dict) -> np.nda
             host_sums.append(t)
 
         def quantize(sch, x, owner, k):
-            if scheme.ef:
+            if policy.ef:
                 x = x + res.get((owner, k), 0)
             own = encode(sch, x, owner, step, k)
-            if scheme.ef:
+            if policy.ef:
                 res[(owner, k)] = x - own
             return own
 
@@ -80,9 +80,9 @@ def oracle(scheme, name: str, grads: np.ndarray, step: int, res: dict) -> np.nda
             owns = []
             for h in range(H):  # the owner's residual covers its whole piece, one key
                 owner = h * L + i
-                x = host_sums[h] + res.get((owner, key), 0) if scheme.ef else host_sums[h]
+                x = host_sums[h] + res.get((owner, key), 0) if policy.ef else host_sums[h]
                 owns.append([encode(scheme, x[a:b], owner, step, f"{key}#{k}") for k, (a, b) in enumerate(subs)])
-                if scheme.ef:
+                if policy.ef:
                     res[(owner, key)] = x - np.concatenate(owns[-1])
             parts = []
             for k in range(H):
@@ -104,7 +104,8 @@ def reduce_once(comp, name: str, g: torch.Tensor, op) -> tuple[torch.Tensor, obj
 
 
 def oracle_case(spec: str, n: int, op=hvd.Sum) -> dict:
-    scheme = hvd_gradq.parse(spec)
+    config = hvd_gradq.parse(spec)
+    scheme, policy = config.scheme, config.policy
     name = f"t.{spec}.{n}"
     comp = gq.from_spec(spec, named_parameters=[(name, torch.nn.Parameter(torch.zeros(n)))], pattern="hierarchical")
     res: dict = {}
@@ -114,7 +115,7 @@ def oracle_case(spec: str, n: int, op=hvd.Sum) -> dict:
         got, ctx = reduce_once(comp, name, g, op)
         used.add(type(ctx).__name__)
         allg = hvd.allgather(g[None], name=f"x.{name}.{step}").numpy()
-        want, cross = oracle(scheme, name, allg, step, res)
+        want, cross = oracle(scheme, policy, name, allg, step, res)
         if op == hvd.Average:
             want = want / size
         if not np.array_equal(got.numpy(), want.astype(np.float32)):

@@ -242,7 +242,7 @@ def oracle_check(spec: str, pattern: str, op=hvd.Average) -> tuple[bool, str]:
     dummy = hvd.allreduce(dummy, op=op, name=f"oracle.dummy.{spec}.{pattern}.{int(op)}")
     out = comp.decompress(dummy, ctx).numpy()
     allx = hvd.allgather(g[None], name=f"oracle.x.{spec}.{pattern}").numpy()
-    scheme = hvd_gradq.parse(spec)
+    scheme = hvd_gradq.parse(spec).scheme  # one step: no residual yet, the maths alone
     used = ctx.pattern.value
     # The frontend above ran the compiled kernels; the oracle runs the NumPy reference (kernels
     # off), so a kernel bug cannot appear on both sides and cancel out.

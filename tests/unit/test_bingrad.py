@@ -10,10 +10,11 @@ from engines import ENGINES, require_numba, set_engine
 
 import hvd_gradq
 from hvd_gradq.kernels import search
+from hvd_gradq.spec import parse_scheme
 from hvd_gradq.xp import NUMPY
 
-B = hvd_gradq.parse("bingrad:variant=b")
-PB = hvd_gradq.parse("bingrad:variant=pb")
+B = parse_scheme("bingrad:variant=b")
+PB = parse_scheme("bingrad:variant=pb")
 
 DISTS = {
     "gaussian": lambda rng, n: rng.standard_normal(n),
@@ -236,7 +237,7 @@ def test_pb_full_buckets_against_every_strip():
 def test_pb_scheme_sends_the_exact_levels(engine):
     """The levels on the wire are the exact minimiser rounded to float32, through the reference
     and the fused kernels alike (a full bucket of 64 and a tail)."""
-    pb = hvd_gradq.parse("bingrad:variant=pb,bucket=64")
+    pb = parse_scheme("bingrad:variant=pb,bucket=64")
     x = np.random.default_rng(4).standard_t(2, 64 + 23).astype(np.float32)
     meta = np.asarray(hvd_gradq.quantize(x, pb).parts["meta"], np.float32).reshape(-1, 2)
     for r, s in enumerate(range(0, x.size, 64)):
@@ -291,7 +292,7 @@ def test_pb_range_is_narrower_than_b_on_light_tails(dist):
 def test_pb_sampled_mean_is_the_clamped_input(engine):
     """Inside [l1, l2] -pb rounds stochastically (unbiased), outside it clamps. (Buckets of 64:
     1000 encodes of a full bucket and a tail stay cheap.)"""
-    pb = hvd_gradq.parse("bingrad:variant=pb,bucket=64")
+    pb = parse_scheme("bingrad:variant=pb,bucket=64")
     rng = np.random.default_rng(3)
     x = rng.standard_normal(100).astype(np.float32)
     seeds = 1000

@@ -41,14 +41,16 @@ def test_every_command_has_help() -> None:
 
 
 def test_check_gives_canonical_spec_bits_and_refusals(capsys: pytest.CaptureFixture[str]) -> None:
-    assert main(["check", "orq:levels=3", "--elements", "65536", "--ranks", "4"]) == 0
+    assert main(["check", "orq:levels=3,bucket=512,ef=true", "--elements", "65536", "--ranks", "4"]) == 0
     out = capsys.readouterr().out
     canonical = re.search(r"^canonical\s+(\S+)$", out, re.M).group(1)  # type: ignore[union-attr]
-    assert canonical.startswith("orq:bucket=512,ef=false") and canonical.endswith("levels=3")
+    assert canonical == "orq:levels=3,ef=true"  # only what differs from a default; the policy last
+    named = re.search(r"^header\s+names '(\S+)'", out, re.M).group(1)  # type: ignore[union-attr]
+    assert named == "orq:levels=3"  # the maths alone
     # ORQ-3's payload by the format's definition: a 22-byte fixed header, 8 bytes a dimension and
-    # the canonical spec; 3 symbols packed 5 to a byte; 3 float32 levels for each bucket of 512
+    # the scheme's spec text; 3 symbols packed 5 to a byte; 3 float32 levels for each bucket of 512
     n = 65536
-    header = 22 + 8 * 1 + len(canonical)
+    header = 22 + 8 * 1 + len("orq:levels=3")
     expect = header + -(-n // 5) + 3 * 4 * (n // 512)
     m = re.search(r"wire\s+([\d.]+) bits an element at 65,536 elements, header included \(([\d,]+) bytes; "
                   r"([\d.]+)x fewer than fp32\)", out)

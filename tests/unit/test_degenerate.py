@@ -14,6 +14,7 @@ from engines import ENGINES, set_engine
 import hvd_gradq
 from hvd_gradq.errors import GradqError, NonFiniteError
 from hvd_gradq.schemes.level import LevelScheme
+from hvd_gradq.spec import parse_scheme
 
 ALL = [
     "none", "fp16", "uniform:bits=8", "uniform:bits=2", "qsgd:levels=1", "qsgd:levels=4",
@@ -21,7 +22,7 @@ ALL = [
     "bingrad", "bingrad:variant=pb", "orq:levels=2", "orq:levels=3", "orq:levels=5", "orq:levels=9",
     "uniform:scales=fp16", "orq:levels=5,scales=fp16",
 ]
-LEVEL = [s for s in ALL if isinstance(hvd_gradq.parse(s), LevelScheme)]
+LEVEL = [s for s in ALL if isinstance(parse_scheme(s), LevelScheme)]
 
 
 @pytest.fixture(params=ENGINES, autouse=True)
@@ -155,7 +156,7 @@ def test_fp16_default_overflow_is_the_ieee_cast():
             p = hvd_gradq.quantize(x, spec)
             y = hvd_gradq.dequantize(hvd_gradq.Payload.from_bytes(p.to_bytes()))
             np.testing.assert_array_equal(y, want, err_msg=spec)
-    assert hvd_gradq.parse("fp16").overflow == "inf"
+    assert parse_scheme("fp16").overflow == "inf"
 
 
 @pytest.mark.parametrize("spec", ["uniform:scales=fp16", "qsgd:scales=fp16", "terngrad:clip=0,scales=fp16",
@@ -216,7 +217,7 @@ def test_nonfinite_propagate(spec):
 
 def test_nonfinite_default_is_propagate():
     for name in hvd_gradq.names():
-        assert hvd_gradq.parse(name).nonfinite.value == "propagate", name
+        assert hvd_gradq.parse(name).policy.nonfinite.value == "propagate", name
 
 
 @pytest.mark.parametrize("spec", ALL)
@@ -227,7 +228,7 @@ def test_nonfinite_default_never_crashes_nor_hides(spec):
     rng = np.random.default_rng(12)
     base = rng.standard_normal(1300).astype(np.float32)
     assert np.all(np.isfinite(roundtrip(base, spec, seed=3)))
-    level = isinstance(hvd_gradq.parse(spec), LevelScheme)
+    level = isinstance(parse_scheme(spec), LevelScheme)
     for where in ([0], [1299], [5, 700], list(range(1300))):
         for bad in (np.nan, np.inf, -np.inf):
             x = base.copy()
@@ -242,7 +243,7 @@ def test_nonfinite_default_never_crashes_nor_hides(spec):
             elif spec in ("none", "fp16"):
                 np.testing.assert_array_equal(y[where], x[where])
             else:  # topk: every kept slot goes to a non-finite input first
-                k = hvd_gradq.parse(spec).kept(1300)
+                k = parse_scheme(spec).kept(1300)
                 assert np.count_nonzero(~np.isfinite(y)) == min(k, len(where)) or spec == "topk:values=orq"
 
 

@@ -8,9 +8,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hvd_gradq import GradqError, parse  # noqa: E402
+from hvd_gradq import GradqError  # noqa: E402
 from hvd_gradq.api import split  # noqa: E402
 from hvd_gradq.frontend import codec  # noqa: E402
+from hvd_gradq.spec import parse_scheme  # noqa: E402
 from hvd_gradq.torch import device  # noqa: E402
 
 SPECS = ["none", "fp16", "uniform:bits=4", "uniform:bits=8,bucket=128", "qsgd:levels=4", "qsgd:levels=1,norm=l2",
@@ -20,7 +21,7 @@ SPECS = ["none", "fp16", "uniform:bits=4", "uniform:bits=8,bucket=128", "qsgd:le
 
 @pytest.mark.parametrize("spec", SPECS)
 def test_device_bytes_and_sums_are_the_host_paths(spec: str) -> None:
-    scheme = parse(spec)
+    scheme = parse_scheme(spec)
     rng = np.random.default_rng(len(spec))
     xs = [rng.standard_t(3, 1300).astype(np.float32) for _ in range(3)]
     host = [codec.encode(scheme, x, 11 + r, "t") for r, x in enumerate(xs)]
@@ -37,7 +38,7 @@ def test_device_bytes_and_sums_are_the_host_paths(spec: str) -> None:
 
 
 def test_values_the_device_path_leaves_to_the_host() -> None:
-    scheme = parse("orq:levels=5")
+    scheme = parse_scheme("orq:levels=5")
     x = torch.randn(600)
     x[7] = float("nan")
     assert device.encode(scheme, x, 0) is None  # the host path applies nonfinite=
@@ -97,7 +98,7 @@ def test_topk_device_bytes_equal_the_hosts_when_magnitudes_tie(case: str, spec: 
     from hvd_gradq.wire.packing import unpack_bits
     from hvd_gradq.xp import NUMPY
 
-    scheme = parse(spec)
+    scheme = parse_scheme(spec)
     x = _ties()[case]
     hb, hown = codec.encode(scheme, x, 3, "t")
     got = device.encode(scheme, torch.from_numpy(x), 3)

@@ -12,9 +12,10 @@ import pytest
 
 torch = pytest.importorskip("torch")
 
-from hvd_gradq import GradqError, parse  # noqa: E402
+from hvd_gradq import GradqError  # noqa: E402
 from hvd_gradq.frontend import codec  # noqa: E402
 from hvd_gradq.kernels.search import level_indices  # noqa: E402
+from hvd_gradq.spec import parse_scheme  # noqa: E402
 from hvd_gradq.torch import device, device_levels  # noqa: E402
 from hvd_gradq.torch.ops import TorchOps  # noqa: E402
 
@@ -83,7 +84,7 @@ def _no_host(monkeypatch: pytest.MonkeyPatch) -> list[str]:
 @pytest.mark.parametrize("spec", ["orq:levels=4", "orq:levels=5", "orq:levels=5,clip=2.5", "orq:levels=4,scales=fp16",
                                   "orq:levels=5,bucket=64", "bingrad", "bingrad:bucket=100"])
 def test_device_codec_keeps_buckets_on_the_device(spec: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    scheme = parse(spec)
+    scheme = parse_scheme(spec)
     rng = np.random.default_rng(len(spec))
     want = {}
     for k, n in enumerate((1, 3, 700, 1300, 2049)):  # tails: n not a multiple of the bucket
@@ -102,7 +103,7 @@ def test_device_codec_keeps_buckets_on_the_device(spec: str, monkeypatch: pytest
 def test_the_other_searches_still_run_on_the_host(spec: str, monkeypatch: pytest.MonkeyPatch) -> None:
     calls = _no_host(monkeypatch)
     with pytest.raises(AssertionError, match="went to the host"):
-        device.encode(parse(spec), torch.randn(300), 0)
+        device.encode(parse_scheme(spec), torch.randn(300), 0)
     assert len(calls) == 1
 
 

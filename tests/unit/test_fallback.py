@@ -11,7 +11,6 @@ import re
 import numpy as np
 import pytest
 
-import hvd_gradq
 from hvd_gradq import log
 from hvd_gradq.errors import GradqError, RankMismatchError
 from hvd_gradq.frontend import probe
@@ -28,6 +27,7 @@ from hvd_gradq.frontend.patterns import (
     seconds,
 )
 from hvd_gradq.frontend.stats import Stats
+from hvd_gradq.spec import parse, parse_scheme
 
 SPECS = ["orq:levels=3", "orq:levels=5", "orq:levels=9", "qsgd:levels=4", "bingrad", "sign", "uniform:bits=4"]
 
@@ -39,7 +39,7 @@ def fp16_seconds(n: int, nranks: int, gbps: float, cast: tuple[float, float]) ->
 
 
 def figures(spec: str, enc: float, dec: float, cast: tuple[float, float] = (0.5, 0.5)) -> Figures:
-    scheme = hvd_gradq.parse(spec)
+    scheme = parse_scheme(spec)
     rows = [(s.spec, enc, dec) for s in probe.schemes_for(scheme, 64, 8)]
     return Figures((*rows, (CAST, *cast)))
 
@@ -50,7 +50,7 @@ def figures(spec: str, enc: float, dec: float, cast: tuple[float, float] = (0.5,
 @pytest.mark.parametrize("enc,dec", [(0.2, 0.1), (20.0, 1.0), (200.0, 5.0)])
 def test_fp16_exactly_where_the_model_says_the_scheme_is_slower(spec: str, nranks: int, local: int, gbps: float,
                                                                  enc: float, dec: float) -> None:
-    scheme = hvd_gradq.parse(spec)
+    scheme = parse_scheme(spec)
     fig = figures(spec, enc, dec)
     n = 1 << 20
     kept = decide(scheme, n, 2, nranks, Pattern.AUTO, EVERY, local, gbps, False, fig)
@@ -73,7 +73,7 @@ def test_fp16_exactly_where_the_model_says_the_scheme_is_slower(spec: str, nrank
 def test_the_figures_decide_both_ways() -> None:
     """One tensor, one link: a slow codec goes fp16, a fast one keeps its scheme; and at a slow
     link bytes win whatever the codec costs."""
-    orq = hvd_gradq.parse("orq:levels=5")
+    orq = parse_scheme("orq:levels=5")
     n = 1 << 22
     slow, fast = figures(orq.spec, 300.0, 10.0), figures(orq.spec, 0.1, 0.05)
     assert decide(orq, n, 2, 8, Pattern.AUTO, fallback=True, link_gbps=10.0, figures=slow) is Pattern.FP16
@@ -84,7 +84,7 @@ def test_the_figures_decide_both_ways() -> None:
 @pytest.mark.filterwarnings("ignore:pattern=hierarchical needs")
 @pytest.mark.parametrize("requested", [Pattern.GATHER, Pattern.SCATTER, Pattern.HIERARCHICAL, Pattern.SUMMABLE])
 def test_an_explicit_pattern_never_falls_back(requested: Pattern) -> None:
-    q = hvd_gradq.parse("qsgd:levels=4")
+    q = parse_scheme("qsgd:levels=4")
     slow = figures(q.spec, 1000.0, 100.0)
     for nranks, local, gbps in ((8, 1, 1000.0), (8, 2, 1000.0), (2, 1, 100.0)):
         p = decide(q, 1 << 20, 2, nranks, requested, EVERY, local, gbps, True, slow)
@@ -96,15 +96,15 @@ def test_only_propagate_falls_back_and_one_rank_never() -> None:
     slow = (1000.0, 100.0)
     for spec, want in (("orq:levels=5", True), ("orq:levels=5,nonfinite=raise", False),
                        ("orq:levels=5,nonfinite=skip", False)):
-        s = hvd_gradq.parse(spec)
-        fig = Figures(((s.spec, *slow), (CAST, 0.5, 0.5)))
+        s = parse(spec)  # the scheme and its nonfinite policy
+        fig = Figures(((s.scheme.spec, *slow), (CAST, 0.5, 0.5)))
         assert (decide(s, 1 << 20, 2, 8, Pattern.AUTO, fallback=True, link_gbps=100.0, figures=fig) is Pattern.FP16) is want, spec
-    s = hvd_gradq.parse("orq:levels=5")
+    s = parse_scheme("orq:levels=5")
     assert decide(s, 1 << 20, 2, 1, Pattern.AUTO, fallback=True, figures=Figures(((s.spec, *slow),))) is not Pattern.FP16
 
 
 def test_measured_figures_replace_the_table_and_the_rest_stays() -> None:
-    orq = hvd_gradq.parse("orq:levels=3")
+    orq = parse_scheme("orq:levels=3")
     n, nranks = 1 << 16, 4
     fig = Figures(((orq.spec, 10.0, 1.0),))
     assert cpu_seconds(orq, n, nranks, Pattern.GATHER, figures=fig) == pytest.approx(
@@ -119,11 +119,11 @@ def test_measured_figures_replace_the_table_and_the_rest_stays() -> None:
 
 
 def test_schemes_for_lists_what_the_model_prices_once_each() -> None:
-    orq = hvd_gradq.parse("orq:levels=3")
+    orq = parse_scheme("orq:levels=3")
     assert [s.spec for s in probe.schemes_for(orq, 4)] == [orq.spec, reduced_scheme(orq, 4).spec]
     got = [s.spec for s in probe.schemes_for(orq, 8, 2)]  # the reduced chunk over 8 ranks and over 4 hosts
     assert got == list(dict.fromkeys([orq.spec, reduced_scheme(orq, 8).spec, reduced_scheme(orq, 4).spec]))
-    sign = hvd_gradq.parse("sign")  # no finer form: one entry
+    sign = parse_scheme("sign")  # no finer form: one entry
     assert [s.spec for s in probe.schemes_for(sign, 16, 4)] == [sign.spec]
     assert [s.spec for s in probe.schemes_for(orq, 1)] == [orq.spec]
 
@@ -145,7 +145,7 @@ def test_agree_takes_the_elementwise_maximum_whatever_the_order() -> None:
 def test_ranks_with_different_figures_decide_alike_once_agreed() -> None:
     """Three ranks measured ORQ-5 at different speeds; decided on their own figures they would
     split (one fp16, one compressed); on the agreed maximum every rank takes the same pattern."""
-    orq = hvd_gradq.parse("orq:levels=5")
+    orq = parse_scheme("orq:levels=5")
     n, nranks, gbps = 1 << 22, 3, 10.0
     own = [figures(orq.spec, e, d) for e, d in ((0.5, 0.1), (40.0, 2.0), (5.0, 0.5))]
     alone = {decide(orq, n, 2, nranks, Pattern.AUTO, fallback=True, link_gbps=gbps, figures=f) for f in own}
@@ -163,7 +163,7 @@ def test_agree_refuses_rows_of_another_width() -> None:
 
 
 def test_measure_times_each_scheme_and_the_cast() -> None:
-    schemes = probe.schemes_for(hvd_gradq.parse("orq:levels=3"), 4)
+    schemes = probe.schemes_for(parse_scheme("orq:levels=3"), 4)
     calls = []
 
     def cast(x: np.ndarray) -> np.ndarray:
@@ -178,7 +178,7 @@ def test_measure_times_each_scheme_and_the_cast() -> None:
 
 
 def test_the_fallback_reason_parses() -> None:
-    orq = hvd_gradq.parse("orq:levels=9")
+    orq = parse_scheme("orq:levels=9")
     p, why = decide_why(orq, 1 << 20, 2, 8, Pattern.AUTO, fallback=True, link_gbps=100.0)
     assert p is Pattern.FP16
     m = re.fullmatch(r"fallback: modelled (\w+) (.+) vs fp16 (.+) at 100 Gbit/s", why)
@@ -189,7 +189,7 @@ def test_the_fallback_reason_parses() -> None:
 def test_stats_and_the_first_step_line_name_the_fallback() -> None:
     """A tensor sent as fp16 counts Horovod's fp16 ring (x1.00 against fp16) under pattern fp16,
     with its reason; the log line groups it as ``fp16 1 (fallback)``."""
-    orq, n, nranks = hvd_gradq.parse("orq:levels=9"), 1 << 20, 8
+    orq, n, nranks = parse_scheme("orq:levels=9"), 1 << 20, 8
     p, why = decide_why(orq, n, 2, nranks, Pattern.AUTO, fallback=True, link_gbps=100.0)
     ring16 = round(2 * (nranks - 1) / nranks * 2 * n)
     st = Stats()
@@ -219,7 +219,7 @@ def test_fallback_argument_then_environment_then_off(monkeypatch: pytest.MonkeyP
 def test_figures_table_mode_skips_timing_and_gives_the_shipped_figures(monkeypatch: pytest.MonkeyPatch) -> None:
     """HVD_GRADQ_FIGURES=table: no timing at all (measure would raise), the table's figures for
     each scheme the model prices and the default cast, agreed as usual; a bad value is refused."""
-    scheme = hvd_gradq.parse("orq:levels=5")
+    scheme = parse_scheme("orq:levels=5")
 
     def no_timing(*_a: object, **_k: object) -> Figures:
         raise AssertionError("measured although HVD_GRADQ_FIGURES=table")

@@ -6,16 +6,16 @@ import math
 import numpy as np
 import pytest
 
-import hvd_gradq
 from hvd_gradq import RankMismatchError
 from hvd_gradq.frontend import codec, hosts
 from hvd_gradq.frontend.patterns import Pattern, decide
+from hvd_gradq.spec import parse_scheme
 
 
 def _crossover() -> tuple[float, float]:
     """Two adjacent float link rates between which ``decide`` changes its pattern (ORQ-9, 4M
     elements, 8 ranks: scatter on slow links, gather on fast ones), found by bisection."""
-    orq = hvd_gradq.parse("orq:levels=9")
+    orq = parse_scheme("orq:levels=9")
 
     def pick(gbps: float) -> Pattern:
         return decide(orq, 1 << 22, 2, 8, Pattern.AUTO, link_gbps=gbps)

@@ -13,7 +13,7 @@ import pytest
 from engines import require_numba
 
 from hvd_gradq import dequantize, kernels, quantize
-from hvd_gradq.spec import parse
+from hvd_gradq.spec import parse_scheme
 from hvd_gradq.xp import NUMPY
 
 
@@ -77,7 +77,7 @@ def _assert_same(a: np.ndarray, b: np.ndarray, what: str) -> None:
 
 
 def _check(spec: str, x: np.ndarray, seed: int = 12345) -> None:
-    scheme = parse(spec)
+    scheme = parse_scheme(spec)
     got = kernels.encode(scheme, x, seed)
     assert got is not None, spec
     ref = scheme.encode(NUMPY, x, seed)
@@ -136,12 +136,12 @@ DP_INPUTS = _dp_inputs()
     ],
 )
 def test_dynamic_program_levels_bit_identical(spec: str) -> None:
-    d = parse(spec).bucket
+    d = parse_scheme(spec).bucket
     for x in DP_INPUTS:
         _check(spec, x)
     # tails of 1, 2, 3 and s-1 points after two full buckets
     base = DP_INPUTS[3]
-    for tail in (1, 2, 3, parse(spec).symbols - 1):
+    for tail in (1, 2, 3, parse_scheme(spec).symbols - 1):
         if 2 * d + tail <= base.size:
             _check(spec, base[: 2 * d + tail], seed=tail)
 
@@ -150,7 +150,7 @@ def test_many_buckets_and_seeds() -> None:
     # several full buckets, a long code stream (units straddle buckets), other seeds
     x = (np.random.default_rng(3).standard_normal(40 * 512 + 333) * 1e-3).astype(np.float32)
     for spec in ("qsgd", "terngrad", "orq:levels=3", "bingrad:variant=pb", "uniform:bits=3", "qsgd:levels=2"):
-        scheme = parse(spec)
+        scheme = parse_scheme(spec)
         for seed in (0, 2**40 + 17):
             ref = scheme.encode(NUMPY, x, seed)
             got = kernels.encode(scheme, x, seed)
@@ -161,7 +161,7 @@ def test_many_buckets_and_seeds() -> None:
 
 def test_out_buffers_and_wire_dtypes() -> None:
     x = np.random.default_rng(5).standard_normal(1500).astype(np.float32)
-    scheme = parse("qsgd:scales=fp16")
+    scheme = parse_scheme("qsgd:scales=fp16")
     sec = {s.name: s for s in scheme.sections(x.size)}
     out = {"meta": np.empty(sec["meta"].count, np.float32), "codes": np.empty(sec["codes"].count, np.uint8)}
     got = kernels.encode(scheme, x, 1, out=out)
@@ -179,15 +179,15 @@ def test_out_buffers_and_wire_dtypes() -> None:
 def test_no_fast_path_for_other_schemes() -> None:
     x = np.ones(10, np.float32)
     for spec in ("none", "fp16", "topk"):
-        assert kernels.encode(parse(spec), x, 0) is None
-    assert kernels.decode(parse("qsgd"), {"meta": np.zeros(5, np.float32), "codes": np.zeros(1, np.uint8)}, 10) is None
+        assert kernels.encode(parse_scheme(spec), x, 0) is None
+    assert kernels.decode(parse_scheme("qsgd"), {"meta": np.zeros(5, np.float32), "codes": np.zeros(1, np.uint8)}, 10) is None
 
 
 def test_api_uses_the_fast_path_with_the_same_bytes() -> None:
     x = np.random.default_rng(9).standard_normal((37, 41)).astype(np.float32)
     for spec in ("orq:levels=3", "qsgd:levels=2,scales=fp16", "bingrad"):
         p = quantize(x, spec, seed=4)
-        scheme = parse(spec)
+        scheme = parse_scheme(spec)
         ref = scheme.encode(NUMPY, x.reshape(-1), 4)
         _assert_same(ref["codes"], p.parts["codes"], spec)
         back = dequantize(p)
@@ -204,7 +204,7 @@ def test_fp16_scales_round_like_the_reference() -> None:
     vals = np.concatenate([bits.view(np.float32), edge])
     vals = vals[~np.isnan(vals)]
     vals = vals[:: max(1, vals.size // 20000)]
-    want = np.asarray(parse("qsgd:scales=fp16").round_meta(NUMPY, vals), np.float32)
+    want = np.asarray(parse_scheme("qsgd:scales=fp16").round_meta(NUMPY, vals), np.float32)
     got = np.array([_numba.f16_round(v) for v in vals], np.float32)
     _assert_same(want, got, "fp16 scales")
 
@@ -219,7 +219,7 @@ def test_imports_without_numba() -> None:
 
 def test_disabled_block_runs_the_reference() -> None:
     x = np.random.default_rng(3).standard_normal(700).astype(np.float32)
-    scheme = parse("orq:levels=3")
+    scheme = parse_scheme("orq:levels=3")
     assert kernels.available()
     with kernels.disabled():
         assert not kernels.available()
@@ -241,7 +241,7 @@ def test_nan_buckets_decode_bit_identically(spec):
     """Buckets marked NaN (nonfinite=propagate) decode to the same bits in the NumPy reference
     and the compiled kernels (qsgd's -m flips a NaN's sign: both paths write one canonical NaN)."""
     rng = np.random.default_rng(6)
-    scheme = parse(spec)
+    scheme = parse_scheme(spec)
     xs = [rng.standard_normal(1300).astype(np.float32) for _ in range(3)]
     xs[0][3], xs[1][700], xs[2][1299] = np.nan, -np.inf, np.inf
     ps = [quantize(x, scheme, seed=i) for i, x in enumerate(xs)]

@@ -17,6 +17,7 @@ from engines import ENGINES, set_engine
 import hvd_gradq
 from hvd_gradq.errors import GradqError, NonFiniteError
 from hvd_gradq.schemes.level import LevelScheme
+from hvd_gradq.spec import parse_scheme
 from hvd_gradq.xp import NUMPY
 
 F32_MAX = float(np.finfo(np.float32).max)
@@ -48,7 +49,7 @@ def roundtrip(x: np.ndarray, spec: str, seed: int = 0) -> np.ndarray:
 
 @pytest.mark.parametrize("spec", LEVEL)
 def test_values_beyond_the_float32_pipeline_are_refused_clearly(spec):
-    scheme = hvd_gradq.parse(spec)
+    scheme = parse_scheme(spec)
     assert 0 < scheme.limit <= 2.0**127
     for vals in HUGE:
         x = np.asarray(vals, np.float32)
@@ -68,7 +69,7 @@ def test_values_just_below_the_limit_decode_right(spec):
     """At 0.99 of the limit: finite, inside the bucket's [min, max] (stochastic and nearest
     rounding never leave it; the range arithmetic cannot overflow there), the largest
     element's sign kept (QSGD used to flip +max), sign's scale finite."""
-    scheme = hvd_gradq.parse(spec)
+    scheme = parse_scheme(spec)
     big = np.float32(scheme.limit * 0.99)
     rng = np.random.default_rng(3)
     x = rng.standard_normal(600).astype(np.float32)
@@ -99,7 +100,7 @@ def test_generic_encoders_mark_such_buckets_nan():
     x[5] = 3e38  # bucket 0: beyond every limit
     x[600] = np.nan  # bucket 1
     for spec in LEVEL:
-        scheme = hvd_gradq.parse(spec)
+        scheme = parse_scheme(spec)
         assert isinstance(scheme, LevelScheme)
         parts = {k: np.asarray(v) for k, v in scheme.encode(NUMPY, x, 0).items()}
         y = np.asarray(scheme.decode(NUMPY, parts, x.size))
@@ -130,13 +131,13 @@ def test_propagate_marks_non_finite_and_huge_buckets_alike():
 
 # -- what each scheme claims about bias ----------------------------------------------------------
 def test_unbiased_flag_accounts_for_clipping():
-    assert hvd_gradq.parse("terngrad").clip == 2.5
-    assert not hvd_gradq.parse("terngrad").unbiased  # the paper's default clipping biases outliers
-    assert hvd_gradq.parse("terngrad:clip=0").unbiased
+    assert parse_scheme("terngrad").clip == 2.5
+    assert not parse_scheme("terngrad").unbiased  # the paper's default clipping biases outliers
+    assert parse_scheme("terngrad:clip=0").unbiased
     for spec in ("qsgd", "orq:levels=5", "orq:levels=3", "none"):
-        assert hvd_gradq.parse(spec).unbiased, spec
+        assert parse_scheme(spec).unbiased, spec
     for spec in ("qsgd:clip=2", "orq:levels=5,clip=2.5", "bingrad", "sign", "uniform", "fp16", "topk"):
-        assert not hvd_gradq.parse(spec).unbiased, spec
+        assert not parse_scheme(spec).unbiased, spec
 
 
 def test_terngrad_default_is_biased_on_outliers():
@@ -165,7 +166,7 @@ def test_clipping_huge_rows_matches_a_float64_oracle(spec):
     and the compiled kernels must agree with the reference to the bit (test_kernels' rule)."""
     from hvd_gradq import kernels
 
-    scheme = hvd_gradq.parse(spec)
+    scheme = parse_scheme(spec)
     rng = np.random.default_rng(11)
     for mag in (1e3, 5e16, 6e18, 1e30, 1e37):  # below, at and far beyond the old square limit
         x = np.clip(rng.standard_normal((4, 512)) * mag, -1.6e38, 1.6e38).astype(np.float32)

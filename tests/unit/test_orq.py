@@ -24,6 +24,7 @@ from engines import require_numba
 import hvd_gradq
 from hvd_gradq.kernels import search
 from hvd_gradq.schemes.orq import choose_levels
+from hvd_gradq.spec import parse_scheme
 from hvd_gradq.xp import NUMPY
 
 DISTS = {
@@ -134,7 +135,7 @@ def test_levels_are_the_exact_optimum(dist: str, s: int) -> None:
     for w, rows in ((512, 3), (128, 4)):
         rng = np.random.default_rng([s, len(dist), w])
         x = DISTS[dist](rng, (rows, w)).astype(np.float32)
-        scheme = hvd_gradq.parse(f"orq:levels={s},bucket={w}")
+        scheme = parse_scheme(f"orq:levels={s},bucket={w}")
         lev = np.asarray(scheme.choose(NUMPY, x))
         assert lev.dtype == np.float32 and lev.shape == (rows, s)
         for r in range(rows):
@@ -235,7 +236,7 @@ def test_host_primitive_in_every_namespace() -> None:
     from hvd_gradq.torch.ops import TorchOps
 
     x = np.random.default_rng(9).laplace(size=(5, 96)).astype(np.float32)
-    scheme = hvd_gradq.parse("orq:levels=9,bucket=96")
+    scheme = parse_scheme("orq:levels=9,bucket=96")
     ref = np.asarray(scheme.choose(NUMPY, x))
     got_torch = scheme.choose(TorchOps(), torch.from_numpy(x))
     assert isinstance(got_torch, torch.Tensor) and got_torch.dtype == torch.float32
@@ -256,8 +257,8 @@ def test_variance_below_qsgd_with_as_many_symbols(dist: str, s: int, q: int) -> 
     QSGD variance follows from its table the same way."""
     rng = np.random.default_rng([q, 7, len(dist)])
     x = DISTS[dist](rng, (12, 512)).astype(np.float32)
-    orq = hvd_gradq.parse(f"orq:levels={s}")
-    qsgd = hvd_gradq.parse(f"qsgd:levels={q},norm=max")
+    orq = parse_scheme(f"orq:levels={s}")
+    qsgd = parse_scheme(f"qsgd:levels={q},norm=max")
     assert orq.symbols == qsgd.symbols == s
     v_orq = v_qsgd = 0.0
     for r in range(x.shape[0]):

@@ -18,12 +18,13 @@ from hvd_gradq.frontend.patterns import (
     parse_pattern,
     seconds,
 )
+from hvd_gradq.spec import parse_scheme
 
 TF = frozenset({Pattern.GATHER, Pattern.SUMMABLE})
 
 
 def test_tiny_tensors_go_fp32_only_under_auto() -> None:
-    orq = hvd_gradq.parse("orq:levels=3")
+    orq = parse_scheme("orq:levels=3")
     # a bias of 4 floats: an fp32 ring allreduce moves 2*(N-1)/N*16 = 16 B at N=2; a payload
     # header alone is larger than that
     assert fp32_cost(4, 2).received == 16
@@ -36,12 +37,12 @@ def test_tiny_tensors_go_fp32_only_under_auto() -> None:
 def test_offered_patterns_bound_the_choice() -> None:
     # on a slow link bytes decide. QSGD-4 at 64 ranks: gather receives 63 payloads; scatter and
     # summable stay ~2 payloads
-    q = hvd_gradq.parse("qsgd:levels=4")
+    q = parse_scheme("qsgd:levels=4")
     n = 1 << 20
     slow = {"link_gbps": 0.1}
     assert decide(q, n, 1, 64, Pattern.AUTO, EVERY, **slow) in (Pattern.SCATTER, Pattern.SUMMABLE)
     assert decide(q, n, 1, 64, Pattern.AUTO, TF, **slow) is Pattern.SUMMABLE
-    orq = hvd_gradq.parse("orq:levels=3")  # not summable: with scatter gone, gather is left
+    orq = parse_scheme("orq:levels=3")  # not summable: with scatter gone, gather is left
     assert decide(orq, n, 1, 8, Pattern.AUTO, EVERY, **slow) is Pattern.SCATTER
     assert decide(orq, n, 1, 8, Pattern.AUTO, TF, **slow) is Pattern.GATHER  # 7 x 1.6 bits < 2 x 7/8 x 32
     # at 64 ranks gather would receive 63 x 1.6 bits an element, more than fp32's 2 x 63/64 x 32
@@ -56,7 +57,7 @@ def test_auto_takes_the_fastest_by_the_model(spec: str, nranks: int, local: int,
     """``auto`` takes, among the offered patterns that move fewer bytes than fp32 (all if none
     does), gather unless another's modelled time is 10% lower, then the fastest; written out
     here over the model's own times."""
-    scheme = hvd_gradq.parse(spec)
+    scheme = parse_scheme(spec)
     n = 3 << 20
     t = {p: seconds(scheme, n, 2, nranks, p, local, gbps) for p in (Pattern.GATHER, Pattern.SCATTER,
                                                                       Pattern.HIERARCHICAL, Pattern.SUMMABLE)
@@ -80,12 +81,12 @@ def test_cpu_decides_on_fast_links_and_bytes_on_slow_ones() -> None:
     stochastic uniform (reduced_scheme), so its scatter costs less CPU than gather's 7 decodes
     too and wins at both rates. Among the compressed patterns: with the fp16 fallback,
     1,000 Gbit/s sends them as fp16 (test_fp16_fallback_*)."""
-    pb = hvd_gradq.parse("bingrad:variant=pb")
+    pb = parse_scheme("bingrad:variant=pb")
     n = 1 << 22
     assert decide(pb, n, 2, 8, Pattern.AUTO, link_gbps=0.1) is Pattern.SCATTER
     assert decide(pb, n, 2, 8, Pattern.AUTO, link_gbps=1000.0, fallback=False) is Pattern.GATHER
     assert cpu_seconds(pb, n, 8, Pattern.SCATTER) > cpu_seconds(pb, n, 8, Pattern.GATHER)
-    orq = hvd_gradq.parse("orq:levels=5")
+    orq = parse_scheme("orq:levels=5")
     assert decide(orq, n, 2, 8, Pattern.AUTO, link_gbps=0.1) is Pattern.SCATTER
     assert decide(orq, n, 2, 8, Pattern.AUTO, link_gbps=1000.0, fallback=False) is Pattern.SCATTER
     assert cpu_seconds(orq, n, 8, Pattern.SCATTER) < cpu_seconds(orq, n, 8, Pattern.GATHER)
@@ -98,7 +99,7 @@ def test_hierarchical_moves_one_piece_a_rank_across_hosts() -> None:
     from hvd_gradq.frontend.patterns import cost
     from hvd_gradq.wire.payload import header_size
 
-    orq3 = hvd_gradq.parse("orq:levels=3")
+    orq3 = parse_scheme("orq:levels=3")
     n = 2 * 512 * 16
     piece = header_size(orq3.spec, 1) + orq3.nbytes(n // 2)
     c = cost(orq3, n, 1, 4, Pattern.HIERARCHICAL, local=2)
@@ -111,7 +112,7 @@ def test_hierarchical_moves_one_piece_a_rank_across_hosts() -> None:
 
 
 def test_hierarchical_wins_with_several_ranks_a_host_and_means_its_cross_part_without() -> None:
-    orq = hvd_gradq.parse("orq:levels=3")
+    orq = parse_scheme("orq:levels=3")
     n = 1 << 22
     assert decide(orq, n, 2, 64, Pattern.AUTO, local=8, link_gbps=1.0) is Pattern.HIERARCHICAL
     assert decide(orq, n, 2, 8, Pattern.HIERARCHICAL, local=1) in (Pattern.GATHER, Pattern.SCATTER)
@@ -130,7 +131,7 @@ def test_skip_never_sums_and_summable_needs_even_levels() -> None:
     skip = hvd_gradq.parse("qsgd:levels=4,nonfinite=skip")
     assert decide(skip, 1 << 20, 1, 4, Pattern.SUMMABLE) is Pattern.GATHER
     with pytest.raises(SpecError, match="summable"):
-        decide(hvd_gradq.parse("orq:levels=3"), 1 << 20, 1, 4, Pattern.SUMMABLE)
+        decide(parse_scheme("orq:levels=3"), 1 << 20, 1, 4, Pattern.SUMMABLE)
 
 
 def test_fp32_is_a_decision_not_a_request() -> None:
@@ -151,33 +152,33 @@ def test_fp32_is_a_decision_not_a_request() -> None:
 def test_scatter_requantizes_the_sum_with_stochastic_uniform(spec: str, nranks: int, bits: int) -> None:
     from hvd_gradq.frontend.patterns import reduced_scheme
 
-    fine = reduced_scheme(hvd_gradq.parse(spec), nranks)
-    assert fine == hvd_gradq.parse(f"uniform:bits={bits},rounding=stochastic")
+    fine = reduced_scheme(parse_scheme(spec), nranks)
+    assert fine == parse_scheme(f"uniform:bits={bits},rounding=stochastic")
     assert fine.unbiased and fine.draws
 
 
 def test_the_second_phase_keeps_the_first_phases_options() -> None:
     from hvd_gradq.frontend.patterns import reduced_scheme
 
-    spec = "bucket=128,ef=true,nonfinite=skip,warmup=3,clip=2.5,scales=fp16"
-    fine = reduced_scheme(hvd_gradq.parse(f"orq:levels=5,{spec}"), 8)
-    assert fine == hvd_gradq.parse(f"uniform:bits=4,rounding=stochastic,{spec}")
+    spec = "bucket=128,clip=2.5,scales=fp16"  # the policy (ef, warmup, nonfinite) is no scheme's option
+    fine = reduced_scheme(parse_scheme(f"orq:levels=5,{spec}"), 8)
+    assert fine == parse_scheme(f"uniform:bits=4,rounding=stochastic,{spec}")
     # one rank has no sum to re-quantize
-    assert reduced_scheme(hvd_gradq.parse("orq:levels=5"), 1) == hvd_gradq.parse("orq:levels=5")
+    assert reduced_scheme(parse_scheme("orq:levels=5"), 1) == parse_scheme("orq:levels=5")
 
 
 @pytest.mark.parametrize("spec", ["bingrad", "bingrad:variant=pb", "sign", "topk:ratio=0.1", "terngrad", "fp16"])
 def test_schemes_without_a_finer_form_keep_their_own(spec: str) -> None:
     from hvd_gradq.frontend.patterns import reduced_scheme
 
-    assert reduced_scheme(hvd_gradq.parse(spec), 16) == hvd_gradq.parse(spec)
+    assert reduced_scheme(parse_scheme(spec), 16) == parse_scheme(spec)
 
 
 def test_scatter_cost_counts_the_finer_reduced_chunks() -> None:
     from hvd_gradq.frontend.patterns import cost
     from hvd_gradq.wire.payload import header_size
 
-    orq3, fine = hvd_gradq.parse("orq:levels=3"), hvd_gradq.parse("uniform:bits=3,rounding=stochastic")
+    orq3, fine = parse_scheme("orq:levels=3"), parse_scheme("uniform:bits=3,rounding=stochastic")
     n = 4 * 512 * 16  # 16 buckets a chunk at 4 ranks
     chunk3 = header_size(orq3.spec, 1) + orq3.nbytes(n // 4)
     chunk_fine = header_size(fine.spec, 1) + fine.nbytes(n // 4)
@@ -198,7 +199,7 @@ def test_finer_requantization_keeps_the_sums_noise_at_gathers() -> None:
     rng = np.random.default_rng(0)
     g = rng.standard_normal(512 * 64).astype(np.float32)
     xs = [g + 0.1 * rng.standard_normal(g.size).astype(np.float32) for _ in range(4)]
-    orq3, orq5 = hvd_gradq.parse("orq:levels=3"), hvd_gradq.parse("orq:levels=5")
+    orq3, orq5 = parse_scheme("orq:levels=3"), parse_scheme("orq:levels=5")
     mean = np.mean(xs, axis=0)
 
     def mse(second: object | None, seed: int) -> float:
@@ -232,7 +233,7 @@ def _second_over_first(spec: str, nranks: int, kind: str, seed: int) -> float:
     n = 512 * 64
     draw = rng.standard_normal if kind == "gauss" else rng.laplace
     xs = [np.asarray(draw(size=n), np.float32) for _ in range(nranks)]
-    scheme = hvd_gradq.parse(spec)
+    scheme = parse_scheme(spec)
     exact = np.sum(np.asarray(xs, np.float64), axis=0)
     summed = np.sum([hvd_gradq.dequantize(hvd_gradq.quantize(x, scheme, seed=seed * 1000 + r))
                      for r, x in enumerate(xs)], axis=0, dtype=np.float32)
@@ -269,7 +270,7 @@ def test_the_second_phases_weak_spot_is_the_heaviest_tail() -> None:
     rng = np.random.default_rng(5)
     n, nranks = 512 * 64, 4
     for spec, most in (("orq:levels=9", 1.4), ("orq:levels=5", 0.5), ("orq:levels=3", 0.6)):
-        scheme = hvd_gradq.parse(spec)
+        scheme = parse_scheme(spec)
         xs = [np.asarray(rng.standard_t(3, size=n), np.float32) for _ in range(nranks)]
         exact = np.sum(np.asarray(xs, np.float64), axis=0)
         summed = np.sum([hvd_gradq.dequantize(hvd_gradq.quantize(x, scheme, seed=r)) for r, x in enumerate(xs)],

@@ -13,6 +13,7 @@ import hvd_gradq
 from hvd_gradq import wire as pl
 from hvd_gradq.api import split
 from hvd_gradq.errors import PayloadError
+from hvd_gradq.spec import parse_scheme
 from hvd_gradq.wire.packing import layout
 
 SCHEMES = [
@@ -81,16 +82,92 @@ def test_header_layout_is_as_documented():
     p = hvd_gradq.quantize(x, "orq:levels=3")
     raw = p.to_bytes()
     magic, version, dcode, ndim, flags, total, check, speclen = struct.unpack("<4sBBBBQIH", raw[:22])
-    assert (magic, version, ndim, flags, total) == (b"HVGQ", 1, 2, 0, len(raw))
+    assert (magic, version, ndim, flags, total) == (b"HVGQ", 2, 2, 0, len(raw))
     assert pl.DTYPES[dcode] == "float64"
     assert struct.unpack("<2Q", raw[22:38]) == (4, 6)
-    assert raw[38 : 38 + speclen].decode() == p.scheme.spec
+    assert raw[38 : 38 + speclen].decode() == p.scheme.spec == "orq:levels=3"  # non-defaults only
     # the checksum, written out independently: sum(byte_i * (1 + i mod 65521)) mod 2**32
     zeroed = raw[:16] + b"\0\0\0\0" + raw[20:]
     assert check == sum(b * (1 + i % 65521) for i, b in enumerate(zeroed)) % (1 << 32)
     # sections follow in the scheme's order with their exact sizes
     body = raw[38 + speclen :]
     assert len(body) == p.body_nbytes == sum(s.nbytes for s in p.scheme.sections(24))
+
+
+def _with_spec(raw: bytes, text: str, version: int = pl.VERSION) -> bytes:
+    """``raw``'s payload with its header rewritten to name ``text`` (and ``version``), resealed."""
+    p = hvd_gradq.Payload.from_bytes(raw)
+    body = raw[pl.header_size(p.scheme.spec, len(p.shape)):]
+    head = bytearray(pl.header_bytes(text, p.dtype, p.shape, pl.header_size(text, len(p.shape)) + len(body)))
+    head[4] = version
+    return reseal(bytes(head) + body)
+
+
+#: Every scheme's defaults, as a version-2 header leaves them out. Changing one changes what a
+#: header means (``orq`` would decode with other levels): it needs a new wire.payload.VERSION.
+DEFAULTS_V2 = {
+    "bingrad": "bucket=512,clip=0.0,scales=fp32,variant=b",
+    "fp16": "bucket=512,overflow=inf",
+    "none": "bucket=512",
+    "orq": "bucket=512,clip=0.0,scales=fp32,levels=5",
+    "qsgd": "bucket=512,clip=0.0,scales=fp32,levels=4,norm=max",
+    "sign": "bucket=512,clip=0.0,scales=fp32",
+    "terngrad": "bucket=512,clip=2.5,scales=fp32",
+    "topk": "bucket=512,ratio=0.01,values=fp16",
+    "uniform": "bucket=512,clip=0.0,scales=fp32,bits=8,rounding=nearest",
+}
+
+
+def test_the_defaults_a_header_leaves_out_are_pinned_to_the_version():
+    import dataclasses
+
+    from hvd_gradq.spec import names, scheme_class
+
+    assert pl.VERSION == 2, "a new version: write its own table of defaults"
+    got = {}
+    for name in names():
+        fields = [f for f in dataclasses.fields(scheme_class(name)) if f.init]
+        got[name] = ",".join(f"{f.name}={getattr(f.default, 'value', f.default)}" for f in fields)
+        # spelled out, the defaults name the scheme whose header is the name alone
+        assert parse_scheme(f"{name}:{DEFAULTS_V2[name]}").spec == name
+    assert got == DEFAULTS_V2
+
+
+def test_header_of_a_512_element_orq5_payload_is_33_bytes_not_112():
+    p = hvd_gradq.quantize(_data((512,), np.float32), "orq")
+    raw = p.to_bytes()
+    speclen = struct.unpack("<H", raw[20:22])[0]
+    assert raw[30 : 30 + speclen] == b"orq" and pl.header_size(p.scheme.spec, 1) == 33
+    assert len(raw) == 33 + p.body_nbytes == 207
+    # version 1 named every parameter and the policy: 22 + 8 + 82 bytes
+    v1 = "orq:bucket=512,ef=false,nonfinite=propagate,warmup=0,clip=0.0,scales=fp32,levels=5"
+    assert pl.header_size(v1, 1) == 112
+    # the policy (ef, warmup, nonfinite) changes no byte of a payload
+    for spec in ("orq:ef=true", "orq:warmup=5,nonfinite=raise"):
+        assert hvd_gradq.quantize(_data((512,), np.float32), spec).to_bytes() == raw
+
+
+def test_a_version_1_payload_is_refused_saying_what_it_is_and_what_to_do():
+    raw = hvd_gradq.quantize(_data((512,), np.float32), "orq").to_bytes()
+    v1 = _with_spec(raw, "orq:bucket=512,ef=false,nonfinite=propagate,warmup=0,clip=0.0,scales=fp32,levels=5", 1)
+    with pytest.raises(PayloadError) as e:
+        hvd_gradq.Payload.from_bytes(v1)
+    msg = str(e.value)
+    assert msg.startswith("payload version 1: written by an older hvd_gradq")
+    assert "reads version 2 only" in msg and "Re-encode the tensor with this version (hvd_gradq.quantize)" in msg
+
+
+@pytest.mark.parametrize("text", [
+    "orq:ef=true",  # a policy: no header names one
+    "orq:warmup=0",  # a default spelled out
+    "orq:bucket=512,levels=5",
+    "orq:levels=5,nonfinite=raise",
+])
+def test_a_header_naming_a_policy_or_a_default_is_refused(text):
+    raw = hvd_gradq.quantize(_data((512,), np.float32), "orq").to_bytes()
+    assert hvd_gradq.Payload.from_bytes(_with_spec(raw, "orq")).to_bytes() == raw  # the helper itself
+    with pytest.raises(PayloadError, match="not canonical; expected 'orq'"):
+        hvd_gradq.Payload.from_bytes(_with_spec(raw, text))
 
 
 def _small_payloads() -> list[bytes]:
@@ -143,7 +220,8 @@ def test_specific_corruptions_have_clear_messages():
 
     cases = [
         (b"XXXX" + raw[4:], "magic"),
-        (edit(4, "<B", 2, seal=False), "version 2 is not supported"),
+        (edit(4, "<B", 3, seal=False), "version 3 is not supported"),
+        (edit(4, "<B", 1), "payload version 1: written by an older hvd_gradq.*Re-encode the tensor with this version"),
         (edit(4, "<B", 0), "version 0"),
         (edit(5, "<B", 99), "dtype code 99"),
         (edit(6, "<B", 17), "17 dimensions"),
@@ -157,7 +235,8 @@ def test_specific_corruptions_have_clear_messages():
         (raw + raw, f"trailing bytes after a payload of {len(raw)} bytes"),
         (edit(22, "<Q", 1 << 41), "dimension of 2199023255552"),
         (edit(22, "<Q", 6), "section|sections end"),  # 6 elements no longer fit the sections
-        (edit(20, "<H", 3), "scheme|corrupt"),  # spec text cut to "orq"
+        (edit(20, "<H", 5), "invalid scheme"),  # spec text cut to "orq:l"
+        (edit(20, "<H", 3), "truncated payload: section 'codes'"),  # "orq", a valid name: ORQ-5's sections
     ]
     for bad, words in cases:
         with pytest.raises(PayloadError, match=words):
@@ -190,8 +269,8 @@ def test_non_canonical_spec_is_refused():
     raw = _small_payloads()[0]
     spec = hvd_gradq.Payload.from_bytes(raw).scheme.spec
     i = raw.index(spec.encode())
-    for variant in ("O" + spec[1:], spec.replace("ef=false", "ef=FALSE"), spec.replace("levels=3", "LEVELS=3")):
-        assert hvd_gradq.parse(variant) == hvd_gradq.parse(spec)  # the parser accepts it...
+    for variant in ("O" + spec[1:], spec.replace("levels", "Levels"), spec.replace("levels=3", "LEVELS=3")):
+        assert parse_scheme(variant) == parse_scheme(spec)  # the parser accepts it...
         bad = bytearray(raw)
         bad[i : i + len(spec)] = variant.encode()
         with pytest.raises(PayloadError, match="canonical"):  # ...the wire does not
@@ -343,7 +422,7 @@ def test_code_beyond_the_alphabet_is_a_payload_error(spec):
     IndexError in the reference, NaN in the kernels before); both must say the payload is bad."""
     x = _data((600,), np.float32)
     raw = hvd_gradq.quantize(x, spec, seed=2).to_bytes()
-    s = hvd_gradq.parse(spec).symbols
+    s = parse_scheme(spec).symbols
     codes_at = len(raw) - layout(s).nbytes(600)
     for pos, val in ((codes_at, 255), (len(raw) - 1, s), (codes_at + 300, min(s + 1, 255))):
         b = bytearray(raw)

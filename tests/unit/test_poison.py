@@ -111,7 +111,7 @@ def test_the_hierarchical_flag_round_trips_in_float32() -> None:
 def test_the_summable_range_statistic_is_no_buckets(spec: str) -> None:
     """Every statistic of values inside the scheme's limit stays below 2**127, where the
     statistics that name a rank (codec.range_stat) begin; the Max of several names the lowest."""
-    scheme = hvd_gradq.parse(spec)
+    scheme = hvd_gradq.parse(spec).scheme
     assert isinstance(scheme, EvenLevelScheme)
     below = np.float32(np.nextafter(np.float32(scheme.limit), np.float32(0)))
     x = np.concatenate([np.full(512, below), np.full(512, -below), np.linspace(-below, below, 512, dtype=np.float32)])

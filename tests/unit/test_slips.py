@@ -24,7 +24,7 @@ import hvd_gradq
 from hvd_gradq.errors import GradqError, SpecError
 from hvd_gradq.frontend.factory import FRONTEND_ONLY, SCHEME_FACTORIES
 from hvd_gradq.frontend.patterns import REQUESTABLE, Pattern, choose
-from hvd_gradq.registry import scheme_class
+from hvd_gradq.spec import scheme_class
 
 tf = pytest.importorskip("tensorflow")
 torch = pytest.importorskip("torch")
@@ -50,7 +50,8 @@ def _expected_scheme_keywords(scheme: str) -> dict[str, object]:
     for f in dataclasses.fields(scheme_class(scheme)):
         if f.init:
             out[f.name] = f.default.value if isinstance(f.default, enum.Enum) else f.default
-    return out
+    # the policy's keywords (hvd_gradq.policy), the same in every factory; ef's default the class's
+    return out | {"ef": scheme_class(scheme).default_ef, "nonfinite": "propagate", "warmup": 0}
 
 
 def _compressor_keywords(module) -> dict[str, object]:
@@ -227,8 +228,8 @@ def test_from_env_warns_when_hvd_gradq_is_unset_or_empty(monkeypatch, hvd_tf):
 # -- patterns -----------------------------------------------------------------------------------------------
 @pytest.mark.parametrize("spec", ["orq:levels=5", "bingrad", "topk", "none", "fp16"])
 def test_summable_refusal_lists_every_pattern_that_runs(spec):
-    scheme = hvd_gradq.parse(spec)
-    assert choose(hvd_gradq.parse("qsgd"), 1 << 16, 1, 4, Pattern.SUMMABLE) is Pattern.SUMMABLE  # where it runs
+    scheme = hvd_gradq.parse(spec).scheme
+    assert choose(hvd_gradq.parse("qsgd").scheme, 1 << 16, 1, 4, Pattern.SUMMABLE) is Pattern.SUMMABLE  # where it runs
     with pytest.raises(SpecError, match="Valid here: ") as info:
         choose(scheme, 1 << 16, 1, 4, Pattern.SUMMABLE)
     listed = str(info.value).split("Valid here: ")[1].split(", ")
@@ -238,7 +239,7 @@ def test_summable_refusal_lists_every_pattern_that_runs(spec):
 
 
 def test_forced_hierarchical_that_cannot_run_warns_what_runs_instead():
-    orq = hvd_gradq.parse("orq:levels=5")
+    orq = hvd_gradq.parse("orq:levels=5").scheme
     with pytest.warns(UserWarning, match=r"pattern=hierarchical needs several hosts with several ranks each.*"
                                          r"runs as hierarchical's cross-host part alone: gather or scatter"):
         got = choose(orq, 123457, 1, 4, Pattern.HIERARCHICAL, local=1)

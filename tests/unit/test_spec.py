@@ -10,6 +10,7 @@ import pytest
 import hvd_gradq
 from hvd_gradq import spec
 from hvd_gradq.errors import GradqError, SpecError
+from hvd_gradq.policy import KEYS
 from hvd_gradq.schemes.scheme import Scheme
 
 # Non-default parameter sets: every parameter of every scheme is moved off its default at
@@ -49,13 +50,15 @@ def test_names_lists_every_builtin_scheme():
 def test_canonical_round_trip_defaults(name):
     s = spec.parse(name)
     assert s.name == name
-    assert s.spec.startswith(name + ":")
+    # every parameter at its default, the policy at the scheme's: the canonical text is the name
+    assert s.spec == s.scheme.spec == name
     again = spec.parse(s.spec)
     assert again == s
     assert again.spec == s.spec
-    # the canonical spec names every init parameter, in declaration order
-    keys = [item.split("=")[0] for item in s.spec.split(":", 1)[1].split(",")]
-    assert keys == [f.name for f in dataclasses.fields(s) if f.init]
+    # spelling out a default changes nothing
+    first = next(f for f in dataclasses.fields(s.scheme) if f.init)
+    value = first.default.value if isinstance(first.default, enum.Enum) else first.default
+    assert spec.parse(f"{name}:{first.name}={value}") == s
 
 
 @pytest.mark.parametrize("text", NON_DEFAULT)
@@ -63,10 +66,19 @@ def test_canonical_round_trip_non_default(text):
     s = spec.parse(text)
     assert spec.parse(s.spec) == s
     assert spec.parse(s.spec).spec == s.spec
+    given = [item.split("=")[0] for item in text.split(":", 1)[1].split(",")]
+    # every value here is off its default, so the canonical text names exactly these keys: the
+    # scheme's in declaration order, then the policy's
+    keys = [item.split("=")[0] for item in s.spec.split(":", 1)[1].split(",")]
+    assert sorted(keys) == sorted(given)
+    assert keys == [k for k in keys if k not in KEYS] + [k for k in KEYS if k in keys]
+    assert not set(s.scheme.spec.partition(":")[2].split("=")) & set(KEYS)  # the header's text: no policy
     # every value given is what the object holds
     for item in text.split(":", 1)[1].split(","):
         key, val = item.split("=")
-        got = getattr(s, key)
+        got = getattr(s.policy, KEYS[key]) if key in KEYS else getattr(s.scheme, key)
+        if key == "ef":
+            got = s.policy.ef
         if isinstance(got, enum.Enum):
             got = got.value
         if isinstance(got, bool):
@@ -84,11 +96,14 @@ def test_examples_cover_every_parameter():
 
     shared = {f.name for f in dataclasses.fields(LevelScheme)}
     moved: dict[str, set[str]] = {}
+    policies: set[str] = set()
     for text in NON_DEFAULT:
-        s = spec.parse(text)
+        s = spec.parse(text).scheme
         for f in dataclasses.fields(s):
             if f.init and getattr(s, f.name) != _default(f):
                 moved.setdefault(s.name, set()).add(f.name)
+        policies |= {key for key in KEYS if f"{key}=" in text}
+    assert policies == set(KEYS)
     everything: set[str] = set().union(*moved.values())
     for name in spec.names():
         fields = {f.name for f in dataclasses.fields(spec.scheme_class(name)) if f.init}
@@ -104,9 +119,10 @@ def test_parse_is_lenient_about_case_and_spaces():
 def test_build_and_replace():
     s = spec.build("orq", levels=9, ef=True)
     assert s == spec.parse("orq:levels=9,ef=true")
-    assert s.replace(levels=3) == spec.parse("orq:levels=3,ef=true")
+    assert s.scheme.replace(levels=3) == spec.parse("orq:levels=3,ef=true").scheme
+    assert s.policy.ef and s.policy.feedback == "classic"
     with pytest.raises(SpecError, match="levels"):
-        s.replace(levels=1)
+        s.scheme.replace(levels=1)
 
 
 def test_duplicate_registration_refused():
@@ -118,7 +134,7 @@ def test_duplicate_registration_refused():
     # the registry is unchanged and the impostor was not renamed
     assert spec.scheme_class("orq").__name__ == "ORQ"
     assert Impostor.name != "orq"
-    assert type(spec.parse("orq:levels=3")).__name__ == "ORQ"
+    assert type(spec.parse("orq:levels=3").scheme).__name__ == "ORQ"
 
 
 def test_errors_are_value_errors():
@@ -151,6 +167,8 @@ def test_unknown_key_lists_valid_keys(name):
     for f in dataclasses.fields(spec.scheme_class(name)):
         if f.init:
             assert f.name in msg
+    for key in KEYS:  # the policy's keys are valid in every spec
+        assert key in msg
 
 
 BAD = [
@@ -225,38 +243,40 @@ def test_quantize_rejects_a_bad_spec_with_spec_error():
 
 
 def test_defaults_in_canonical_strings():
-    """The defaults that issue 12 changed, as every payload header spells them."""
+    """The defaults as the canonical text spells them: not at all (only what differs is written)."""
     for name in spec.names():
-        assert ",nonfinite=propagate" in spec.parse(name).spec, name
-    assert spec.parse("fp16").spec == "fp16:bucket=512,ef=false,nonfinite=propagate,warmup=0,overflow=inf"
-    # headers written before warmup= existed name the same scheme
+        assert "nonfinite" not in spec.parse(name).spec, name
+        assert spec.parse(name).policy.nonfinite.value == "propagate"
+    assert spec.parse("fp16").spec == "fp16"
+    # the old canonical spelling, every default written out, names the same scheme and policy
     assert spec.parse("fp16:bucket=512,ef=false,nonfinite=propagate,overflow=inf") == spec.parse("fp16")
+    assert spec.parse("fp16:bucket=512,ef=false,nonfinite=propagate,warmup=0,overflow=inf") == spec.parse("fp16")
     with pytest.raises(SpecError, match="warmup=-1"):
         spec.parse("orq:warmup=-1")
     assert spec.parse("fp16:overflow=raise") != spec.parse("fp16")
-    assert spec.parse("orq:nonfinite=raise").spec.replace("raise", "propagate") == spec.parse("orq").spec
+    assert spec.parse("orq:nonfinite=raise").spec == "orq:nonfinite=raise"
+    assert spec.parse("orq:nonfinite=raise").scheme == spec.parse("orq").scheme  # the maths: the same
     # error feedback: on by default for BinGrad only (the quality study's recipe), off elsewhere;
-    # a header that spells ef= keeps its meaning whatever the default
-    assert ",ef=true," in spec.parse("bingrad").spec and spec.parse("bingrad:ef=false").ef is False
-    assert [n for n in spec.names() if spec.parse(n).ef] == ["bingrad"]
+    # a spec that spells ef= keeps its meaning whatever the default
+    assert spec.parse("bingrad").spec == "bingrad" and spec.parse("bingrad").policy.ef is True
+    assert spec.parse("bingrad:ef=false").spec == "bingrad:ef=false"
+    assert spec.parse("bingrad:ef=false").policy.ef is False
+    assert [n for n in spec.names() if spec.parse(n).policy.ef] == ["bingrad"]
     assert spec.parse(spec.parse("bingrad:ef=false").spec) == spec.parse("bingrad:ef=false")
 
 
 @pytest.mark.parametrize("text", ["orq:levels=5", "qsgd", "uniform:bits=4", "sign", "topk", "bingrad", "fp16"])
-def test_policy_changes_only_the_header_for_finite_input(text):
-    """Payloads of finite gradients: the sections are the same bytes under every nonfinite
-    policy (only the spec text in the header differs), and a payload written under the old
-    default spelling (nonfinite=raise) still parses and decodes to the same values."""
+def test_policy_never_reaches_the_payload(text):
+    """Payloads of finite gradients are the same bytes, header included, under every policy
+    (nonfinite, ef, warmup): the header names the scheme alone, and decodes alike."""
     import numpy as np
 
     x = np.random.default_rng(1).standard_normal(1100).astype(np.float32)
     sep = "," if ":" in text else ":"
     new = hvd_gradq.quantize(x, text, seed=5)
-    for policy in ("raise", "skip"):
-        old = hvd_gradq.quantize(x, f"{text}{sep}nonfinite={policy}", seed=5)
-        assert old.parts.keys() == new.parts.keys()
-        for k in new.parts:
-            assert np.asarray(old.parts[k]).tobytes() == np.asarray(new.parts[k]).tobytes(), (policy, k)
+    for policy in ("nonfinite=raise", "nonfinite=skip", "ef=true", "ef=false", "warmup=7"):
+        old = hvd_gradq.quantize(x, f"{text}{sep}{policy}", seed=5)
+        assert old.to_bytes() == new.to_bytes(), policy
         back = hvd_gradq.Payload.from_bytes(old.to_bytes())
-        assert back.scheme.nonfinite.value == policy
+        assert back.scheme == spec.parse(text).scheme
         assert hvd_gradq.dequantize(back).tobytes() == hvd_gradq.dequantize(new).tobytes()

@@ -30,6 +30,7 @@ from hvd_gradq.frontend.patterns import (
     why_tag,
 )
 from hvd_gradq.frontend.stats import Clock, Reports, Stats, flat_metrics, ratio, tally
+from hvd_gradq.spec import parse_scheme
 from hvd_gradq.wire.payload import header_size
 
 TAGS = {"requested", "auto", "no saving", "fallback", "nonfinite=skip", "one rank a host", "warm-up", "one rank"}
@@ -52,7 +53,7 @@ GRID = [(spec, n, nranks, local, gbps)
 @pytest.mark.parametrize("requested", [Pattern.AUTO, Pattern.GATHER, Pattern.HIERARCHICAL])
 def test_the_reason_goes_with_the_pattern_decide_picks(requested: Pattern) -> None:
     for spec, n, nranks, local, gbps in GRID:
-        scheme = hvd_gradq.parse(spec)
+        scheme = parse_scheme(spec)
         p, why = decide_why(scheme, n, 2, nranks, requested, EVERY, local, gbps)
         assert p is decide(scheme, n, 2, nranks, requested, EVERY, local, gbps), (spec, n, nranks, why)
         assert why_tag(why) in TAGS, why
@@ -66,7 +67,7 @@ def test_auto_reasons_state_the_model_times_at_the_link_rate() -> None:
     not 10% faster; the patterns that move no less than fp32 are named."""
     kept = 0
     for spec, n, nranks, local, gbps in GRID:
-        scheme = hvd_gradq.parse(spec)
+        scheme = parse_scheme(spec)
         p, why = decide_why(scheme, n, 2, nranks, Pattern.AUTO, EVERY, local, gbps)
         if why_tag(why) != "auto":
             continue
@@ -90,7 +91,7 @@ def test_auto_reasons_state_the_model_times_at_the_link_rate() -> None:
 
 @pytest.mark.filterwarnings("ignore:pattern=hierarchical needs")
 def test_the_other_reasons_say_what_happened() -> None:
-    orq = hvd_gradq.parse("orq:levels=3")
+    orq = parse_scheme("orq:levels=3")
     payload = header_size(orq.spec, 1) + orq.nbytes(4)
     assert decide_why(orq, 4, 1, 2, Pattern.AUTO) == (
         Pattern.FP32, f"no saving: gather would move {payload} B a rank, fp32 allreduce {ring(4, 2, 4)} B (4 elements)")
@@ -100,7 +101,7 @@ def test_the_other_reasons_say_what_happened() -> None:
     skip = hvd_gradq.parse("orq:levels=3,nonfinite=skip")
     p, why = decide_why(skip, 1 << 20, 2, 8, Pattern.HIERARCHICAL, EVERY, 2, 1.0)
     assert (p, why_tag(why)) == (Pattern.GATHER, "nonfinite=skip") and "hierarchical sum, so gather" in why
-    assert warmup_why(hvd_gradq.parse("orq:warmup=3"), 0, Pattern.GATHER) == "warm-up: step 1 of 3, then gather"
+    assert warmup_why(hvd_gradq.parse("orq:warmup=3").policy, 0, Pattern.GATHER) == "warm-up: step 1 of 3, then gather"
     assert why_tag(ONE_RANK_WHY) == "one rank"
 
 
@@ -251,7 +252,7 @@ def _summary() -> dict[str, Any]:
         st.record(name, sent, sent)
     st.clock.add("encode", 0.0042)
     st.clock.add("decode", 2.5)
-    return st.summary({"scheme": hvd_gradq.parse("orq:levels=3").spec, "pattern": "auto", "ranks": 2,
+    return st.summary({"scheme": parse_scheme("orq:levels=3").spec, "pattern": "auto", "ranks": 2,
                        "ranks_a_host": 1, "link_gbps": 10.0})
 
 
@@ -310,7 +311,8 @@ def test_an_application_that_configured_logging_keeps_its_handlers() -> None:
 
 
 def test_short_spec() -> None:
-    assert log.short_spec(hvd_gradq.parse("orq:levels=5").spec) == "orq"
-    assert log.short_spec(hvd_gradq.parse("orq:levels=3,ef=true").spec) == "orq:ef=true,levels=3"
-    assert log.short_spec(hvd_gradq.parse("bingrad").spec) == "bingrad"
+    assert log.short_spec(parse_scheme("orq:levels=5").spec) == "orq"
+    assert log.short_spec(hvd_gradq.parse("orq:levels=3,ef=true").spec) == "orq:levels=3,ef=true"
+    assert log.short_spec("orq:ef=true,levels=3,bucket=512") == "orq:levels=3,ef=true"  # the canonical order
+    assert log.short_spec(parse_scheme("bingrad").spec) == "bingrad"
     assert log.short_spec("nosuch:x=1") == "nosuch:x=1"

@@ -14,9 +14,9 @@ import pytest
 tf = pytest.importorskip("tensorflow")
 
 import hvd_gradq  # noqa: E402
-from hvd_gradq import Payload, parse  # noqa: E402
+from hvd_gradq import Payload  # noqa: E402
 from hvd_gradq.errors import GradqError  # noqa: E402
-from hvd_gradq.spec import names  # noqa: E402
+from hvd_gradq.spec import names, parse_scheme  # noqa: E402
 from hvd_gradq.tensorflow.ops import TF, step_words  # noqa: E402
 from hvd_gradq.xp import NUMPY, first_argmax, scan_sum, seed_words, tree_sum, uniforms  # noqa: E402
 
@@ -74,7 +74,7 @@ def test_every_registered_scheme_is_covered():
 
 @pytest.mark.parametrize("spec", SPECS)
 def test_eager_encode_decode_bit_identical(spec):
-    scheme = parse(spec)
+    scheme = parse_scheme(spec)
     for n in SIZES:
         x = _data(n, n)
         ref = _wire(scheme.encode(NUMPY, x, 1234 + n))
@@ -94,9 +94,9 @@ def test_graph_encode_decode_bit_identical(spec):
     reference's, bit for bit."""
     from hvd_gradq.tensorflow import host
 
-    scheme = parse(spec)
+    scheme = parse_scheme(spec)
     n = 1300  # two full buckets of 512 and a tail (or more, for smaller buckets)
-    enc = host.payload_encoder(scheme, scheme, (n,), "float32", n)
+    enc = host.payload_encoder(scheme, (n,), "float32", n)
     dec = host.gathered_decoder(n, 2, 1, None)  # two payloads, as from two ranks; this is rank 1
 
     @tf.function
@@ -191,8 +191,8 @@ def test_take_along_broadcasts_rows_and_topk_is_sorted():
 def test_fp16_overflow_check_eager_and_graph():
     big = tf.constant(np.float32([1.0, 70000.0]))
     with pytest.raises(GradqError, match="exceeds fp16's range"):
-        parse("fp16:overflow=raise").encode(TF, big, 0)
-    run = tf.function(lambda t: parse("fp16:overflow=raise").encode(TF, t, 0)["values"], autograph=False)
+        parse_scheme("fp16:overflow=raise").encode(TF, big, 0)
+    run = tf.function(lambda t: parse_scheme("fp16:overflow=raise").encode(TF, t, 0)["values"], autograph=False)
     with pytest.raises(tf.errors.InvalidArgumentError, match="a value exceeds fp16"):
         run(big)
     ok = np.float32([1.0, -65504.0, np.inf])  # non-finite values are the nonfinite policy's business
@@ -241,10 +241,11 @@ def test_compressor_payload_is_the_reference_payload(hvd, spec):
     for step in range(2):
         outs, payloads = run(*[tf.constant(g) for g in gs])
         for i, (g, out, pay) in enumerate(zip(gs, outs, payloads)):
-            scheme = parse(spec)
+            config = hvd_gradq.parse(spec)
+            scheme = config.scheme
             words = step_words(NUMPY, stream_seed(11, 0, i), np.int64(step))
             x = g.reshape(-1)
-            if scheme.ef:
+            if config.policy.ef:
                 x = x + residuals[i]
             ref = Payload(scheme, g.shape, "float32", {k: wire(np.asarray(v))
                                                        for k, v in scheme.encode(NUMPY, x, words).items()})
@@ -252,7 +253,7 @@ def test_compressor_payload_is_the_reference_payload(hvd, spec):
             p = Payload.from_bytes(pay.numpy())  # a valid payload: header, checksum, sections
             assert p.shape == g.shape and p.scheme.spec == scheme.spec
             assert out.numpy().tobytes() == hvd_gradq.dequantize(p).tobytes()
-        if parse(spec).ef:
+        if hvd_gradq.parse(spec).policy.ef:
             residuals = [comp.residuals[s["key"]].numpy() for s in comp.slots()]
     assert [s["steps"] for s in comp.slots()] == [2, 2]
 
@@ -389,12 +390,13 @@ def test_sparse_and_eager_paths(hvd):
 def test_factories_and_env(monkeypatch):
     import hvd_gradq.tensorflow as gq
 
-    assert gq.ORQ(levels=5).scheme.spec == parse("orq:levels=5").spec
+    assert gq.ORQ(levels=5).scheme.spec == parse_scheme("orq:levels=5").spec
     assert gq.TopK(ratio=0.05, ef=True, seed=3).seed == 3
     for f in (gq.FP16, gq.Uniform, gq.QSGD, gq.TernGrad, gq.Sign, gq.TopK, gq.BinGrad, gq.ORQ):
         assert isinstance(f(), gq.GradqCompressor)
     monkeypatch.setenv("HVD_GRADQ", "bingrad:variant=pb,ef=true")
-    assert gq.from_env().scheme.spec == parse("bingrad:variant=pb,ef=true").spec
+    assert gq.from_env().scheme.spec == parse_scheme("bingrad:variant=pb").spec
+    assert gq.from_env().policy.ef
     with pytest.raises(GradqError):
         gq.from_spec("orq:levels=1")
     with pytest.raises(GradqError, match="pattern=summable"):

@@ -26,7 +26,7 @@ from hypothesis import strategies as st
 from hvd_gradq import GradqError, dequantize, kernels, quantize
 from hvd_gradq.frontend import workers
 from hvd_gradq.kernels import parallel
-from hvd_gradq.spec import parse
+from hvd_gradq.spec import parse_scheme
 from hvd_gradq.wire.packing import layout
 from hvd_gradq.xp import NUMPY
 
@@ -61,7 +61,7 @@ def _with(spec: str, opt: str) -> str:
 
 def _step(spec: str) -> tuple[int, int]:
     """(bucket, elements an aligned step of buckets holds), from the wire layout."""
-    scheme = parse(spec)
+    scheme = parse_scheme(spec)
     lay = layout(scheme.symbols)
     unit = lay.group * 8 if lay.bits < 8 else lay.group  # symbols that fill whole bytes
     d = scheme.bucket
@@ -102,7 +102,7 @@ def _same(a: np.ndarray, b: np.ndarray, what: str) -> None:
 def test_every_thread_count_gives_one_threads_bytes_and_floats(base: str, small_ranges: None) -> None:
     for opt in OPTIONS:
         spec = _with(base, opt)
-        scheme = parse(spec)
+        scheme = parse_scheme(spec)
         k = kernels.kernel(scheme)
         assert k is not None, spec
         split_seen = 0
@@ -129,7 +129,7 @@ def test_every_thread_count_gives_one_threads_bytes_and_floats(base: str, small_
 def test_split_encode_matches_the_numpy_reference(base: str, small_ranges: None) -> None:
     for opt in ("", "bucket=37,clip=1.5,scales=fp16"):
         spec = _with(base, opt)
-        scheme = parse(spec)
+        scheme = parse_scheme(spec)
         _, step = _step(spec)
         n = 3 * step + 11
         x = _input(n, 5)
@@ -146,7 +146,7 @@ def test_split_encode_matches_the_numpy_reference(base: str, small_ranges: None)
 def test_public_api_payloads_are_the_same_bytes_at_the_real_threshold(spec: str) -> None:
     spec = spec.replace(",bucket", ":bucket")
     n = 3 * parallel.MIN_RANGE_ELEMS + 777
-    scheme = parse(spec)
+    scheme = parse_scheme(spec)
     k = kernels.kernel(scheme)
     assert k is not None and len(parallel.split(n, k.d, k.unit, 4)) == 3  # n // MIN_RANGE_ELEMS caps it
     x = _input(n, 3).reshape(5, -1)  # n = 5 * 39477: a 2-D gradient
@@ -169,7 +169,7 @@ def test_small_tensors_stay_on_the_calling_thread(monkeypatch: pytest.MonkeyPatc
 
     monkeypatch.setattr(parallel, "run", spy)
     x = _input(2 * parallel.MIN_RANGE_ELEMS - 1, 1)
-    scheme = parse("uniform:bits=8")
+    scheme = parse_scheme("uniform:bits=8")
     p = kernels.encode(scheme, x, 1, threads=4)
     assert p is not None
     kernels.decode(scheme, p, x.size, threads=4)
@@ -179,7 +179,7 @@ def test_small_tensors_stay_on_the_calling_thread(monkeypatch: pytest.MonkeyPatc
     least = parallel.MIN_RANGE_ELEMS // parallel.SEARCH_DIVISOR
     for spec in ("bingrad", "orq:levels=5"):
         seen.clear()
-        short = parse(spec)
+        short = parse_scheme(spec)
         p = kernels.encode(short, x[: 2 * least - 1], 1, threads=4)
         assert p is not None
         q = kernels.encode(short, x[: 2 * least], 1, threads=4)
@@ -239,7 +239,7 @@ def test_range_starts_are_the_wire_layouts_byte_offsets(s: int) -> None:
     spec = "uniform:bits=8" if s == 256 else (f"orq:levels={s}" if s > 2 else "sign")
     if s in (4, 16):
         spec = f"uniform:bits={int(math.log2(s))}"
-    k = kernels.kernel(parse(spec))
+    k = kernels.kernel(parse_scheme(spec))
     assert k is not None and k.s == s
     lay = layout(s)
     for m in range(0, 50):
@@ -266,7 +266,7 @@ def test_argument_beats_compressor_beats_environment_beats_cores(monkeypatch: py
     with pytest.raises(GradqError, match=r"HVD_GRADQ_THREADS: 'many' is not a number of threads"):
         parallel.resolve()
     with pytest.raises(GradqError, match=r"threads=: 99 is not a number of threads; use 0 \(inline\) \.\. 64"):
-        kernels.encode(parse("qsgd"), np.ones(10, np.float32), 0, threads=99)
+        kernels.encode(parse_scheme("qsgd"), np.ones(10, np.float32), 0, threads=99)
 
 
 @pytest.mark.parametrize("threads,local,codec,pipeline", [
@@ -324,7 +324,7 @@ def test_concurrent_callers_share_a_growing_pool(small_ranges: None, monkeypatch
     gets one thread's bytes."""
     monkeypatch.setattr(parallel, "_pool", None)
     monkeypatch.setattr(parallel, "_pool_size", 0)
-    scheme = parse("orq:levels=5,bucket=64")
+    scheme = parse_scheme("orq:levels=5,bucket=64")
     x = _input(64 * 24 * 9 + 5, 8)
     want = kernels.encode(scheme, x, 1, threads=1)
     assert want is not None
@@ -349,7 +349,7 @@ def test_a_forked_child_encodes_on_threads_of_its_own() -> None:
     """The parent's pool threads do not survive fork(): the child makes its own pool (else its
     ranges would wait forever in the copied pool's queue)."""
     x = _input(4 * parallel.MIN_RANGE_ELEMS, 2)
-    scheme = parse("uniform:bits=4")
+    scheme = parse_scheme("uniform:bits=4")
     want = kernels.encode(scheme, x, 3, threads=4)  # the parent's pool exists now
     assert want is not None and parallel._pool is not None
     r, w = os.pipe()

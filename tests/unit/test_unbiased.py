@@ -11,6 +11,7 @@ from engines import ENGINES, set_engine
 
 import hvd_gradq
 from hvd_gradq.schemes.level import LevelScheme
+from hvd_gradq.spec import parse_scheme
 from hvd_gradq.xp import NUMPY
 
 SEEDS = 1000
@@ -72,7 +73,7 @@ CASES = [(s, n, e) for s, n in UNBIASED for e in ENGINES]
 @pytest.mark.parametrize("spec,n,engine", CASES)
 def test_mean_over_seeds_is_the_input(spec, n, engine, monkeypatch):
     _engine(monkeypatch, engine)
-    scheme = hvd_gradq.parse(spec)
+    scheme = parse_scheme(spec)
     assert scheme.unbiased
     assert scheme.bucket < n < 2 * scheme.bucket
     x = _x(n)
@@ -122,7 +123,7 @@ def _codes(p: hvd_gradq.Payload) -> bytes:
 @pytest.mark.parametrize("name", hvd_gradq.names())
 def test_seeds(name, engine, monkeypatch):
     _engine(monkeypatch, engine)
-    scheme = hvd_gradq.parse(name)
+    scheme = parse_scheme(name)
     x = _x()
     a = hvd_gradq.quantize(x, scheme, seed=1).to_bytes()
     assert hvd_gradq.quantize(x, scheme, seed=1).to_bytes() == a  # same seed, same bytes

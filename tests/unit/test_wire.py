@@ -11,6 +11,7 @@ import pytest
 import hvd_gradq
 from hvd_gradq.schemes.level import LevelScheme
 from hvd_gradq.schemes.options import Scales
+from hvd_gradq.spec import parse_scheme
 from hvd_gradq.wire.packing import layout
 from hvd_gradq.wire.payload import header_size
 
@@ -62,7 +63,7 @@ def _theory_bits_per_element(scheme) -> float:
 
 @pytest.mark.parametrize("spec", [s for s in SCHEMES if s != "orq:levels=5,scales=fp16"])
 def test_big_tensor_within_3_percent_of_theory(spec):
-    scheme = hvd_gradq.parse(spec)
+    scheme = parse_scheme(spec)
     x = np.random.default_rng(1).standard_normal(BIG).astype(np.float32)
     p = hvd_gradq.quantize(x, scheme, seed=2)
     raw = p.to_bytes()
