@@ -48,7 +48,10 @@ from numpy.typing import NDArray
 from ..schemes.scheme import Scheme
 from ..wire.packing import check_codes, layout
 from ..xp import seed_words
-from . import even, levels, parallel  # noqa: F401  (even, levels: each registers its kernels with @kernel_for)
+
+# even, levels: each registers its kernels with @kernel_for; search: installs the level searches
+# the schemes call (hvd_gradq.schemes.searches)
+from . import even, levels, parallel, search  # noqa: F401
 from ._registry import Kernel, kernel, kernel_for, registered
 from ._switch import available, disabled
 

@@ -7,6 +7,10 @@ when numba is importable and the source otherwise; the two give the same bits (t
 them with ``compiled=False``). It is the only module that imports both the sources and the
 compiled versions, so the import graph has no cycle: sources <- compiled <- this.
 
+Loading this module installs :func:`levels` and :func:`pb_levels` in the schemes' slot
+(:mod:`hvd_gradq.schemes.searches`): the schemes call them from there, never importing this
+package, which sits above them.
+
 ``HVD_GRADQ_KERNELS`` switches off the fused encode kernels, not these searches: the searches
 are the schemes' math (the reference runs them too), and the compiled one is merely faster.
 """
@@ -20,6 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import GradqError
+from ..schemes import searches
 from . import bingrad_pb, orq_levels
 from ._switch import numba_importable
 
@@ -87,3 +92,7 @@ def pb_levels(x: NDArray[Any]) -> NDArray[Any]:
     if x.ndim != 2:
         raise GradqError(f"bingrad pb levels: buckets must be 2-D (rows, width), got shape {x.shape}")
     return pb_levels_f64(np.sort(x, axis=1).astype(np.float64)).astype(np.float32)
+
+
+searches.provide(searches.ORQ, levels)
+searches.provide(searches.BINGRAD_PB, pb_levels)

@@ -38,6 +38,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..xp import Array, Ops, first_argmax, scan_sum
+from . import searches
 from .level import LevelScheme
 from .options import param
 from .registry import register
@@ -81,8 +82,7 @@ class BinGrad(LevelScheme):
 
     def choose(self, ops: Ops, x: Array) -> Array:
         if self.variant is Variant.PB:  # the exact minimiser, on the host (see the module docstring)
-            from ..kernels.search import pb_levels  # the kernels package imports this module
-
+            pb_levels = searches.search(searches.BINGRAD_PB)  # the kernels' exact search (searches.py)
             rows, w = ops.shape(x)
             return ops.host(pb_levels, ops.f32(x), (rows, 2))
         ys = ops.sort(ops.f64(x), 1)

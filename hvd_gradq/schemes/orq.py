@@ -11,7 +11,7 @@ optimum for every ``levels`` the scheme accepts:
   (:func:`best_level`), in-graph in every namespace (and, unsorted, in the fused kernel);
 * s >= 4: the exact dynamic program over data points, O(w) a bucket after the sort for s = 4, 5
   and O((s-5) w log w) beyond (monotone argmin, two layers by the closed form above),
-  :mod:`hvd_gradq.kernels.orq_levels`: one host
+  :mod:`hvd_gradq.kernels.orq_levels`, installed in :mod:`.searches`: one host
   implementation (compiled by numba) that every namespace calls through ``Ops.host``, so NumPy,
   torch, TensorFlow and the fused numba encoder choose the same levels; a namespace may offer
   its own search (``orq_levels``): torch does for s = 4, 5 (:mod:`hvd_gradq.torch.device_levels`,
@@ -28,6 +28,7 @@ from typing import ClassVar
 
 from ..errors import SpecError
 from ..xp import Array, Ops, count_true, scan_sum
+from . import searches
 from .level import LevelScheme
 from .options import param
 from .registry import register
@@ -66,8 +67,7 @@ def choose_levels(ops: Ops, x: Array, s: int) -> Array:
         got = on_device(x, s) if on_device is not None else None
         if got is not None:
             return got
-        from ..kernels.search import levels  # the kernels package imports this module
-
+        levels = searches.search(searches.ORQ)  # the kernels' exact program (searches.py: why a slot)
         rows, w = ops.shape(x)
         return ops.host(lambda v: levels(v, s), ops.f32(x), (rows, s))
     ys = ops.sort(ops.f64(x), 1)

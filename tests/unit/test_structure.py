@@ -128,6 +128,66 @@ def test_no_import_cycle() -> None:
     assert cycle is None, "import cycle in hvd_gradq: " + " -> ".join(cycle or [])
 
 
+#: The lower layers and what each may import (every import counts, those inside functions too):
+#: a scheme is maths on ``xp.Ops`` laid out by ``wire``; the kernels, the spec parser, the policy
+#: and the frontends sit above it. A lower layer that needs something from above offers a slot
+#: the upper one fills (``schemes/searches.py``, filled by ``kernels/search.py``).
+LAYERS: dict[str, tuple[str, ...]] = {
+    "hvd_gradq.errors": (),
+    "hvd_gradq.xp": ("hvd_gradq.errors",),
+    "hvd_gradq.wire": ("hvd_gradq.errors", "hvd_gradq.xp"),
+    "hvd_gradq.schemes": ("hvd_gradq.errors", "hvd_gradq.xp", "hvd_gradq.wire"),
+    "hvd_gradq.feedback": ("hvd_gradq.errors", "hvd_gradq.xp"),
+    "hvd_gradq.policy": ("hvd_gradq.errors", "hvd_gradq.feedback", "hvd_gradq.schemes.options"),
+    "hvd_gradq.kernels": ("hvd_gradq.errors", "hvd_gradq.xp", "hvd_gradq.wire", "hvd_gradq.schemes"),
+}
+
+
+def _under(module: str, prefix: str) -> bool:
+    return module == prefix or module.startswith(prefix + ".")
+
+
+def layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    """``module -> target`` for each import a lower layer (:data:`LAYERS`) may not make."""
+    out = []
+    for layer, allowed in LAYERS.items():
+        for mod in sorted(m for m in graph if _under(m, layer)):
+            for dst in sorted(graph[mod]):
+                if not _under(dst, layer) and not any(_under(dst, a) for a in allowed):
+                    out.append(f"{mod} -> {dst}")
+    return out
+
+
+def test_the_graph_counts_imports_inside_functions_but_not_type_checking_blocks() -> None:
+    src = (
+        "from typing import TYPE_CHECKING\n"
+        "if TYPE_CHECKING:\n    from ..kernels import search\n"
+        "def choose():\n    from ..kernels.search import levels\n    return levels\n"
+    )
+    found = _imports(ast.parse(src))
+    assert (2, "kernels.search", ["levels"]) in found  # the lazy one counts
+    assert (2, "kernels", ["search"]) not in found  # the annotation-only one does not
+
+
+def test_layer_checker_finds_a_planted_lazy_import() -> None:
+    planted = {"hvd_gradq.schemes.orq": {"hvd_gradq.kernels.search", "hvd_gradq.xp"},
+               "hvd_gradq.kernels.search": {"hvd_gradq.schemes.searches"}}
+    assert layer_violations(planted) == ["hvd_gradq.schemes.orq -> hvd_gradq.kernels.search"]
+
+
+def test_lower_layers_import_nothing_from_above() -> None:
+    # e.g. a scheme reaching into the kernels (a lazy ``from ..kernels.search import levels`` once
+    # did) or the registry importing a scheme class back
+    assert layer_violations(import_graph()) == []
+
+
+def test_schemes_and_the_registry_do_not_import_each_other_back() -> None:
+    graph = import_graph()
+    assert "hvd_gradq.schemes.registry" not in graph["hvd_gradq.schemes.scheme"]
+    assert not {m for m in graph["hvd_gradq.schemes.registry"] if m != "hvd_gradq.schemes.options"
+                and _under(m, "hvd_gradq.schemes")}
+
+
 @pytest.mark.parametrize("path", sorted(PKG.rglob("*.py")), ids=lambda p: str(p.relative_to(PKG.parent)))
 def test_module_size(path: Path) -> None:
     rel = str(path.relative_to(PKG.parent))
