@@ -11,7 +11,6 @@ import argparse
 import contextlib
 import hashlib
 import io
-import math
 
 import horovod.torch as hvd
 import numpy as np
@@ -167,16 +166,20 @@ def probe_step(comp, named, local, step: int, op) -> dict:
 
 
 def finer(scheme, nranks: int):
-    """The reduced chunk's scheme, restated from the rule (intervals times sqrt N, rounded up):
-    ORQ-s has s-1 intervals, uniform 2^bits - 1 (one more bit per doubling), QSGD q a sign."""
-    f = math.sqrt(nranks)
-    if scheme.name == "orq":
-        return scheme.replace(levels=min(256, 1 + math.ceil((scheme.levels - 1) * f - 1e-9)))
-    if scheme.name == "uniform":
-        return scheme.replace(bits=min(8, scheme.bits + math.ceil(math.log2(f) - 1e-9)))
-    if scheme.name == "qsgd":
-        return scheme.replace(levels=math.ceil(scheme.levels * f - 1e-9))
-    return scheme
+    """The reduced chunk's scheme, restated from the rule (frontend/second_phase.py): stochastic
+    rounding on 2**b evenly spaced levels of each bucket, b the fewest bits with 2**b - 1 >=
+    1.85 (s - 1) for a first phase of s levels (ORQ-s: s, uniform: 2**bits, QSGD-q: 2q + 1), at
+    most 8, with the scheme's bucket, clip and scales; schemes without a finer form (uniform-8
+    included) keep their own."""
+    levels = {"orq": lambda: scheme.levels, "qsgd": lambda: 2 * scheme.levels + 1,
+              "uniform": lambda: 2 ** scheme.bits}.get(scheme.name)
+    if nranks <= 1 or levels is None or (scheme.name == "uniform" and scheme.bits == 8):
+        return scheme
+    b = 1
+    while 2 ** b - 1 < 1.85 * (levels() - 1) and b < 8:
+        b += 1
+    return hvd_gradq.parse(f"uniform:bits={b},rounding=stochastic,bucket={scheme.bucket},clip={scheme.clip},"
+                           f"scales={scheme.scales.value}").scheme
 
 
 def reference(scheme, used: str, allx: np.ndarray, base: int, step: int, name: str) -> np.ndarray:
