@@ -10,14 +10,17 @@ schemes and re-exports the registry's functions.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Any
 
+from . import feedback
 from . import schemes as _schemes  # noqa: F401  (importing it registers the built-in schemes)
 from .errors import SpecError
 from .policy import KEYS, Policy
+from .schemes.options import text
 from .schemes.registry import build as build_scheme
 from .schemes.registry import names, register, scheme_class
 from .schemes.scheme import Scheme
@@ -46,6 +49,19 @@ class Config:
         if not items:
             return self.scheme.spec
         return self.scheme.spec + ("," if ":" in self.scheme.spec else ":") + ",".join(items)
+
+    @functools.cached_property
+    def full_spec(self) -> str:
+        """Every parameter spelled out, defaults included, the policy's after ``bucket``
+        (``orq:bucket=512,ef=false,nonfinite=propagate,warmup=0,clip=0.0,scales=fp32,levels=5``):
+        what ranks compare before the first step and checkpoints record (the compressors'
+        ``config()``), so that two hvd_gradq versions whose defaults differ disagree visibly,
+        and a checkpoint written before the policy left the scheme still matches."""
+        maths = [f"{f.name}={text(getattr(self.scheme, f.name))}" for f in dataclasses.fields(self.scheme) if f.init]
+        p = self.policy
+        ef = {feedback.CLASSIC: "true", feedback.NONE: "false"}.get(p.feedback, p.feedback)
+        policy = [f"ef={ef}", f"nonfinite={p.nonfinite.value}", f"warmup={p.warmup}"]
+        return f"{self.name}:{','.join(maths[:1] + policy + maths[1:])}"
 
     def __str__(self) -> str:
         return self.spec

@@ -145,7 +145,7 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
     # -- configuration ---------------------------------------------------------------------------
     def config(self) -> str:
         """What every rank must agree on."""
-        return f"{self.settings.spec}|pattern={self.pattern.value}|seed={self.seed}|name={self.cid}|tf|v=2"
+        return f"{self.settings.full_spec}|pattern={self.pattern.value}|seed={self.seed}|name={self.cid}|tf|v=2"
 
     def digest(self) -> str:
         return hashlib.sha256(self.config().encode()).hexdigest()[:16]

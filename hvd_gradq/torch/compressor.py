@@ -241,7 +241,7 @@ class GradqCompressor(Reports):
 
     def config(self) -> str:
         """What every rank must agree on."""
-        return f"{self.settings.spec}|pattern={self.pattern.value}|seed={self.seed}|v=1"
+        return f"{self.settings.full_spec}|pattern={self.pattern.value}|seed={self.seed}|v=1"
 
     def _check(self, group: Group) -> None:
         """Once per process set, before anything depends on the configuration: ranks that

@@ -114,3 +114,19 @@ def test_unregistered_variant_is_refused_with_the_boolean_message():
         spec.parse("orq:ef=ef21")
     with pytest.raises(SpecError, match="unknown error-feedback variant"):
         Policy(feedback="ef21")
+
+
+@pytest.mark.parametrize("text,full", [
+    ("orq", "orq:bucket=512,ef=false,nonfinite=propagate,warmup=0,clip=0.0,scales=fp32,levels=5"),
+    ("bingrad", "bingrad:bucket=512,ef=true,nonfinite=propagate,warmup=0,clip=0.0,scales=fp32,variant=b"),
+    ("qsgd:levels=4,ef=true,warmup=1", "qsgd:bucket=512,ef=true,nonfinite=propagate,warmup=1,clip=0.0,scales=fp32,"
+                                       "levels=4,norm=max"),
+    ("fp16:overflow=raise", "fp16:bucket=512,ef=false,nonfinite=propagate,warmup=0,overflow=raise"),
+])
+def test_the_configuration_ranks_compare_spells_every_default(text, full):
+    """What ranks compare and checkpoints record (compressor.config()): every parameter, as the
+    canonical text was spelled before the policy left the scheme, so a checkpoint written then
+    still loads, and ranks whose defaults differ (two versions) disagree visibly."""
+    c = spec.parse(text)
+    assert c.full_spec == full
+    assert spec.parse(c.full_spec) == c
