@@ -9,7 +9,7 @@ rule), the payloads (:func:`hvd_gradq.frontend.codec.encode`: the compiled kerne
 format), each worker's error feedback (:class:`hvd_gradq.feedback.Memory` with the torch
 frontend's store), the shared-scale encoder of the summable pattern and the scatter pattern's
 chunks, second (finer) quantization and server-side residual, with the rounding seeds of
-:func:`hvd_gradq.frontend.codec.draw_seed` (worker r draws what rank r would draw). A gathered
+:func:`hvd_gradq.frontend.names.words` (worker r draws what rank r would draw). A gathered
 payload decodes to what its sender's ``own`` holds (decoding is deterministic), so sums of
 ``own`` arrays in rank order are the sums each rank forms. What it leaves out is timing and the
 summation order inside Horovod's fp32 ring allreduce (tiny tensors, warm-up steps), which
@@ -26,7 +26,7 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hvd_gradq.feedback import Memory, reduced_key
-from hvd_gradq.frontend import codec
+from hvd_gradq.frontend import codec, names
 from hvd_gradq.frontend.patterns import Pattern, chunk_bounds, cost, decide, in_warmup, parse_pattern, reduced_scheme
 from hvd_gradq.policy import Policy
 from hvd_gradq.schemes.level import EvenLevelScheme
@@ -101,7 +101,7 @@ class SimReducer:
     def _encode(self, x: torch.Tensor, rank: int, step: int, key: str,
                 scheme: Scheme | None = None) -> tuple[np.ndarray, torch.Tensor]:
         assert isinstance(self.scheme, Scheme)
-        seed = codec.draw_seed(self.seed, rank, step, key)
+        seed = names.words(self.seed, rank, key, step)
         buf, own = codec.encode(scheme or self.scheme, x.numpy(), seed, key)
         return buf, torch.from_numpy(own)
 
@@ -129,7 +129,7 @@ class SimReducer:
         summed = None
         meta = None
         for r, x in enumerate(flat):
-            seed = codec.draw_seed(self.seed, r, step, name)
+            seed = names.words(self.seed, r, name, step)
             codes, meta = encode_shared(scheme, _CPU, x, stats, seed)
             if self.policy.ef:
                 self.memory[r].update(name, x, decode_codes(scheme, _CPU, codes, meta, n))

@@ -20,7 +20,7 @@ from .errors import GradqError, NonFiniteError, PayloadError, RangeError, SpecEr
 from .schemes.options import NonFinite
 from .schemes.scheme import Scheme
 from .spec import Config, as_config, parse
-from .xp import NUMPY
+from .xp import NUMPY, Seed
 
 
 @dataclass
@@ -87,7 +87,7 @@ def _as_float_array(x: Any) -> tuple[NDArray[Any], str]:
 F32_MAX = float(np.finfo(np.float32).max)
 
 
-def quantize(x: Any, spec: str | Scheme | Config, *, seed: int = 0, name: str = "tensor",
+def quantize(x: Any, spec: str | Scheme | Config, *, seed: Seed = 0, name: str = "tensor",
              threads: int | None = None) -> Payload:
     """Quantize an array with a scheme; ``seed`` fixes every random draw. ``threads``: how many
     threads the compiled encoder uses (the same bytes whatever the count; default
@@ -163,7 +163,7 @@ def _check_float32_range(arr: NDArray[Any], flat: NDArray[Any], name: str) -> No
         )
 
 
-def _skip(flat: NDArray[Any], shape: tuple[int, ...], dtype: str, seed: int, why: str) -> Payload:
+def _skip(flat: NDArray[Any], shape: tuple[int, ...], dtype: str, seed: Seed, why: str) -> Payload:
     warnings.warn(why, RuntimeWarning, stacklevel=3)
     plain = parse("none").scheme
     return payload_of(plain, plain.encode(NUMPY, flat, seed), shape, dtype)

@@ -232,6 +232,10 @@ def _mix_int(x: int) -> int:
     return x ^ (x >> 15)
 
 
+#: A stream seed, or its two 32-bit words already split (:func:`seed_words`, :func:`step_words`).
+Seed = int | tuple[int, int]
+
+
 def seed_words(seed: int) -> tuple[int, int]:
     """Split a (possibly large) integer seed into two 32-bit words, mixed so nearby seeds differ."""
     s = int(seed) & ((1 << 64) - 1)
@@ -246,13 +250,29 @@ def uniforms(ops: Ops, seed: int | tuple[Array, Array], start: int, n: int) -> A
 
     24 random bits each, so every draw is exactly representable in float32. ``seed`` may also be
     its two seed words already split (int64 scalars of ``ops``: a TF graph derives them from a
-    step counter it holds in a variable, see ``hvd_gradq.tensorflow.ops.step_words``).
+    step counter it holds in a variable, see :func:`step_words`).
     """
     a, b = seed if isinstance(seed, tuple) else seed_words(seed)
     idx = ops.arange(n) + int(start)
     x = _mix(ops, ops.xor(ops.band(idx, MASK32), a))
     x = _mix(ops, ops.xor(x, ops.band(ops.xor(ops.shr(idx, 32), b), MASK32)))
     return ops.f32(ops.shr(x, 8)) * np.float32(1.0 / (1 << 24))
+
+
+def step_words(ops: Ops, seed: int, step: Array) -> tuple[Array, Array]:
+    """The two 32-bit seed words of the draws of one tensor at ``step`` (an int64 scalar array of
+    ``ops``, e.g. a ``tf.Variable``'s value inside the graph).
+
+    ``seed`` (a Python int: the tensor's stream, :func:`hvd_gradq.frontend.names.stream`) is split
+    by :func:`~hvd_gradq.xp.seed_words`; the step is then mixed in with the same 32-bit hash as the
+    draws themselves, so the words can be computed inside a TF graph from a step counter and, for
+    tests, in NumPy: ``uniforms(ops, step_words(ops, seed, step), start, n)``.
+    """
+    a0, b0 = seed_words(seed)
+    s = ops.i64(step)
+    a = _mix(ops, ops.xor(ops.band(s, MASK32), a0))
+    b = _mix(ops, ops.band(ops.xor(ops.xor(ops.band(ops.shr(s, 32), MASK32), b0), a), MASK32))
+    return a, b
 
 
 def stream_seed(base: int, *parts: int) -> int:

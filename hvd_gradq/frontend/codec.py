@@ -3,7 +3,6 @@ frontends. Uses the fused kernels of :mod:`hvd_gradq.kernels` when they are avai
 
 from __future__ import annotations
 
-import zlib
 from collections.abc import Sequence
 from typing import Any
 
@@ -19,22 +18,12 @@ from ..wire.payload import read_header
 from ..wire.poison import Stop, poison, stop_in
 from ..wire.poison import headers as _headers
 from ..wire.poison import stops as _stops
-from ..xp import stream_seed
+from ..xp import Seed
 
 __all__ = ["Stop", "poison", "stop_in"]  # the wire's poison (wire/poison.py), as the frontends use it
 
 
-def tensor_key(name: str) -> int:
-    """A stable 32-bit key for a tensor name (the same on every rank and every run)."""
-    return zlib.crc32(name.encode())
-
-
-def draw_seed(base: int, rank: int, step: int, name: str) -> int:
-    """Independent rounding noise for every (rank, step, tensor), reproducible from ``base``."""
-    return stream_seed(base, rank, step, tensor_key(name))
-
-
-def encode(scheme: Scheme | Config, x: NDArray[Any], seed: int,
+def encode(scheme: Scheme | Config, x: NDArray[Any], seed: Seed,
            name: str) -> tuple[NDArray[np.uint8], NDArray[np.float32]]:
     """Payload bytes of flat float32 ``x`` and this rank's own decoded values (for EF and for
     summing without decoding one's own payload twice); a config's ``nonfinite`` applies."""

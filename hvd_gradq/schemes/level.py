@@ -20,7 +20,7 @@ from numpy.typing import NDArray
 
 from ..errors import SpecError
 from ..wire.packing import check_codes, layout, pack, unpack
-from ..xp import Array, Ops, tree_sum, uniforms
+from ..xp import Array, Ops, Seed, tree_sum, uniforms
 from .options import Scales, param
 from .scheme import Combine, Scheme, Section
 
@@ -183,7 +183,7 @@ class LevelScheme(Scheme):
             up = u < p
         return j + ops.i64(up)
 
-    def encode_rows(self, ops: Ops, x: Array, seed: int, start: int) -> tuple[Array, Array]:
+    def encode_rows(self, ops: Ops, x: Array, seed: Seed, start: int) -> tuple[Array, Array]:
         """(meta, codes) of buckets ``x`` (rows, width) whose first element is ``start``."""
         rows, w = ops.shape(x)
         # A bucket holding NaN/Inf, or a value beyond the float32 pipeline's limit, is encoded
@@ -200,7 +200,7 @@ class LevelScheme(Scheme):
         codes = self.assign(ops, xc, table, u)
         return ops.where(ok, meta, ops.full((1, 1), math.nan)), codes
 
-    def encode(self, ops: Ops, x: Array, seed: int) -> dict[str, Array]:
+    def encode(self, ops: Ops, x: Array, seed: Seed) -> dict[str, Array]:
         n = ops.shape(x)[0]
         metas, codes = [], []
         for start, rows, w in bucket_rows(n, self.bucket):

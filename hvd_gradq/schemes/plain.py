@@ -7,7 +7,7 @@ from typing import ClassVar
 import numpy as np
 
 from ..errors import RangeError, SpecError
-from ..xp import Array, Ops
+from ..xp import Array, Ops, Seed
 from .options import param
 from .registry import register
 from .scheme import Scheme, Section
@@ -29,7 +29,7 @@ class NoneScheme(Scheme):
     def code_bits(self, n: int) -> float:
         return 32.0 * n
 
-    def encode(self, ops: Ops, x: Array, seed: int) -> dict[str, Array]:
+    def encode(self, ops: Ops, x: Array, seed: Seed) -> dict[str, Array]:
         return {"values": ops.f32(x)}
 
     def decode(self, ops: Ops, parts: dict[str, Array], n: int) -> Array:
@@ -63,7 +63,7 @@ class FP16Scheme(Scheme):
     def code_bits(self, n: int) -> float:
         return 16.0 * n
 
-    def encode(self, ops: Ops, x: Array, seed: int) -> dict[str, Array]:
+    def encode(self, ops: Ops, x: Array, seed: Seed) -> dict[str, Array]:
         lim = np.float32(FP16_MAX)
         if self.overflow == "saturate":
             x = ops.clip(x, -lim, lim)

@@ -24,7 +24,7 @@ import numpy as np
 from numpy.typing import NDArray
 
 from ..errors import SpecError
-from ..xp import Array, Ops
+from ..xp import Array, Ops, Seed
 from .options import changed, param
 
 
@@ -108,7 +108,7 @@ class Scheme:
         """The payload's sections for a tensor of ``n`` elements, with exact sizes."""
         raise NotImplementedError
 
-    def encode(self, ops: Ops, x: Array, seed: int) -> dict[str, Array]:
+    def encode(self, ops: Ops, x: Array, seed: Seed) -> dict[str, Array]:
         """Quantize a flat float32 array into wire sections (arrays of their section dtypes)."""
         raise NotImplementedError
 

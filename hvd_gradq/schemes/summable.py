@@ -13,11 +13,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..xp import Array, Ops, uniforms
+from ..xp import Array, Ops, Seed, uniforms
 from .level import EvenLevelScheme, bucket_rows
 
 
-def encode_shared(scheme: EvenLevelScheme, ops: Ops, x: Array, stats: Array, seed: int) -> tuple[Array, Array]:
+def encode_shared(scheme: EvenLevelScheme, ops: Ops, x: Array, stats: Array, seed: Seed) -> tuple[Array, Array]:
     """Codes (n,) and meta (buckets, m) of flat ``x`` against the shared table that the
     max-reduced ``stats`` (buckets, k) fix; the summable pattern's encoder."""
     n = ops.shape(x)[0]

@@ -22,7 +22,7 @@ from numpy.typing import NDArray
 
 from ..errors import PayloadError, SpecError
 from ..wire.packing import pack_bits, unpack_bits
-from ..xp import NUMPY, Array, Ops
+from ..xp import NUMPY, Array, Ops, Seed
 from .options import param
 from .registry import build, names, register
 from .scheme import Scheme, Section
@@ -68,7 +68,7 @@ class TopK(Scheme):
         k = self.kept(n)
         return k * index_bits(n) + self.value_scheme.code_bits(k)
 
-    def encode(self, ops: Ops, x: Array, seed: int) -> dict[str, Array]:
+    def encode(self, ops: Ops, x: Array, seed: Seed) -> dict[str, Array]:
         n = ops.shape(x)[0]
         k = self.kept(n)
         # NaN ranks as +inf (x == x is false for NaN only); finite input is selected as before

@@ -33,6 +33,8 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from ..frontend import codec as fcodec
+from ..frontend import names
+from ..frontend.names import Kind
 from ..frontend.patterns import Pattern
 from ..schemes.level import EvenLevelScheme
 from ..schemes.options import NonFinite
@@ -81,7 +83,7 @@ def gather_start(scheme: Scheme, cid: str, x: Any, words: Any, key: str, ctx: Ct
     if ctx.finite is not None:  # the poison (wire/poison.py), padded to the payload's traced size
         row = int(payload.shape[0])
         payload = tf.where(ctx.finite, payload, tf.constant(fcodec.poison(fcodec.Stop.NONFINITE, width=row)))
-    ctx.result = hvd.allgather(payload, name=f"hvd_gradq.{cid}.g{key}{set_suffix(ps)}",
+    ctx.result = hvd.allgather(payload, name=names.collective(f"{cid}.", Kind.GATHER, f"{key}{set_suffix(ps)}"),
                                ignore_name_scope=True, process_set=ps)
 
 
@@ -107,8 +109,8 @@ def summable_start(scheme: Scheme, nonfinite: NonFinite, cid: str, x: Any, words
         stats = tf.where(ctx.finite, stats, tf.fill(tf.shape(stats), float("inf")))
     if propagate:
         stats = tf.where(bad_b[:, None], tf.fill(tf.shape(stats), float("inf")), stats)
-    stats = hvd.allreduce(stats, op=hvd.Max, name=f"hvd_gradq.{cid}.s{key}{sfx}", ignore_name_scope=True,
-                          process_set=ps)
+    stats = hvd.allreduce(stats, op=hvd.Max, name=names.collective(f"{cid}.", Kind.STATS, f"{key}{sfx}"),
+                          ignore_name_scope=True, process_set=ps)
     if ctx.finite is not None:
         stats = tf.debugging.assert_all_finite(stats, nonfinite_message(ctx))
     if propagate:
@@ -118,7 +120,7 @@ def summable_start(scheme: Scheme, nonfinite: NonFinite, cid: str, x: Any, words
         x = tf.where(ctx.bad, tf.zeros_like(x), x)
     lanes, meta, own = codec.lane_encoder(scheme, ctx.n, ctx.size)(x, stats, words[0], words[1])
     ctx.meta = meta
-    ctx.result = hvd.allreduce(lanes, op=hvd.Sum, name=f"hvd_gradq.{cid}.l{key}{sfx}",
+    ctx.result = hvd.allreduce(lanes, op=hvd.Sum, name=names.collective(f"{cid}.", Kind.LANES, f"{key}{sfx}"),
                                ignore_name_scope=True, process_set=ps)
     return own
 

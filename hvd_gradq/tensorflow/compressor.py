@@ -13,8 +13,8 @@ sum or an average of decoded payloads is served), the pre/post scale factors, th
 agree) and the variable of the gradient. **State** is keyed by that variable (see
 :mod:`.state`: per slot a step counter, and with ``ef`` a residual and the rank that owns it,
 ``tf.Variable`` s tracked by this ``tf.Module`` for ``tf.train.Checkpoint``). Collective names
-are ``hvd_gradq.<name>.<kind><i>[.p<set>]``, ``i`` the slot's creation order, identical on
-every rank; ``<name>`` is ``name=`` or ``c<k>`` for the k-th compressor this process built,
+are ``hvd_gradq.<name>.<kind>.<i>[.p<set>]`` (:mod:`hvd_gradq.frontend.names`), ``i`` the slot's
+creation order, identical on every rank; ``<name>`` is ``name=`` or ``c<k>`` for the k-th compressor this process built,
 which the one-time configuration check (an eager allgather on the process set) compares.
 
 **Patterns** (started in ``compress``, finished in ``decompress``): ``gather`` (host-made
@@ -59,17 +59,17 @@ import tensorflow as tf
 
 from ..errors import GradqError
 from ..feedback import Memory, host_key, reduced_key
-from ..frontend import hosts, probe, workers
+from ..frontend import hosts, names, probe, workers
 from ..frontend.codec import stops_on_values
 from ..frontend.guards import check_tensor, instance_only
 from ..frontend.membership import membership
+from ..frontend.names import Kind, Streams
 from ..frontend.patterns import EVERY, Pattern, choose, decide_why, fp32_cost, parse_pattern
 from ..schemes.level import LevelScheme
 from ..schemes.options import NonFinite
 from ..schemes.plain import FP16Scheme, NoneScheme
 from ..spec import SchemeLike, as_config
 from ..wire.payload import DTYPE_CODES, MAX_NDIM
-from ..xp import stream_seed
 from . import codec, collectives, hier, telemetry
 from . import elastic as tf_elastic
 from .callsite import check_op, function_graph, horovod_call_site, resolve_process_set, set_suffix
@@ -264,12 +264,12 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
             self._host.eager_calls += 1
             n = int(np.prod(shape, dtype=np.int64)) if shape else 1
             pattern, _ = self._pattern_for(n, len(shape), size, hier.ranks_per_host_of(ps))
-            index, stream = -1, stream_seed(self.seed, hvd.rank(), 1 << 40)
+            index, stream = -1, Streams(self.seed, hvd.rank(), "eager")  # stepped by the call count
         else:
             slot = self._slot(shape, dtype, site.variable, size, hier.ranks_per_host_of(ps), key)
             key, n, pattern, index = f"{slot.index}", slot.n, slot.pattern, slot.index
             step = slot.step.assign_add(1, read_value=True) - 1
-            stream = stream_seed(self.seed, hvd.rank(), slot.index)
+            stream = Streams(self.seed, hvd.rank(), key)  # the seeds' one rule (frontend/names.py)
         ctx = Ctx(index, shape, tensor.dtype, n, pattern, size, prank, slot=slot, step=step)
         with self._telemetry.recording(step):  # counts the step; the host functions' time (stats)
             if pattern is None or pattern is Pattern.FP16:  # Horovod's own allreduce: fp32, or fp16 as stock
@@ -278,14 +278,14 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
                 return self._warm_or_compressed(tensor, ctx, step, stream, key, ps)
             return self._start(tensor, ctx, step, stream, key, ps), ctx
 
-    def _start(self, tensor: Any, ctx: Ctx, step: Any, stream: Any, key: str, ps: Any) -> Any:
+    def _start(self, tensor: Any, ctx: Ctx, step: Any, stream: Streams, key: str, ps: Any) -> Any:
         """Start the pattern's collectives on ``tensor`` (+ its residual); returns Horovod's operand."""
         n, shape, slot, pattern = ctx.n, ctx.shape, ctx.slot, ctx.pattern
         one = self._host.one()  # a variable's [1.0]: Grappler would fold a constant operand (see Bookkeeping.one)
         if n == 0:
             return one
         x = self._compensate(ctx, tf.reshape(tf.cast(tensor, tf.float32), (n,)))
-        words: Any = step_words(TF, stream, step)
+        words: Any = step_words(TF, stream(), step)
         ctx.what = f"gradient {slot.key if slot is not None else '#' + key} {list(shape)}"
         nf = self.policy.nonfinite
         if nf is NonFinite.RAISE:
@@ -304,7 +304,7 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
             collectives.gather_start(self.scheme, self.cid, x, words, key, ctx, ps)
         elif pattern is Pattern.HIERARCHICAL:
             hier.hier_start(self.scheme, x, ctx, hier.ranks_per_host_of(ps), self.link_gbps, stream, step,
-                            f"hvd_gradq.{self.cid}.h", f"{key}{set_suffix(ps)}")
+                            f"{self.cid}.", f"{key}{set_suffix(ps)}")
         elif pattern is Pattern.SCATTER:
             own = ctx.slot is not None and ctx.slot.residual is not None
             scatter_start(self.scheme, self.cid, x, stream, step, key, ctx, ps, own)
@@ -314,7 +314,7 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
                 self._store_residual(ctx, own, ctx.bad)
         return one
 
-    def _warm_or_compressed(self, tensor: Any, ctx: Ctx, step: Any, stream: Any, key: str,
+    def _warm_or_compressed(self, tensor: Any, ctx: Ctx, step: Any, stream: Streams, key: str,
                             ps: Any) -> tuple[Any, Any]:
         """``warmup=K``: while the slot's step is below K, Horovod's exact fp32 sum (our own
         named allreduce: what Horovod reduces must keep one shape, our ``[1.0]``), else the
@@ -322,7 +322,7 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
         branch: their step counters agree). Error feedback is written in ``decompress`` as
         without warm-up, keeping every residual as it is during the warm steps."""
         flat = tf.reshape(tf.cast(tensor, tf.float32), (ctx.n,))
-        name = f"hvd_gradq.{self.cid}.w{key}{set_suffix(ps)}"
+        name = names.collective(f"{self.cid}.", Kind.WARM, f"{key}{set_suffix(ps)}")
 
         def exact() -> tuple[Any, ...]:
             total = hvd.allreduce(flat, op=hvd.Sum, name=name, ignore_name_scope=True, process_set=ps)

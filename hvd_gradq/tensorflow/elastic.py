@@ -39,9 +39,10 @@ import numpy as np
 import tensorflow as tf
 
 from ..errors import GradqError
-from ..frontend import elastic
+from ..frontend import elastic, names
 from ..frontend.elastic import Generation, World
 from ..frontend.membership import membership
+from ..frontend.names import Kind
 from .state import SlotStore
 
 if TYPE_CHECKING:
@@ -108,7 +109,8 @@ class Elastic:
             c = self.c
             one, ctx = c._compress_at(x, site, ps, membership(mpi_ops._basics, ps), key, host=True)
             v = hvd.allreduce(one, op=site.op, prescale_factor=site.prescale, postscale_factor=site.postscale,
-                              name=f"hvd_gradq.{c.cid}.v{ctx.slot_index}", ignore_name_scope=True, process_set=ps)
+                              name=names.collective(f"{c.cid}.", Kind.VALUE, str(ctx.slot_index)),
+                              ignore_name_scope=True, process_set=ps)
             return c.decompress(v, ctx), tf.ones((1,), tf.float32)
 
         def run(x: Any) -> Any:

@@ -25,11 +25,12 @@ import horovod.tensorflow.mpi_ops as mpi_ops
 import tensorflow as tf
 
 from ..errors import GradqError
-from ..frontend import hosts, probe
+from ..frontend import hosts, names, probe
 from ..frontend.codec import check_config_blocks, config_block
 from ..frontend.cpu_cost import Figures
 from ..frontend.guards import check_initialized
 from ..frontend.membership import membership
+from ..frontend.names import Kind
 from ..frontend.patterns import Pattern
 from ..schemes.options import NonFinite
 from ..schemes.scheme import Scheme
@@ -70,8 +71,9 @@ def check_configs(config: str, ps: Any, suffix: str) -> None:
     with tf.init_scope():  # runs now, eagerly, even while a graph is being traced
         if not tf.executing_eagerly():  # a TF1-style graph: no eager collective can run now
             return
-        gathered = hvd.allgather(tf.constant(config_block(config)), name=f"hvd_gradq.tfconfig{suffix}",
-                                 ignore_name_scope=True, process_set=ps).numpy()
+        name = names.collective("tf", Kind.CONFIG, suffix.lstrip("."))
+        gathered = hvd.allgather(tf.constant(config_block(config)), name=name, ignore_name_scope=True,
+                                 process_set=ps).numpy()
     check_config_blocks(gathered)
 
 
@@ -91,7 +93,8 @@ def agree(config: str, check: bool, ps: Any, scheme: Scheme, pattern: Pattern, l
         if not tf.executing_eagerly() or not probe.priced(pattern):
             return None
         return probe.agreed(scheme, size, local, _fp16_round_trip, lambda row: hvd.allgather(
-            tf.constant(row), name=f"hvd_gradq.tfcpu{suffix}", ignore_name_scope=True, process_set=ps).numpy())
+            tf.constant(row), name=names.collective("tf", Kind.CPU, suffix.lstrip(".")), ignore_name_scope=True,
+            process_set=ps).numpy())
 
 
 def _fp16_round_trip(x: Any) -> Any:

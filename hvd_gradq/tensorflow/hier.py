@@ -32,13 +32,13 @@ import horovod.tensorflow.mpi_ops as mpi_ops
 import tensorflow as tf
 
 from ..feedback import Memory, host_key, reduced_key
-from ..frontend.codec import tensor_key
+from ..frontend import names
 from ..frontend.hosts import Hosts, ranks_per_host
+from ..frontend.names import Kind, Streams
 from ..frontend.patterns import Cost, Pattern, chunk_bounds, cost, fp16_cost, fp32_cost, hier_cross, reduced_scheme
 from ..schemes.scheme import Scheme
 from ..wire.payload import header_size
 from ..wire.poison import poisons
-from ..xp import stream_seed
 from . import codec, host
 from .collectives import Ctx
 from .ops import TF, step_words
@@ -52,13 +52,13 @@ class Hier:
     hosts: Hosts
     cross: Pattern
     pieces: list[tuple[int, int]]
-    stream: int
+    streams: Streams
     step: Any
-    name: str  # collective names: ``hvd_gradq.<cid>.h`` + phase + ``tag``
-    tag: str  # the slot's part of collective names (as the other patterns')
+    scope: str  # collective names (:func:`hvd_gradq.frontend.names.collective`): the compressor's
+    tag: str  # ... and the slot's part
 
     def collective(self, phase: int) -> str:
-        return f"{self.name}{phase}{self.tag}"
+        return names.collective(self.scope, Kind.HIER, self.tag, phase)
 
 
 def widths(n: int, bucket: int, hosts: Hosts) -> tuple[int, int]:
@@ -114,8 +114,8 @@ def residuals(scheme: Scheme, key: str, n: int, size: int, local: int, link_gbps
     return out
 
 
-def _words(stream: int, step: Any, tag: str) -> tuple[Any, Any]:
-    return step_words(TF, stream_seed(stream, tensor_key(tag)), step)
+def _words(streams: Streams, step: Any, tag: str) -> tuple[Any, Any]:
+    return step_words(TF, streams(tag), step)
 
 
 def _send(t: Any, peers: list[int], sizes: list[int], nranks: int, name: str) -> Any:
@@ -127,8 +127,8 @@ def _send(t: Any, peers: list[int], sizes: list[int], nranks: int, name: str) ->
     return out
 
 
-def hier_start(scheme: Scheme, x: Any, ctx: Ctx, local: int, link_gbps: float, stream: int, step: Any,
-               name: str, tag: str) -> None:
+def hier_start(scheme: Scheme, x: Any, ctx: Ctx, local: int, link_gbps: float, streams: Streams, step: Any,
+               scope: str, tag: str) -> None:
     """Phase 1: this rank's pieces and its NaN flag to the host's ranks (into ``ctx.result``)."""
     hosts = Hosts(ctx.size, local, hvd.rank())
     cross = hier_cross(scheme, ctx.n, ctx.size, local, link_gbps)
@@ -136,7 +136,7 @@ def hier_start(scheme: Scheme, x: Any, ctx: Ctx, local: int, link_gbps: float, s
     flag = tf.zeros((1,), tf.float32) if ctx.finite is None else 1.0 - tf.cast(tf.reshape(ctx.finite, (1,)),
                                                                                tf.float32)
     send = tf.concat([part for lo, hi in pieces for part in (x[lo:hi], flag)], 0)
-    hi_ = Hier(hosts, cross, pieces, stream, step, name, tag)
+    hi_ = Hier(hosts, cross, pieces, streams, step, scope, tag)
     ctx.result = _send(send, hosts.local_peers(), [hi - lo + 1 for lo, hi in pieces], hosts.nranks, hi_.collective(1))
     ctx.scatter = hi_
 
@@ -166,7 +166,7 @@ def hier_finish(scheme: Scheme, ctx: Ctx, memory: Memory | None) -> Any:
         return tf.where(bad, tf.constant(poisons(rows)), buf)
 
     if hi_.cross is Pattern.GATHER:
-        a, b = _words(hi_.stream, hi_.step, "#host")
+        a, b = _words(hi_.streams, hi_.step, "#host")
         size = header_size(scheme.spec, 1) + scheme.nbytes(m)
         buf = poisoned(host.payload_encoder(scheme, (m,), "float32", m)(total, a, b), [size])
         got = _send(tf.tile(buf, [h.count]), h.cross_peers(), [size] * h.count, h.nranks, hi_.collective(2))
@@ -176,7 +176,7 @@ def hier_finish(scheme: Scheme, ctx: Ctx, memory: Memory | None) -> Any:
             memory.update(hk, sent, tf.pad(own, [[0, piece_w - m]]))
     else:
         subs = chunk_bounds(m, scheme.bucket, h.count)
-        words = [_words(hi_.stream, hi_.step, f"#host#{k}") for k in range(h.count)]
+        words = [_words(hi_.streams, hi_.step, f"#host#{k}") for k in range(h.count)]
         a, b = tf.stack([w[0] for w in words]), tf.stack([w[1] for w in words])
         buf, mine = host.chunk_encoder(scheme, tuple(subs), memory is not None)(total, a, b)
         sizes = [header_size(scheme.spec, 1) + scheme.nbytes(e - s) for s, e in subs]
@@ -192,7 +192,7 @@ def hier_finish(scheme: Scheme, ctx: Ctx, memory: Memory | None) -> Any:
             psent = memory.compensate(rk, tf.pad(part, [[0, sub_w - k]]))
             part = psent[:k]
         fine = reduced_scheme(scheme, h.count)
-        a, b = _words(hi_.stream, hi_.step, "#host#reduce")
+        a, b = _words(hi_.streams, hi_.step, "#host#reduce")
         rbuf = host.payload_encoder(fine, (k,), "float32", k)(part, a, b)
         rsize = header_size(fine.spec, 1) + fine.nbytes(k)
         got = _send(tf.tile(rbuf, [h.count]), h.cross_peers(), [rsize] * h.count, h.nranks, hi_.collective(3))

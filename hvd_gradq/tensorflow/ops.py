@@ -35,7 +35,7 @@ import tensorflow as tf
 from numpy.typing import NDArray
 
 from ..errors import GradqError
-from ..xp import MASK32, Array, Ops, _host_result, _mix, seed_words
+from ..xp import Array, Ops, _host_result, step_words
 
 _DT = {"int64": tf.int64, "float32": tf.float32, "float64": tf.float64, "uint8": tf.uint8,
        "float16": tf.float16, "int32": tf.int32}
@@ -223,17 +223,4 @@ TF = TFOps()
 _check: Ops = TF  # TFOps satisfies the Ops protocol (checked by mypy)
 
 
-def step_words(ops: Ops, seed: int, step: Array) -> tuple[Array, Array]:
-    """The two 32-bit seed words of the draws of one tensor at ``step`` (an int64 scalar array of
-    ``ops``, e.g. a ``tf.Variable``'s value inside the graph).
-
-    ``seed`` (a Python int fixed when the graph is built: base seed, rank and tensor key) is split
-    by :func:`~hvd_gradq.xp.seed_words`; the step is then mixed in with the same 32-bit hash as the
-    draws themselves, so the words can be computed inside a TF graph from a step counter and, for
-    tests, in NumPy: ``uniforms(ops, step_words(ops, seed, step), start, n)``.
-    """
-    a0, b0 = seed_words(seed)
-    s = ops.i64(step)
-    a = _mix(ops, ops.xor(ops.band(s, MASK32), a0))
-    b = _mix(ops, ops.band(ops.xor(ops.xor(ops.band(ops.shr(s, 32), MASK32), b0), a), MASK32))
-    return a, b
+__all__ = ["TF", "TFOps", "step_words"]  # step_words: hvd_gradq.xp's, the seeds' one rule (frontend/names.py)

@@ -11,10 +11,9 @@ reduced chunks; every rank decodes them in rank order and concatenates them (the
 the same computation on every rank). Error feedback of the rank's own gradient is the gather
 pattern's, with this rank's own decoded chunks concatenated as what was sent.
 
-*Draws.* The TensorFlow frontend draws from a stream per (seed, rank, slot), stepped in the graph
-(:func:`.ops.step_words`); chunk j draws from ``stream_seed(stream, tensor_key("#j"))`` and the
-reduced chunk from ``stream_seed(stream, tensor_key("#reduce"))``, as PyTorch's ``<name>#j`` and
-``<name>#reduce`` (:func:`hvd_gradq.feedback.reduced_key`).
+*Draws.* By the seeds' one rule (:mod:`hvd_gradq.frontend.names`), stepped in the graph: chunk j
+draws from the stream of ``<key>#j``, the reduced chunk from ``<key>#reduce``
+(:func:`hvd_gradq.feedback.reduced_key`), as PyTorch's.
 
 *The scatter side's residual* (``residuals["<key>#reduce"]``, :mod:`.state`) is as wide as the
 widest chunk on every rank, the rank's own chunk zero-padded to it: so a checkpoint written on
@@ -38,12 +37,12 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from ..feedback import REDUCED, Memory, reduced_key
-from ..frontend.codec import tensor_key
+from ..frontend import names
+from ..frontend.names import Kind, Streams
 from ..frontend.patterns import chunk_bounds, reduced_scheme
 from ..schemes.scheme import Scheme
 from ..wire.payload import header_size
 from ..wire.poison import poisons
-from ..xp import stream_seed
 from . import host
 from .callsite import set_suffix
 from .collectives import Ctx
@@ -74,31 +73,32 @@ def server_residual(key: str, n: int, bucket: int, size: int, rank: int) -> tupl
     return (rk, *make_residual(rk, widest(n, bucket, size), rank))
 
 
-def _words(stream: int, step: Any, tag: str) -> tuple[Any, Any]:
-    return step_words(TF, stream_seed(stream, tensor_key(tag)), step)
+def _words(streams: Streams, step: Any, tag: str) -> tuple[Any, Any]:
+    return step_words(TF, streams(tag), step)
 
 
 def _sizes(scheme: Scheme, bounds: list[tuple[int, int]]) -> list[int]:
     return [header_size(scheme.spec, 1) + scheme.nbytes(hi - lo) for lo, hi in bounds]
 
 
-def scatter_start(scheme: Scheme, cid: str, x: Any, stream: int, step: Any, key: str, ctx: Ctx,
+def scatter_start(scheme: Scheme, cid: str, x: Any, streams: Streams, step: Any, key: str, ctx: Ctx,
                   ps: Any, own: bool) -> None:
     """Encode the N chunks of ``x`` and alltoall them (into ``ctx.result``: rank j's chunk from
     every rank, one row a rank); ``own``: keep this rank's decoded chunks for error feedback."""
     bounds = chunk_bounds(ctx.n, scheme.bucket, ctx.size)
-    words = [_words(stream, step, f"#{j}") for j in range(ctx.size)]
+    words = [_words(streams, step, f"#{j}") for j in range(ctx.size)]
     a, b = tf.stack([w[0] for w in words]), tf.stack([w[1] for w in words])
     buf, mine = host.chunk_encoder(scheme, tuple(bounds), own)(x, a, b)
     lens = _sizes(scheme, bounds)
     if ctx.finite is not None:  # each chunk the poison (wire/poison.py), padded to its traced size
         buf = tf.where(ctx.finite, buf, tf.constant(poisons(lens)))
     sfx = set_suffix(ps)
-    recv, _ = hvd.alltoall(buf, splits=tf.constant(lens, tf.int32), name=f"hvd_gradq.{cid}.a{key}{sfx}",
+    recv, _ = hvd.alltoall(buf, splits=tf.constant(lens, tf.int32),
+                           name=names.collective(f"{cid}.", Kind.ALLTOALL, f"{key}{sfx}"),
                            ignore_name_scope=True, process_set=ps)
     ctx.result = tf.reshape(recv, (ctx.size, lens[ctx.rank]))
-    ctx.scatter = Phase2(bounds, mine if own else None, _words(stream, step, REDUCED),
-                         f"hvd_gradq.{cid}.r{key}{sfx}", ps)
+    ctx.scatter = Phase2(bounds, mine if own else None, _words(streams, step, REDUCED),
+                         names.collective(f"{cid}.", Kind.REDUCED, f"{key}{sfx}"), ps)
 
 
 def scatter_finish(scheme: Scheme, ctx: Ctx, memory: Memory | None) -> tuple[Any, Any]:

@@ -49,11 +49,12 @@ import torch
 
 from ..errors import GradqError
 from ..feedback import Memory
-from ..frontend import codec, hosts, probe
+from ..frontend import codec, hosts, names, probe
 from ..frontend.cpu_cost import Figures
 from ..frontend.guards import check_tensor, instance_only
 from ..frontend.hosts import Hosts
 from ..frontend.membership import membership
+from ..frontend.names import Kind
 from ..frontend.patterns import (
     ONE_RANK_WHY,
     Pattern,
@@ -257,12 +258,14 @@ class GradqCompressor(Reports):
         if self.check_ranks:
             layout = hosts.layout(group.size, group.local, self.link_gbps, self.fallback)
             block = torch.from_numpy(codec.config_block(self.config() + layout))
-            gathered = hvd.allgather(block, name=f"hvd_gradq.{group.key}config", process_set=group.process_set)
+            gathered = hvd.allgather(block, name=names.collective(group.key, Kind.CONFIG),
+                                     process_set=group.process_set)
             codec.check_config_blocks(gathered.numpy())
         if probe.priced(self.pattern):
             self._figures[group.key] = probe.agreed(
                 self.scheme, group.size, group.local, _fp16_round_trip, lambda row: hvd.allgather(
-                    torch.from_numpy(row), name=f"hvd_gradq.{group.key}cpu", process_set=group.process_set).numpy())
+                    torch.from_numpy(row), name=names.collective(group.key, Kind.CPU),
+                    process_set=group.process_set).numpy())
 
     # -- Horovod's interface -------------------------------------------------------------------
     @instance_only

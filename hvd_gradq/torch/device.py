@@ -34,6 +34,7 @@ from ..api import Payload, decode_flat, payload_of
 from ..errors import GradqError
 from ..frontend import codec
 from ..schemes.scheme import Scheme
+from ..xp import Seed
 from .ops import TorchOps
 
 #: The environment variable that sets ``codec`` when the compressor gets none.
@@ -55,7 +56,7 @@ def on_device(codec: str, x: torch.Tensor) -> bool:
     return codec == "device" or (codec == "auto" and x.is_cuda)
 
 
-def encode(scheme: Scheme, x: torch.Tensor, seed: int) -> tuple[NDArray[np.uint8], torch.Tensor] | None:
+def encode(scheme: Scheme, x: torch.Tensor, seed: Seed) -> tuple[NDArray[np.uint8], torch.Tensor] | None:
     """The payload bytes of flat float32 ``x`` and this rank's decoded values (on ``x``'s device),
     or None when ``x`` holds values the device path leaves to the host path (see the docstring)."""
     if x.numel() and not bool((x.abs() < scheme.limit).all()):  # NaN compares False: the host path
@@ -80,7 +81,7 @@ def decode_sum(buf: NDArray[np.uint8], own_rank: int, own: torch.Tensor, name: s
     return total, len(payloads)
 
 
-def encode_any(scheme: Scheme, x: torch.Tensor, seed: int, what: str, device: bool) -> tuple[NDArray[np.uint8], Any]:
+def encode_any(scheme: Scheme, x: torch.Tensor, seed: Seed, what: str, device: bool) -> tuple[NDArray[np.uint8], Any]:
     """The payload and own values of flat float32 ``x``: on its device when ``device`` (own: a
     tensor there) and the device path takes it, else on the host (own: NumPy; the host path
     raises NonFiniteError under nonfinite=raise)."""

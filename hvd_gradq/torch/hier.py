@@ -38,8 +38,9 @@ import torch
 from ..api import dequantize, split
 from ..errors import GradqError, NonFiniteError, RangeError
 from ..feedback import Memory, host_key, reduced_key
-from ..frontend import codec
+from ..frontend import codec, names
 from ..frontend.hosts import Hosts
+from ..frontend.names import Kind
 from ..frontend.patterns import Pattern, chunk_bounds, reduced_scheme
 from ..frontend.stats import Stats
 from ..policy import Policy
@@ -160,7 +161,7 @@ class Hierarchy:
     def _send(self, ctx: HierCtx, t: torch.Tensor, splits: list[int], stage: int) -> None:
         ctx.stage = stage
         ctx.handle = hvd.alltoall_async(t, splits=torch.tensor(splits, dtype=torch.int32),
-                                        name=f"hvd_gradq.{ctx.group.key}h{stage}.{ctx.name}",
+                                        name=names.collective(ctx.group.key, Kind.HIER, ctx.name, stage),
                                         process_set=ctx.group.process_set)
 
     def _to_cross(self, ctx: HierCtx, bufs: list[Any], stage: int) -> None:
@@ -181,7 +182,7 @@ class Hierarchy:
         range) or after an earlier phase's error, so the others still get a part and learn why."""
         if ctx.error is None:
             try:
-                seed = codec.draw_seed(self.seed, hvd.rank(), ctx.step, key)
+                seed = names.words(self.seed, hvd.rank(), key, ctx.step)
                 with self.stats.clock.timed("encode"):
                     return codec.encode(scheme, x.numpy(), seed, f"{ctx.name} (step {ctx.step})")
             except GradqError as e:

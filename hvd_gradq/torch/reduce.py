@@ -39,6 +39,7 @@ from ..api import split
 from ..errors import GradqError, NonFiniteError, RangeError, RankMismatchError
 from ..feedback import Memory, reduced_key
 from ..frontend import codec
+from ..frontend.names import Kind, collective, words
 from ..frontend.patterns import Lanes, Pattern, chunk_bounds, cost, lanes_for, reduced_scheme
 from ..frontend.stats import Stats
 from ..frontend.workers import Workers
@@ -48,6 +49,7 @@ from ..schemes.options import NonFinite
 from ..schemes.scheme import Scheme
 from ..schemes.summable import decode_codes, encode_shared, local_stats
 from ..wire.packing import pack_lanes, unpack_lanes
+from ..xp import Seed
 from . import device
 from .context import Ctx
 from .hier import Hierarchy, HierCtx
@@ -73,7 +75,7 @@ class SummableCtx(Ctx):
     pattern: ClassVar[Pattern] = Pattern.SUMMABLE
     x: Any = None  # the compressed input (gradient + residual), float32, where it is encoded
     ops: Any = None  # TorchOps of that device (:mod:`.device`: only statistics and lanes cross)
-    seed: int = 0
+    seed: Seed = 0
     stats_handle: Any = None  # phase 1: Max-allreduce of per-bucket statistics
     local_bad: bool = False  # nonfinite=raise and this rank held NaN/Inf
     local_error: GradqError | None = None  # a finite value beyond the scheme's range on this rank
@@ -218,10 +220,10 @@ class Reducer:
     # -- gather: allgather of payloads -------------------------------------------------------------
     def _gather_start(self, ctx: GatherCtx, x: torch.Tensor) -> GatherCtx:
         g = ctx.group
-        seed = codec.draw_seed(self.seed, hvd.rank(), ctx.step, ctx.name)
+        seed = words(self.seed, hvd.rank(), ctx.name, ctx.step)
         # the job reads x's values; nothing writes the gradient before the step settles the job
-        job = gather_job(self.scheme, x, seed, f"{ctx.name} (step {ctx.step})", f"hvd_gradq.{g.key}g.{ctx.name}",
-                         g.process_set, device.on_device(self.codec, x))
+        job = gather_job(self.scheme, x, seed, f"{ctx.name} (step {ctx.step})",
+                         collective(g.key, Kind.GATHER, ctx.name), g.process_set, device.on_device(self.codec, x))
         ctx.x = x
         self._submit(ctx, job)
         return ctx
@@ -279,12 +281,12 @@ class Reducer:
             stats = local_stats(scheme, ops, xc)
             stats[bad] = float("inf")
         ctx.x = xc
-        ctx.seed = codec.draw_seed(self.seed, hvd.rank(), ctx.step, ctx.name)
+        ctx.seed = words(self.seed, hvd.rank(), ctx.name, ctx.step)
         g = ctx.group
         self.stats.clock.add("encode", time.perf_counter() - t0)  # the statistics
         ctx.stats_handle = hvd.allreduce_async(
-            stats.cpu().contiguous(), op=hvd.Max, name=f"hvd_gradq.{g.key}s.{ctx.name}", process_set=g.process_set
-        )
+            stats.cpu().contiguous(), op=hvd.Max, name=collective(g.key, Kind.STATS, ctx.name),
+            process_set=g.process_set)
         self.pending.append(ctx)
         return ctx
 
@@ -334,7 +336,7 @@ class Reducer:
         lay = lanes_for(scheme.symbols, g.size)
         lanes = pack_lanes(ctx.ops, codes, lay.field_bits, lay.fields).to(torch.int32)
         ctx.meta, ctx.lanes = meta, lay
-        ctx.handle = hvd.allreduce_async(lanes.cpu(), op=hvd.Sum, name=f"hvd_gradq.{g.key}l.{ctx.name}",
+        ctx.handle = hvd.allreduce_async(lanes.cpu(), op=hvd.Sum, name=collective(g.key, Kind.LANES, ctx.name),
                                          process_set=g.process_set)
         own: torch.Tensor = decode_codes(scheme, ctx.ops, codes, meta, x.numel())
         self.stats.clock.add("encode", time.perf_counter() - t0)  # codes, lanes and own values
@@ -358,9 +360,10 @@ class Reducer:
     def _scatter_start(self, ctx: ScatterCtx, x: torch.Tensor) -> ScatterCtx:
         g = ctx.group
         ctx.bounds = chunk_bounds(x.numel(), self.scheme.bucket, g.size)
-        seeds = [codec.draw_seed(self.seed, hvd.rank(), ctx.step, f"{ctx.name}#{j}") for j in range(len(ctx.bounds))]
+        seeds: list[Seed] = [words(self.seed, hvd.rank(), f"{ctx.name}#{j}", ctx.step) for j in range(len(ctx.bounds))]
         job = scatter_job(self.scheme, x, ctx.bounds, seeds, f"{ctx.name} (step {ctx.step})",
-                          f"hvd_gradq.{g.key}a.{ctx.name}", g.process_set, device.on_device(self.codec, x))
+                          collective(g.key, Kind.ALLTOALL, ctx.name), g.process_set,
+                          device.on_device(self.codec, x))
         ctx.x = x
         self._submit(ctx, job)
         return ctx
@@ -374,7 +377,7 @@ class Reducer:
         key = reduced_key(ctx.name)
         if self.policy.ef:
             sent = self.memory.compensate(key, sent)
-        seed = codec.draw_seed(self.seed, hvd.rank(), ctx.step, key)
+        seed = words(self.seed, hvd.rank(), key, ctx.step)
         fine = reduced_scheme(self.scheme, g.size)  # cheap, unbiased, no noisier than the first phase
         what = f"{ctx.name} (step {ctx.step}, reduced)"
         with self.stats.clock.timed("encode"):
@@ -382,8 +385,8 @@ class Reducer:
         if self.policy.ef:
             self.memory.update(key, sent, own if isinstance(own, torch.Tensor) else torch.from_numpy(own))
         ctx.reduced_own, ctx.reduced_bytes = own, int(buf.shape[0])
-        ctx.gather_handle = hvd.allgather_async(torch.from_numpy(buf), name=f"hvd_gradq.{g.key}r.{ctx.name}",
-                                                process_set=g.process_set)
+        ctx.gather_handle = hvd.allgather_async(
+            torch.from_numpy(buf), name=collective(g.key, Kind.REDUCED, ctx.name), process_set=g.process_set)
 
     def _scatter_finish(self, ctx: ScatterCtx) -> torch.Tensor:
         g = ctx.group

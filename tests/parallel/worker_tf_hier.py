@@ -22,6 +22,7 @@ Sections:
 """
 import argparse
 
+import draws
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
@@ -33,9 +34,7 @@ import hvd_gradq.tensorflow as gq
 from hvd_gradq.api import Payload
 from hvd_gradq.frontend import codec
 from hvd_gradq.frontend.patterns import Pattern, chunk_bounds, decide, hier_cross, reduced_scheme
-from hvd_gradq.tensorflow.ops import step_words
 from hvd_gradq.wire.payload import header_size
-from hvd_gradq.xp import NUMPY, stream_seed
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--link", type=float, required=True)
@@ -76,8 +75,7 @@ def simulate(spec, slot_index, cs, state, step):
     fine = reduced_scheme(scheme, H)
 
     def words(owner, tag):
-        stream = stream_seed(SEED, owner, slot_index)
-        a, b = step_words(NUMPY, stream_seed(stream, codec.tensor_key(tag)), np.int64(step))
+        a, b = draws.words(SEED, owner, f"{slot_index}{tag}", step)  # TF's key: the slot's index
         return (np.int64(a), np.int64(b))
 
     def quantize(sch, x, owner, tag, kind):

@@ -30,6 +30,7 @@ import argparse
 import os
 import tempfile
 
+import draws
 import horovod.tensorflow as hvd
 import horovod.tensorflow.keras as hvdk
 import numpy as np
@@ -41,8 +42,6 @@ import hvd_gradq.tensorflow as gq
 from hvd_gradq.api import Payload
 from hvd_gradq.frontend import codec
 from hvd_gradq.frontend.patterns import Pattern, chunk_bounds, cost, decide, reduced_scheme
-from hvd_gradq.tensorflow.ops import step_words
-from hvd_gradq.xp import NUMPY, stream_seed
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--only", default="")
@@ -105,8 +104,7 @@ def simulate(spec, members, slot_index, grads, state, step, v):
     fine = reduced_scheme(scheme, N)
 
     def words(i, tag):
-        stream = stream_seed(SEED, members[i], slot_index)
-        a, b = step_words(NUMPY, stream_seed(stream, codec.tensor_key(tag)), np.int64(step))
+        a, b = draws.words(SEED, members[i], f"{slot_index}{tag}", step)  # TF's key: the slot's index
         return (np.int64(a), np.int64(b))
 
     sent = {}  # (member, chunk) -> payload bytes

@@ -11,6 +11,7 @@ import argparse
 import hashlib
 import traceback
 
+import draws
 import horovod.torch as hvd
 import numpy as np
 import torch
@@ -44,7 +45,7 @@ def check(key: str, f, *a) -> None:
 
 def encode(scheme, x: np.ndarray, owner: int, step: int, key: str) -> np.ndarray:
     with kernels.disabled():
-        _, own = codec.encode(scheme, x, codec.draw_seed(0, owner, step, key), "oracle")
+        _, own = codec.encode(scheme, x, draws.words(0, owner, key, step), "oracle")
     return own
 
 

@@ -12,6 +12,7 @@ import contextlib
 import hashlib
 import io
 
+import draws
 import horovod.torch as hvd
 import numpy as np
 import torch
@@ -20,7 +21,6 @@ from harness import report
 import hvd_gradq
 import hvd_gradq.torch as gq
 from hvd_gradq import kernels
-from hvd_gradq.frontend import codec
 from hvd_gradq.frontend.patterns import Pattern, decide_why
 from hvd_gradq.schemes.summable import decode_codes, encode_shared, local_stats
 from hvd_gradq.xp import NUMPY
@@ -194,16 +194,16 @@ def reference(scheme, used: str, allx: np.ndarray, base: int, step: int, name: s
         for j, (lo, hi) in enumerate(chunk_bounds(n, scheme.bucket, size)):
             part = None
             for r in range(size):
-                q = hvd_gradq.quantize(allx[r][lo:hi], scheme, seed=codec.draw_seed(base, r, step, f"{name}#{j}"))
+                q = hvd_gradq.quantize(allx[r][lo:hi], scheme, seed=draws.words(base, r, f"{name}#{j}", step))
                 d = hvd_gradq.dequantize(q)
                 part = d if part is None else part + d
-            red = hvd_gradq.quantize(part, finer(scheme, size), seed=codec.draw_seed(base, j, step, f"{name}#reduce"))
+            red = hvd_gradq.quantize(part, finer(scheme, size), seed=draws.words(base, j, f"{name}#reduce", step))
             pieces.append(hvd_gradq.dequantize(red))
         return np.concatenate(pieces)
     if used == "gather":
         total = None
         for r in range(size):
-            seed = codec.draw_seed(base, r, step, name)
+            seed = draws.words(base, r, name, step)
             d = hvd_gradq.dequantize(
                 hvd_gradq.Payload.from_bytes(hvd_gradq.quantize(allx[r], scheme, seed=seed).to_bytes())
             )
@@ -212,7 +212,7 @@ def reference(scheme, used: str, allx: np.ndarray, base: int, step: int, name: s
     assert used == "summable", used
     stats = np.max([local_stats(scheme, NUMPY, allx[r]) for r in range(size)], axis=0)
     codes = sum(
-        encode_shared(scheme, NUMPY, allx[r], stats, codec.draw_seed(base, r, step, name))[0] for r in range(size)
+        encode_shared(scheme, NUMPY, allx[r], stats, draws.words(base, r, name, step))[0] for r in range(size)
     )
     meta = encode_shared(scheme, NUMPY, allx[0], stats, 0)[1]
     return decode_codes(scheme, NUMPY, codes, meta, n, count=size)
@@ -291,7 +291,7 @@ def identity_check(bpps: int) -> dict:
         for step in range(3):
             pvec = (c.numpy() * bpps).astype(np.float32) + e
             d = hvd_gradq.dequantize(
-                hvd_gradq.quantize(pvec, "sign:ef=true", seed=codec.draw_seed(1, rank, step, name))
+                hvd_gradq.quantize(pvec, "sign:ef=true", seed=draws.words(1, rank, name, step))
             )
             e = pvec - d
         ok[name] = bool(np.array_equal(comp.state_dict()["residuals"][name].numpy(), e))
