@@ -7,8 +7,11 @@ tensors and TensorFlow's graph tensors run the same arithmetic.
 
 **Keys.** A rank's own gradient is keyed by its name (``dense/kernel:0``, ``fc.weight``). The
 scatter pattern re-compresses the partial sum a rank reduced for its chunk and sends that on: its
-rounding error is a second, server-side residual, keyed :func:`reduced_key` (``<name>#reduce``).
-Checkpoints keep both.
+rounding error is a second, server-side residual, keyed :func:`reduced_key` (``<name>#reduce``);
+the hierarchical pattern's owner keeps its piece's as :func:`host_key` (``<name>#host``). **Owners.**
+Every rank owns one chunk (scatter) or piece (hierarchical) of every tensor those patterns take, so
+the one owner rule is :func:`keeps_owner_residuals`: with error feedback, every rank keeps its own.
+Checkpoints keep them all.
 
 **Where residuals live** is the frontend's :class:`Store`: a dict of tensors in PyTorch
 (:class:`hvd_gradq.torch.feedback.TensorStore`), one ``tf.Variable`` per gradient in TensorFlow
@@ -57,6 +60,13 @@ def host_key(name: str) -> str:
     """The key of the hierarchical pattern's residual of the piece of the host's sum of ``name``
     this rank owns (its scatter part's reduced chunk is ``reduced_key(host_key(name))``)."""
     return name + HOST
+
+
+def keeps_owner_residuals(ef: bool, second_phase: bool) -> bool:
+    """Whether a rank keeps owner residuals (``#reduce``, ``#host``) for a tensor: with error
+    feedback, under a pattern that re-quantizes a reduced part (scatter, hierarchical), always,
+    since every rank owns one part. Both frontends ask this, not their stores."""
+    return ef and second_phase
 
 
 def parameter_of(key: str) -> str:

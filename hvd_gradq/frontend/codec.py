@@ -167,6 +167,17 @@ def decode_sum(
 
 
 CONFIG_BLOCK = 256
+#: the version of the configuration ranks compare (one for both frontends; bumped when a field's
+#: meaning changes, so ranks running different hvd_gradq versions refuse each other)
+CONFIG_VERSION = 3
+
+
+def config_text(full_spec: str, pattern: str, seed: int, frontend: str, name: str = "") -> str:
+    """What every rank of a compressor must agree on, in one format for both frontends:
+    the spec (policy included), the pattern asked for, the seed, the frontend, TensorFlow's
+    compressor name (its collectives' scope) and :data:`CONFIG_VERSION`."""
+    fields = [full_spec, f"pattern={pattern}", f"seed={seed}"] + ([f"name={name}"] if name else [])
+    return "|".join([*fields, frontend, f"v={CONFIG_VERSION}"])
 
 
 def config_block(text: str) -> NDArray[np.uint8]:

@@ -58,13 +58,14 @@ import numpy as np
 import tensorflow as tf
 
 from ..errors import GradqError
-from ..feedback import Memory, host_key, reduced_key
+from ..feedback import Memory, keeps_owner_residuals
 from ..frontend import hosts, names, probe, workers
-from ..frontend.codec import stops_on_values
+from ..frontend.codec import config_text, stops_on_values
 from ..frontend.guards import check_tensor, instance_only
 from ..frontend.membership import membership
 from ..frontend.names import Kind, Streams
 from ..frontend.patterns import EVERY, Pattern, choose, decide_why, fp32_cost, parse_pattern
+from ..frontend.rank_cost import rank_cost
 from ..schemes.level import LevelScheme
 from ..schemes.options import NonFinite
 from ..schemes.plain import FP16Scheme, NoneScheme
@@ -145,7 +146,7 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
     # -- configuration ---------------------------------------------------------------------------
     def config(self) -> str:
         """What every rank must agree on."""
-        return f"{self.settings.full_spec}|pattern={self.pattern.value}|seed={self.seed}|name={self.cid}|tf|v=2"
+        return config_text(self.settings.full_spec, self.pattern.value, self.seed, "tf", self.cid)
 
     def digest(self) -> str:
         return hashlib.sha256(self.config().encode()).hexdigest()[:16]
@@ -185,7 +186,7 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
         n = int(np.prod(shape, dtype=np.int64)) if shape else 1
         pattern, why = self._pattern_for(n, len(shape), size, local)
         self._telemetry.decide(key, pattern, why, n, size)
-        c = hier.slot_cost(self.scheme, n, len(shape), size, local, pattern, self.link_gbps)
+        c = rank_cost(self.scheme, n, len(shape), size, local, hvd.rank(), pattern, self.link_gbps)
         step, residual, owner = self.steps.get(key), self.residuals.get(key), self.owners.get(key)
         if step is None:  # elastic: a new world's slot keeps its variables (tf_elastic.new_world)
             step, residual, owner = make_variables(key, n, self.policy.ef, hvd.rank())
@@ -385,8 +386,7 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
             out, own = collectives.gather_finish(ctx)
             return out, own
         if ctx.pattern in (Pattern.SCATTER, Pattern.HIERARCHICAL):  # their own residuals are written here
-            key = reduced_key(ctx.slot.key) if ctx.slot is not None else ""
-            server = ctx.slot is not None and (key in self.residuals or host_key(ctx.slot.key) in self.residuals)
+            server = ctx.slot is not None and keeps_owner_residuals(self.policy.ef, second_phase=True)
             if server:
                 self.memory.begin_step(self._loss_scale())
             if ctx.pattern is Pattern.HIERARCHICAL:

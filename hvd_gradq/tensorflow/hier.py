@@ -35,7 +35,7 @@ from ..feedback import Memory, host_key, reduced_key
 from ..frontend import names
 from ..frontend.hosts import Hosts, ranks_per_host
 from ..frontend.names import Kind, Streams
-from ..frontend.patterns import Cost, Pattern, chunk_bounds, cost, fp16_cost, fp32_cost, hier_cross, reduced_scheme
+from ..frontend.patterns import Pattern, chunk_bounds, hier_cross, reduced_scheme
 from ..schemes.scheme import Scheme
 from ..wire.payload import header_size
 from ..wire.poison import poisons
@@ -75,31 +75,6 @@ def ranks_per_host_of(ps: Any) -> int:
         return 1
     return ranks_per_host(hvd.size(), hvd.rank(), hvd.local_size(), hvd.local_rank(), hvd.cross_rank(),
                           bool(mpi_ops._basics.is_homogeneous()))
-
-
-def slot_cost(scheme: Scheme, n: int, ndim: int, size: int, local: int, pattern: Pattern | None,
-              link_gbps: float) -> Cost:
-    """What this rank sends and receives per step, for ``stats()``: hierarchical, the payloads of
-    its own piece that cross hosts (exact, from the payload sizes, as PyTorch counts them);
-    the other patterns, :func:`~hvd_gradq.frontend.patterns.cost`."""
-    if size <= 1 or pattern is None:
-        return fp32_cost(n, size)
-    if pattern is Pattern.FP16:  # the cost model's fallback: Horovod's fp16 ring
-        return fp16_cost(n, size)
-    if pattern is not Pattern.HIERARCHICAL:
-        return cost(scheme, n, ndim, size, pattern)
-    h = Hosts(size, local, hvd.rank())
-    lo, hi = chunk_bounds(n, scheme.bucket, local)[h.local_rank]
-    others = h.count - 1
-    if hier_cross(scheme, n, size, local, link_gbps) is Pattern.GATHER:
-        c = header_size(scheme.spec, 1) + scheme.nbytes(hi - lo)
-        return Cost(others * c, others * c)
-    fine = reduced_scheme(scheme, h.count)
-    subs = [b - a for a, b in chunk_bounds(hi - lo, scheme.bucket, h.count)]
-    first = [header_size(scheme.spec, 1) + scheme.nbytes(k) for k in subs]
-    second = [header_size(fine.spec, 1) + fine.nbytes(k) for k in subs]
-    me = h.host
-    return Cost(sum(first) - first[me] + others * second[me], others * first[me] + sum(second) - second[me])
 
 
 def residuals(scheme: Scheme, key: str, n: int, size: int, local: int, link_gbps: float) -> list[tuple[str, Any, Any]]:

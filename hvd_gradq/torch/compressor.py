@@ -242,7 +242,7 @@ class GradqCompressor(Reports):
 
     def config(self) -> str:
         """What every rank must agree on."""
-        return f"{self.settings.full_spec}|pattern={self.pattern.value}|seed={self.seed}|v=1"
+        return codec.config_text(self.settings.full_spec, self.pattern.value, self.seed, "torch")
 
     def _check(self, group: Group) -> None:
         """Once per process set, before anything depends on the configuration: ranks that

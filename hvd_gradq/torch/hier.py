@@ -37,7 +37,7 @@ import torch
 
 from ..api import dequantize, split
 from ..errors import GradqError, NonFiniteError, RangeError
-from ..feedback import Memory, host_key, reduced_key
+from ..feedback import Memory, host_key, keeps_owner_residuals, reduced_key
 from ..frontend import codec, names
 from ..frontend.hosts import Hosts
 from ..frontend.names import Kind
@@ -95,7 +95,7 @@ class Hierarchy:
             total = got[:m].clone()
             for i in range(1, h.local):
                 total += got[i * m:(i + 1) * m]
-            if self.policy.ef:
+            if keeps_owner_residuals(self.policy.ef, second_phase=True):
                 total = self.memory.compensate(key, total)
             if ctx.cross is Pattern.GATHER:
                 ctx.part = m
@@ -108,7 +108,7 @@ class Hierarchy:
                 own = np.concatenate([o for _, o in parts]) if all(o is not None for _, o in parts) else None
                 ctx.own = parts[h.host][1]
                 self._to_cross(ctx, [b for b, _ in parts], 2)
-            if self.policy.ef and own is not None:
+            if keeps_owner_residuals(self.policy.ef, second_phase=True) and own is not None:
                 self.memory.update(key, total, torch.from_numpy(own))
             if ctx.cross is Pattern.GATHER:
                 ctx.own = own
@@ -116,10 +116,10 @@ class Hierarchy:
         if ctx.stage == 2 and ctx.cross is Pattern.SCATTER:  # my sub-piece's sum, finer, to every host
             part = self._sum(ctx, got)
             rkey = reduced_key(key)
-            if self.policy.ef and ctx.error is None:
+            if keeps_owner_residuals(self.policy.ef, second_phase=True) and ctx.error is None:
                 part = self.memory.compensate(rkey, part)
             buf, own = self._encode(ctx, reduced_scheme(self.scheme, h.count), part, rkey)
-            if self.policy.ef and own is not None:
+            if keeps_owner_residuals(self.policy.ef, second_phase=True) and own is not None:
                 self.memory.update(rkey, part, torch.from_numpy(own))
             ctx.own = own
             self._to_cross(ctx, [buf] * h.count, 3)

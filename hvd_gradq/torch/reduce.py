@@ -37,7 +37,7 @@ import torch
 
 from ..api import split
 from ..errors import GradqError, NonFiniteError, RangeError, RankMismatchError
-from ..feedback import Memory, reduced_key
+from ..feedback import Memory, keeps_owner_residuals, reduced_key
 from ..frontend import codec
 from ..frontend.names import Kind, collective, words
 from ..frontend.patterns import Lanes, Pattern, chunk_bounds, cost, lanes_for, reduced_scheme
@@ -374,15 +374,15 @@ class Reducer:
         with self.stats.clock.timed("decode"):  # where the chunks were encoded
             sent, _count = device.sum_any(recv.numpy(), g.rank, ctx.own, ctx.name)
         ctx.received = int(recv.numel()) - ctx.own_bytes
-        key = reduced_key(ctx.name)
-        if self.policy.ef:
+        key, owner = reduced_key(ctx.name), keeps_owner_residuals(self.policy.ef, second_phase=True)
+        if owner:
             sent = self.memory.compensate(key, sent)
         seed = words(self.seed, hvd.rank(), key, ctx.step)
         fine = reduced_scheme(self.scheme, g.size)  # cheap, unbiased, no noisier than the first phase
         what = f"{ctx.name} (step {ctx.step}, reduced)"
         with self.stats.clock.timed("encode"):
             buf, own = device.encode_any(fine, sent, seed, what, isinstance(ctx.own, torch.Tensor))
-        if self.policy.ef:
+        if owner:
             self.memory.update(key, sent, own if isinstance(own, torch.Tensor) else torch.from_numpy(own))
         ctx.reduced_own, ctx.reduced_bytes = own, int(buf.shape[0])
         ctx.gather_handle = hvd.allgather_async(
