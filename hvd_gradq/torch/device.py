@@ -34,6 +34,7 @@ from ..api import Payload, decode_flat, payload_of
 from ..errors import GradqError
 from ..frontend import codec
 from ..schemes.scheme import Scheme
+from ..spec import SchemeLike, as_config
 from ..xp import Seed
 from .ops import TorchOps
 
@@ -81,11 +82,12 @@ def decode_sum(buf: NDArray[np.uint8], own_rank: int, own: torch.Tensor, name: s
     return total, len(payloads)
 
 
-def encode_any(scheme: Scheme, x: torch.Tensor, seed: Seed, what: str, device: bool) -> tuple[NDArray[np.uint8], Any]:
+def encode_any(scheme: SchemeLike, x: torch.Tensor, seed: Seed, what: str,
+               device: bool) -> tuple[NDArray[np.uint8], Any]:
     """The payload and own values of flat float32 ``x``: on its device when ``device`` (own: a
     tensor there) and the device path takes it, else on the host (own: NumPy; the host path
-    raises NonFiniteError under nonfinite=raise)."""
-    got = encode(scheme, x, seed) if device else None
+    raises NonFiniteError under a config's nonfinite=raise)."""
+    got = encode(as_config(scheme).scheme, x, seed) if device else None
     return got if got is not None else codec.encode(scheme, x.cpu().numpy(), seed, what)
 
 

@@ -45,6 +45,7 @@ from ..frontend.patterns import Pattern, chunk_bounds, reduced_scheme
 from ..frontend.stats import Stats
 from ..policy import Policy
 from ..schemes.scheme import Scheme
+from ..spec import Config, SchemeLike
 from .context import Ctx
 from .jobs import sync
 
@@ -99,12 +100,13 @@ class Hierarchy:
                 total = self.memory.compensate(key, total)
             if ctx.cross is Pattern.GATHER:
                 ctx.part = m
-                buf, own = self._encode(ctx, self.scheme, total, key)
+                buf, own = self._encode(ctx, Config(self.scheme, self.policy), total, key)
                 self._to_cross(ctx, [buf] * h.count, 2)
             else:
                 subs = chunk_bounds(m, self.scheme.bucket, h.count)
                 ctx.part = subs[h.host][1] - subs[h.host][0]
-                parts = [self._encode(ctx, self.scheme, total[lo:hi], f"{key}#{k}") for k, (lo, hi) in enumerate(subs)]
+                first = Config(self.scheme, self.policy)  # the policy's nonfinite=raise applies
+                parts = [self._encode(ctx, first, total[lo:hi], f"{key}#{k}") for k, (lo, hi) in enumerate(subs)]
                 own = np.concatenate([o for _, o in parts]) if all(o is not None for _, o in parts) else None
                 ctx.own = parts[h.host][1]
                 self._to_cross(ctx, [b for b, _ in parts], 2)
@@ -176,7 +178,7 @@ class Hierarchy:
         ctx.self_bytes = splits[h.rank]
         self._send(ctx, torch.from_numpy(np.concatenate(bufs)), splits, stage)
 
-    def _encode(self, ctx: HierCtx, scheme: Scheme, x: torch.Tensor, key: str) -> tuple[Any, Any]:
+    def _encode(self, ctx: HierCtx, scheme: SchemeLike, x: torch.Tensor, key: str) -> tuple[Any, Any]:
         """Payload and own decoded values; the poison payload (and the error kept) for a piece
         this rank cannot encode (NaN/Inf under ``nonfinite=raise``, a value beyond the scheme's
         range) or after an earlier phase's error, so the others still get a part and learn why."""

@@ -24,7 +24,7 @@ from ..errors import GradqError, NonFiniteError
 from ..frontend import codec
 from ..frontend.stats import Clock
 from ..frontend.workers import wait
-from ..schemes.scheme import Scheme
+from ..spec import SchemeLike
 from ..xp import Seed
 from . import device
 
@@ -53,7 +53,7 @@ class Encoded:
     seconds: float = 0.0  # the encoding's wall time (stats' ``encode``)
 
 
-def gather_job(scheme: Scheme, x: torch.Tensor, seed: Seed, what: str, collective: str, process_set: Any,
+def gather_job(scheme: SchemeLike, x: torch.Tensor, seed: Seed, what: str, collective: str, process_set: Any,
                on_device: bool) -> Callable[[], Encoded]:
     """Encode flat float32 ``x`` (on its device when ``on_device``: :mod:`.device`; ``own`` is then
     a tensor there) and start the allgather of its payload."""
@@ -71,7 +71,7 @@ def gather_job(scheme: Scheme, x: torch.Tensor, seed: Seed, what: str, collectiv
     return job
 
 
-def scatter_job(scheme: Scheme, x: torch.Tensor, bounds: list[tuple[int, int]], seeds: list[Seed], what: str,
+def scatter_job(scheme: SchemeLike, x: torch.Tensor, bounds: list[tuple[int, int]], seeds: list[Seed], what: str,
                 collective: str, process_set: Any, on_device: bool) -> Callable[[], Encoded]:
     """Encode each chunk ``x[lo:hi]`` of ``bounds`` (on its device when ``on_device``) and start
     the alltoall of the payloads. A chunk this rank cannot encode makes *every* chunk a poison:

@@ -48,6 +48,7 @@ from ..schemes.level import EvenLevelScheme
 from ..schemes.options import NonFinite
 from ..schemes.scheme import Scheme
 from ..schemes.summable import decode_codes, encode_shared, local_stats
+from ..spec import Config
 from ..wire.packing import pack_lanes, unpack_lanes
 from ..xp import Seed
 from . import device
@@ -118,8 +119,9 @@ class Reducer:
     gathered: list[GatherCtx] = field(default_factory=list)  # settled, decode not submitted yet
     staged: list[HierCtx] = field(default_factory=list)  # hierarchical tensors whose last phase is not out
 
-    def __post_init__(self) -> None:
-        self.hier = Hierarchy(self.scheme, self.policy, self.seed, self.memory, self.stats)
+    def __post_init__(self) -> None:  # first phases encode with the policy: its nonfinite=raise applies
+        self.hier, self.config = Hierarchy(self.scheme, self.policy, self.seed, self.memory, self.stats), Config(
+            self.scheme, self.policy)
 
     def start(self, ctx: Ctx, x: torch.Tensor) -> Ctx:
         """Start ``ctx``'s first phase on ``x`` (float32, flat, error feedback already added)."""
@@ -222,7 +224,7 @@ class Reducer:
         g = ctx.group
         seed = words(self.seed, hvd.rank(), ctx.name, ctx.step)
         # the job reads x's values; nothing writes the gradient before the step settles the job
-        job = gather_job(self.scheme, x, seed, f"{ctx.name} (step {ctx.step})",
+        job = gather_job(self.config, x, seed, f"{ctx.name} (step {ctx.step})",
                          collective(g.key, Kind.GATHER, ctx.name), g.process_set, device.on_device(self.codec, x))
         ctx.x = x
         self._submit(ctx, job)
@@ -284,9 +286,8 @@ class Reducer:
         ctx.seed = words(self.seed, hvd.rank(), ctx.name, ctx.step)
         g = ctx.group
         self.stats.clock.add("encode", time.perf_counter() - t0)  # the statistics
-        ctx.stats_handle = hvd.allreduce_async(
-            stats.cpu().contiguous(), op=hvd.Max, name=collective(g.key, Kind.STATS, ctx.name),
-            process_set=g.process_set)
+        ctx.stats_handle = hvd.allreduce_async(stats.cpu().contiguous(), op=hvd.Max,
+                                               name=collective(g.key, Kind.STATS, ctx.name), process_set=g.process_set)
         self.pending.append(ctx)
         return ctx
 
@@ -361,9 +362,8 @@ class Reducer:
         g = ctx.group
         ctx.bounds = chunk_bounds(x.numel(), self.scheme.bucket, g.size)
         seeds: list[Seed] = [words(self.seed, hvd.rank(), f"{ctx.name}#{j}", ctx.step) for j in range(len(ctx.bounds))]
-        job = scatter_job(self.scheme, x, ctx.bounds, seeds, f"{ctx.name} (step {ctx.step})",
-                          collective(g.key, Kind.ALLTOALL, ctx.name), g.process_set,
-                          device.on_device(self.codec, x))
+        job = scatter_job(self.config, x, ctx.bounds, seeds, f"{ctx.name} (step {ctx.step})",
+                          collective(g.key, Kind.ALLTOALL, ctx.name), g.process_set, device.on_device(self.codec, x))
         ctx.x = x
         self._submit(ctx, job)
         return ctx

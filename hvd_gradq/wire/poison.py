@@ -11,7 +11,7 @@ is ``!<why>``, or ``!<why>@<origin>`` when it passes on another rank's stop (the
 pattern's later phases), so that the error names the rank that stopped first. No scheme's spec
 begins with ``!``, so a poison is never taken for a gradient's payload, and it walks like any
 payload (its header's ``total`` says where the next one starts); readers look for poisons before
-they parse a scheme (:func:`stop_in`). It is 22 bytes (no origin), shorter than any payload a
+they parse a scheme (:func:`stop_in`). It is 24 bytes (no origin), shorter than any payload a
 frontend sends (a header, a scheme's name and at least one byte of codes): where rows have a
 fixed width (TensorFlow), it is zero-padded to the row, and readers take ``total`` bytes.
 """
