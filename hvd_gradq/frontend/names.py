@@ -28,7 +28,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from ..xp import NUMPY, step_words, stream_seed
+from ..xp import NUMPY, Array, Ops, step_words, stream_seed
 
 PREFIX = "hvd_gradq."
 
@@ -82,3 +82,7 @@ class Streams:
 
     def __call__(self, tag: str = "") -> int:
         return stream(self.base, self.rank, self.tensor + tag)
+
+    def words(self, ops: Ops, step: Array, tag: str = "") -> tuple[Array, Array]:
+        """The seed words of part ``tag`` at ``step`` (a step counter of ``ops``, e.g. in a graph)."""
+        return step_words(ops, self(tag), step)

@@ -76,7 +76,7 @@ from . import elastic as tf_elastic
 from .callsite import check_op, function_graph, horovod_call_site, resolve_process_set, set_suffix
 from .collectives import Ctx
 from .handshake import agree, check_arguments
-from .ops import TF, step_words
+from .ops import TF
 from .scatter import scatter_finish, scatter_start, server_residual
 from .state import Bookkeeping, Slot, SlotStore, check_slot, describe, make_variables, variable_key
 
@@ -286,7 +286,7 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
         if n == 0:
             return one
         x = self._compensate(ctx, tf.reshape(tf.cast(tensor, tf.float32), (n,)))
-        words: Any = step_words(TF, stream(), step)
+        words: Any = stream.words(TF, step)
         ctx.what = f"gradient {slot.key if slot is not None else '#' + key} {list(shape)}"
         nf = self.policy.nonfinite
         if nf is NonFinite.RAISE:

@@ -41,7 +41,7 @@ from ..wire.payload import header_size
 from ..wire.poison import poisons
 from . import codec, host
 from .collectives import Ctx
-from .ops import TF, step_words
+from .ops import TF
 from .state import make_residual
 
 
@@ -88,9 +88,6 @@ def residuals(scheme: Scheme, key: str, n: int, size: int, local: int, link_gbps
         out.append((rk, *make_residual(rk, sub, hosts.rank)))
     return out
 
-
-def _words(streams: Streams, step: Any, tag: str) -> tuple[Any, Any]:
-    return step_words(TF, streams(tag), step)
 
 
 def _send(t: Any, peers: list[int], sizes: list[int], nranks: int, name: str) -> Any:
@@ -141,7 +138,7 @@ def hier_finish(scheme: Scheme, ctx: Ctx, memory: Memory | None) -> Any:
         return tf.where(bad, tf.constant(poisons(rows)), buf)
 
     if hi_.cross is Pattern.GATHER:
-        a, b = _words(hi_.streams, hi_.step, "#host")
+        a, b = hi_.streams.words(TF, hi_.step, "#host")
         size = header_size(scheme.spec, 1) + scheme.nbytes(m)
         buf = poisoned(host.payload_encoder(scheme, (m,), "float32", m)(total, a, b), [size])
         got = _send(tf.tile(buf, [h.count]), h.cross_peers(), [size] * h.count, h.nranks, hi_.collective(2))
@@ -151,7 +148,7 @@ def hier_finish(scheme: Scheme, ctx: Ctx, memory: Memory | None) -> Any:
             memory.update(hk, sent, tf.pad(own, [[0, piece_w - m]]))
     else:
         subs = chunk_bounds(m, scheme.bucket, h.count)
-        words = [_words(hi_.streams, hi_.step, f"#host#{k}") for k in range(h.count)]
+        words = [hi_.streams.words(TF, hi_.step, f"#host#{k}") for k in range(h.count)]
         a, b = tf.stack([w[0] for w in words]), tf.stack([w[1] for w in words])
         buf, mine = host.chunk_encoder(scheme, tuple(subs), memory is not None)(total, a, b)
         sizes = [header_size(scheme.spec, 1) + scheme.nbytes(e - s) for s, e in subs]
@@ -167,7 +164,7 @@ def hier_finish(scheme: Scheme, ctx: Ctx, memory: Memory | None) -> Any:
             psent = memory.compensate(rk, tf.pad(part, [[0, sub_w - k]]))
             part = psent[:k]
         fine = reduced_scheme(scheme, h.count)
-        a, b = _words(hi_.streams, hi_.step, "#host#reduce")
+        a, b = hi_.streams.words(TF, hi_.step, "#host#reduce")
         rbuf = host.payload_encoder(fine, (k,), "float32", k)(part, a, b)
         rsize = header_size(fine.spec, 1) + fine.nbytes(k)
         got = _send(tf.tile(rbuf, [h.count]), h.cross_peers(), [rsize] * h.count, h.nranks, hi_.collective(3))

@@ -35,7 +35,7 @@ import tensorflow as tf
 from numpy.typing import NDArray
 
 from ..errors import GradqError
-from ..xp import Array, Ops, _host_result, step_words
+from ..xp import Array, Ops, _host_result
 
 _DT = {"int64": tf.int64, "float32": tf.float32, "float64": tf.float64, "uint8": tf.uint8,
        "float16": tf.float16, "int32": tf.int32}
@@ -222,5 +222,3 @@ class TFOps:
 TF = TFOps()
 _check: Ops = TF  # TFOps satisfies the Ops protocol (checked by mypy)
 
-
-__all__ = ["TF", "TFOps", "step_words"]  # step_words: hvd_gradq.xp's, the seeds' one rule (frontend/names.py)

@@ -46,7 +46,7 @@ from ..wire.poison import poisons
 from . import host
 from .callsite import set_suffix
 from .collectives import Ctx
-from .ops import TF, step_words
+from .ops import TF
 from .state import make_residual
 
 
@@ -73,9 +73,6 @@ def server_residual(key: str, n: int, bucket: int, size: int, rank: int) -> tupl
     return (rk, *make_residual(rk, widest(n, bucket, size), rank))
 
 
-def _words(streams: Streams, step: Any, tag: str) -> tuple[Any, Any]:
-    return step_words(TF, streams(tag), step)
-
 
 def _sizes(scheme: Scheme, bounds: list[tuple[int, int]]) -> list[int]:
     return [header_size(scheme.spec, 1) + scheme.nbytes(hi - lo) for lo, hi in bounds]
@@ -86,7 +83,7 @@ def scatter_start(scheme: Scheme, cid: str, x: Any, streams: Streams, step: Any,
     """Encode the N chunks of ``x`` and alltoall them (into ``ctx.result``: rank j's chunk from
     every rank, one row a rank); ``own``: keep this rank's decoded chunks for error feedback."""
     bounds = chunk_bounds(ctx.n, scheme.bucket, ctx.size)
-    words = [_words(streams, step, f"#{j}") for j in range(ctx.size)]
+    words = [streams.words(TF, step, f"#{j}") for j in range(ctx.size)]
     a, b = tf.stack([w[0] for w in words]), tf.stack([w[1] for w in words])
     buf, mine = host.chunk_encoder(scheme, tuple(bounds), own)(x, a, b)
     lens = _sizes(scheme, bounds)
@@ -97,7 +94,7 @@ def scatter_start(scheme: Scheme, cid: str, x: Any, streams: Streams, step: Any,
                            name=names.collective(f"{cid}.", Kind.ALLTOALL, f"{key}{sfx}"),
                            ignore_name_scope=True, process_set=ps)
     ctx.result = tf.reshape(recv, (ctx.size, lens[ctx.rank]))
-    ctx.scatter = Phase2(bounds, mine if own else None, _words(streams, step, REDUCED),
+    ctx.scatter = Phase2(bounds, mine if own else None, streams.words(TF, step, REDUCED),
                          names.collective(f"{cid}.", Kind.REDUCED, f"{key}{sfx}"), ps)
 
 

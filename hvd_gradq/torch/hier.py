@@ -75,6 +75,11 @@ class Hierarchy:
     memory: Memory
     stats: Stats
 
+    @property
+    def owner(self) -> bool:
+        """Whether this rank keeps its piece's residuals (``#host``, ``#host#reduce``)."""
+        return keeps_owner_residuals(self.policy.ef, second_phase=True)
+
     def start(self, ctx: HierCtx, x: torch.Tensor) -> None:
         """Phase 1: this rank's tensor, cut into the host's pieces, to the host's ranks."""
         h = ctx.hosts
@@ -96,7 +101,7 @@ class Hierarchy:
             total = got[:m].clone()
             for i in range(1, h.local):
                 total += got[i * m:(i + 1) * m]
-            if keeps_owner_residuals(self.policy.ef, second_phase=True):
+            if self.owner:
                 total = self.memory.compensate(key, total)
             if ctx.cross is Pattern.GATHER:
                 ctx.part = m
@@ -110,7 +115,7 @@ class Hierarchy:
                 own = np.concatenate([o for _, o in parts]) if all(o is not None for _, o in parts) else None
                 ctx.own = parts[h.host][1]
                 self._to_cross(ctx, [b for b, _ in parts], 2)
-            if keeps_owner_residuals(self.policy.ef, second_phase=True) and own is not None:
+            if self.owner and own is not None:
                 self.memory.update(key, total, torch.from_numpy(own))
             if ctx.cross is Pattern.GATHER:
                 ctx.own = own
@@ -118,10 +123,10 @@ class Hierarchy:
         if ctx.stage == 2 and ctx.cross is Pattern.SCATTER:  # my sub-piece's sum, finer, to every host
             part = self._sum(ctx, got)
             rkey = reduced_key(key)
-            if keeps_owner_residuals(self.policy.ef, second_phase=True) and ctx.error is None:
+            if self.owner and ctx.error is None:
                 part = self.memory.compensate(rkey, part)
             buf, own = self._encode(ctx, reduced_scheme(self.scheme, h.count), part, rkey)
-            if keeps_owner_residuals(self.policy.ef, second_phase=True) and own is not None:
+            if self.owner and own is not None:
                 self.memory.update(rkey, part, torch.from_numpy(own))
             ctx.own = own
             self._to_cross(ctx, [buf] * h.count, 3)

@@ -5,26 +5,13 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from stores import DictStore
 
 from hvd_gradq.errors import GradqError
 from hvd_gradq.feedback import Memory, parameter_of, reduced_key
 from hvd_gradq.torch.feedback import TensorStore, read_loss_scale
 from hvd_gradq.torch.ops import TorchOps
 from hvd_gradq.xp import NUMPY
-
-
-class DictStore:
-    def __init__(self) -> None:
-        self.d: dict[str, np.ndarray] = {}
-
-    def read(self, key: str, like: np.ndarray) -> np.ndarray | None:
-        return self.d.get(key)
-
-    def write(self, key: str, value: np.ndarray) -> None:
-        self.d[key] = value
-
-    def forget(self, key: str) -> None:
-        self.d.pop(key, None)
 
 
 def test_rule_with_loss_scale_and_nonfinite() -> None:

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from stores import DictStore
 
 import hvd_gradq
 from hvd_gradq import feedback, spec
@@ -14,20 +15,6 @@ from hvd_gradq.feedback import Memory, Rule, register_rule
 from hvd_gradq.policy import KEYS, Policy
 from hvd_gradq.schemes.options import NonFinite
 from hvd_gradq.xp import NUMPY
-
-
-class DictStore:
-    def __init__(self) -> None:
-        self.d: dict[str, np.ndarray] = {}
-
-    def read(self, key: str, like: np.ndarray) -> np.ndarray | None:
-        return self.d.get(key)
-
-    def write(self, key: str, value: np.ndarray) -> None:
-        self.d[key] = value
-
-    def forget(self, key: str) -> None:
-        self.d.pop(key, None)
 
 
 def test_spec_keys_split_into_scheme_and_policy():

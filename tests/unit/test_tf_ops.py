@@ -18,8 +18,16 @@ import hvd_gradq  # noqa: E402
 from hvd_gradq import Payload  # noqa: E402
 from hvd_gradq.errors import GradqError  # noqa: E402
 from hvd_gradq.spec import names, parse_scheme  # noqa: E402
-from hvd_gradq.tensorflow.ops import TF, step_words  # noqa: E402
-from hvd_gradq.xp import NUMPY, first_argmax, scan_sum, seed_words, tree_sum, uniforms  # noqa: E402
+from hvd_gradq.tensorflow.ops import TF  # noqa: E402
+from hvd_gradq.xp import (  # noqa: E402
+    NUMPY,
+    first_argmax,
+    scan_sum,
+    seed_words,
+    step_words,
+    tree_sum,
+    uniforms,
+)
 
 # Every registered scheme, with the parameters that change its arithmetic.
 SPECS = [
