@@ -1,42 +1,57 @@
-"""N data-parallel workers in one process: the PyTorch frontend's reduction with Horovod's
-collectives replaced by in-process sums, for studies that need hundreds of training runs.
+"""N data-parallel workers in one process: the library's reduction core (:mod:`hvd_gradq.reduce`)
+on a loopback transport, for studies that need hundreds of training runs.
 
-Why a simulation is faithful here: every rank of a Horovod job computes the same reduced bits
-(the tests check it), and those bits are a pure function of the workers' gradients, the scheme,
-the seed and the step. :class:`SimReducer` computes that function with the frontend's own parts:
-the pattern and pass-through policy (:func:`hvd_gradq.frontend.patterns.decide`, the warm-up
-rule), the payloads (:func:`hvd_gradq.frontend.codec.encode`: the compiled kernels and wire
-format), each worker's error feedback (:class:`hvd_gradq.feedback.Memory` with the torch
-frontend's store), the shared-scale encoder of the summable pattern and the scatter pattern's
-chunks, second (finer) quantization and server-side residual, with the rounding seeds of
-:func:`hvd_gradq.frontend.names.words` (worker r draws what rank r would draw). A gathered
-payload decodes to what its sender's ``own`` holds (decoding is deterministic), so sums of
-``own`` arrays in rank order are the sums each rank forms. What it leaves out is timing and the
-summation order inside Horovod's fp32 ring allreduce (tiny tensors, warm-up steps), which
-changes the last bits of those sums only.
+Every rank of a Horovod job computes the same reduced bits (the tests check it), a pure function
+of the workers' gradients, the scheme, the seed and the step. :class:`SimReducer` computes that
+function by running the very patterns the PyTorch frontend drives, one generator a simulated
+worker (:func:`hvd_gradq.reduce.lockstep`): the pattern and warm-up rule
+(:func:`hvd_gradq.frontend.patterns.decide`), the payloads (PyTorch's codec: the compiled
+kernels and wire format), each worker's error feedback (:class:`hvd_gradq.feedback.Memory` with
+the torch frontend's store) and rounding seeds (worker r draws what rank r would draw). What it
+leaves out is timing and the summation order inside Horovod's fp32 ring allreduce (tiny tensors,
+warm-up steps), which changes the last bits of those sums only.
+
+One shortcut, exact by construction: a gathered buffer decodes to the same sum on every rank
+(decoding is deterministic and sums run in rank order), so it is decoded once, not once a worker.
 """
 from __future__ import annotations
 
 import sys
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from hvd_gradq.feedback import Memory, reduced_key
-from hvd_gradq.frontend import codec, names
-from hvd_gradq.frontend.patterns import Pattern, chunk_bounds, cost, decide, in_warmup, parse_pattern, reduced_scheme
+from hvd_gradq import reduce as core
+from hvd_gradq.feedback import Memory
+from hvd_gradq.frontend.names import words
+from hvd_gradq.frontend.patterns import Pattern, decide, in_warmup, parse_pattern
+from hvd_gradq.frontend.stats import Stats
 from hvd_gradq.policy import Policy
-from hvd_gradq.schemes.level import EvenLevelScheme
 from hvd_gradq.schemes.scheme import Scheme
-from hvd_gradq.schemes.summable import decode_codes, encode_shared, local_stats
 from hvd_gradq.spec import Config, as_config
 from hvd_gradq.torch.feedback import TensorStore
 from hvd_gradq.torch.ops import TorchOps
+from hvd_gradq.torch.transport import TorchCodec
 
 _CPU = TorchOps("cpu")
+
+
+class _SharedSums(TorchCodec):
+    """PyTorch's host codec, decoding each gathered buffer once for all workers (see above)."""
+
+    def __init__(self) -> None:
+        super().__init__(False)
+        self.sums: dict[int, tuple[Any, tuple[torch.Tensor, int]]] = {}
+
+    def sum(self, buf: Any, rank: int, own: Any, what: str, ranks: Any = None) -> tuple[torch.Tensor, int]:
+        hit = self.sums.get(id(buf))
+        if hit is None or hit[0] is not buf:
+            hit = self.sums[id(buf)] = (buf, super().sum(buf, rank, own, what, ranks))
+        return hit[1]
 
 
 class SimReducer:
@@ -54,6 +69,7 @@ class SimReducer:
         self.seed = seed
         self.pattern = parse_pattern(pattern)
         self.memory = [Memory(_CPU, TensorStore(), variant=self.policy.feedback) for _ in range(workers)]
+        self.stats = [Stats() for _ in range(workers)]
         self.steps: dict[str, int] = {}
         self.sent: dict[str, int] = {}  # bytes worker 0 sent for each pattern, summed over steps
         self.patterns: dict[str, str] = {}  # tensor name -> the pattern of its latest step
@@ -68,9 +84,9 @@ class SimReducer:
         flat = [g.detach().reshape(-1).to(torch.float32) for g in grads]
         if self.scheme is None or self.scheme == "fp16":
             return self._plain(name, flat, shape)
-        assert isinstance(self.scheme, Scheme)
+        assert isinstance(self.scheme, Scheme) and self.config is not None
         step = self.steps.get(name, 0)
-        pattern = decide(self.config or self.scheme, n, len(shape), w, self.pattern)
+        pattern = decide(self.config, n, len(shape), w, self.pattern)
         if pattern is not Pattern.FP32:
             self.steps[name] = step + 1
             if in_warmup(self.policy, step):
@@ -80,8 +96,16 @@ class SimReducer:
             return self._plain(name, flat, shape, fp16=False)
         if self.policy.ef:
             flat = [m.compensate(name, x) for m, x in zip(self.memory, flat)]
-        run = {Pattern.GATHER: self._gather, Pattern.SUMMABLE: self._summable, Pattern.SCATTER: self._scatter}
-        total = run[pattern](name, step, flat)
+        codec = _SharedSums()
+        make = {Pattern.GATHER: core.gather, Pattern.SCATTER: core.scatter,
+                Pattern.SUMMABLE: lambda red, part, x: core.summable(red, part, x, _CPU)}[pattern]
+        gens = []
+        for r, x in enumerate(flat):
+            red = core.Reduction(self.config, self.seed, r, self.memory[r], self.stats[r], _CPU)
+            self.stats[r].decide(name, pattern.value, "", n, w)
+            gens.append(make(red, core.Part(name, step, core.Group(r, w), codec), x))
+        total = core.lockstep(_CPU, gens)[0]
+        self._count(pattern.value, self.stats[0].tensors[name].sent)
         return (total / w).reshape(shape)
 
     def _count(self, pattern: str, nbytes: int) -> None:
@@ -100,66 +124,7 @@ class SimReducer:
 
     def _encode(self, x: torch.Tensor, rank: int, step: int, key: str,
                 scheme: Scheme | None = None) -> tuple[np.ndarray, torch.Tensor]:
-        assert isinstance(self.scheme, Scheme)
-        seed = names.words(self.seed, rank, key, step)
-        buf, own = codec.encode(scheme or self.scheme, x.numpy(), seed, key)
+        """One payload of worker ``rank`` and its decoded values (for variants built on the sim)."""
+        assert self.config is not None
+        buf, own = TorchCodec(False).encode(scheme or self.config, x, words(self.seed, rank, key, step), key)
         return buf, torch.from_numpy(own)
-
-    def _gather(self, name: str, step: int, flat: list[torch.Tensor]) -> torch.Tensor:
-        owns = []
-        for r, x in enumerate(flat):
-            buf, own = self._encode(x, r, step, name)
-            if self.policy.ef:
-                self.memory[r].update(name, x, own)
-            owns.append(own)
-            if r == 0:
-                self._count("gather", buf.shape[0] * (self.workers - 1))
-        total = owns[0].clone()
-        for o in owns[1:]:
-            total += o
-        return total
-
-    def _summable(self, name: str, step: int, flat: list[torch.Tensor]) -> torch.Tensor:
-        scheme = self.scheme
-        assert isinstance(scheme, EvenLevelScheme)
-        stats = local_stats(scheme, _CPU, flat[0])
-        for x in flat[1:]:
-            stats = torch.maximum(stats, local_stats(scheme, _CPU, x))
-        n = flat[0].numel()
-        summed = None
-        meta = None
-        for r, x in enumerate(flat):
-            seed = names.words(self.seed, r, name, step)
-            codes, meta = encode_shared(scheme, _CPU, x, stats, seed)
-            if self.policy.ef:
-                self.memory[r].update(name, x, decode_codes(scheme, _CPU, codes, meta, n))
-            summed = codes.clone() if summed is None else summed + codes
-        self._count("summable", cost(scheme, n, 1, self.workers, Pattern.SUMMABLE).sent)
-        return decode_codes(scheme, _CPU, summed, meta, n, count=self.workers)
-
-    def _scatter(self, name: str, step: int, flat: list[torch.Tensor]) -> torch.Tensor:
-        w, n = self.workers, flat[0].numel()
-        bounds = chunk_bounds(n, self.scheme.bucket, w)  # type: ignore[union-attr]
-        parts: list[torch.Tensor | None] = [None] * w
-        for r, x in enumerate(flat):
-            owns = []
-            for j, (lo, hi) in enumerate(bounds):
-                buf, own = self._encode(x[lo:hi], r, step, f"{name}#{j}")
-                owns.append(own)
-                parts[j] = own.clone() if parts[j] is None else parts[j] + own  # type: ignore[operator]
-                if r == 0 and j != 0:
-                    self._count("scatter", buf.shape[0])
-            if self.policy.ef:
-                self.memory[r].update(name, x, torch.cat(owns))
-        key = reduced_key(name)
-        reduced = []
-        for j, part in enumerate(parts):  # rank j owns chunk j: its second quantization and residual
-            assert part is not None
-            sent = self.memory[j].compensate(key, part) if self.policy.ef else part
-            buf, own = self._encode(sent, j, step, key, reduced_scheme(self.scheme, w))  # type: ignore[arg-type]
-            if self.policy.ef:
-                self.memory[j].update(key, sent, own)
-            if j == 0:
-                self._count("scatter", buf.shape[0] * (w - 1))
-            reduced.append(own)
-        return torch.cat(reduced)

@@ -77,9 +77,8 @@ from .context import Ctx, Group, Pass
 from .device import resolve_codec
 from .elastic import Elastic, register
 from .feedback import LossScale, TensorStore, check_loss_scale, read_loss_scale
-from .hier import HierCtx
 from .ops import TorchOps
-from .reduce import GatherCtx, Reducer, ScatterCtx, SummableCtx
+from .reduce import GatherCtx, HierCtx, Reducer, ScatterCtx, SummableCtx
 from .telemetry import Telemetry
 
 TAG = "_hvd_gradq_name"

@@ -24,6 +24,7 @@ tensors, the host kernels for CPU ones, which are faster there), ``host`` or ``d
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
@@ -69,11 +70,12 @@ def encode(scheme: Scheme, x: torch.Tensor, seed: Seed) -> tuple[NDArray[np.uint
     return payload_of(scheme, host, (x.numel(),), "float32").to_array(), own
 
 
-def decode_sum(buf: NDArray[np.uint8], own_rank: int, own: torch.Tensor, name: str) -> tuple[torch.Tensor, int]:
+def decode_sum(buf: NDArray[np.uint8], own_rank: int, own: torch.Tensor, name: str,
+               ranks: Sequence[int] | None = None) -> tuple[torch.Tensor, int]:
     """The sum over ranks, in rank order, of the payloads in a gathered buffer, decoded on
     ``own``'s device (``own`` stands for this rank's payload); returns (sum, payload count).
     The same checks as the host path's :func:`hvd_gradq.frontend.codec.decode_sum`."""
-    payloads = codec.split_checked(buf, name)
+    payloads = codec.split_checked(buf, name, ranks)
     total: torch.Tensor | None = None
     for r, p in enumerate(payloads):
         v = own if r == own_rank else decode_any(p, own)  # check_parts: codes beyond the alphabet raise
@@ -91,12 +93,13 @@ def encode_any(scheme: SchemeLike, x: torch.Tensor, seed: Seed, what: str,
     return got if got is not None else codec.encode(scheme, x.cpu().numpy(), seed, what)
 
 
-def sum_any(buf: NDArray[np.uint8], own_rank: int, own: Any, name: str) -> tuple[torch.Tensor, int]:
+def sum_any(buf: NDArray[np.uint8], own_rank: int, own: Any, name: str,
+            ranks: Sequence[int] | None = None) -> tuple[torch.Tensor, int]:
     """The sum of a gathered buffer's payloads where ``own`` lives (a tensor: its device; NumPy:
     the host kernels, as a CPU tensor), and the payload count."""
     if isinstance(own, torch.Tensor):
-        return decode_sum(buf, own_rank, own, name)
-    total, count = codec.decode_sum(buf, own_rank, own, name)
+        return decode_sum(buf, own_rank, own, name, ranks)
+    total, count = codec.decode_sum(buf, own_rank, own, name, ranks)
     return torch.from_numpy(total), count
 
 

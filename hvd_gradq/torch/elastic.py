@@ -24,7 +24,6 @@ hosts were only removed, and every survivor sees the same change) counts as a re
 """
 from __future__ import annotations
 
-import concurrent.futures
 import logging
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any
@@ -150,20 +149,13 @@ class Elastic:
         wait for jobs already on a worker thread, whatever their outcome, so none starts a
         collective later, and start the next step afresh."""
         c = self.c
-        r = c._reducer
-        jobs: list[concurrent.futures.Future[Any]] = [x.job for x in r.encoding if x.job is not None]
-        jobs += [x.decoded for x in r.gathered if x.decoded is not None]
-        concurrent.futures.wait(jobs)
-        r.encoding.clear()
-        r.pending.clear()
-        r.gathered.clear()
-        r.staged.clear()
+        c._reducer.forget()
         c.memory.begin_step(None)
         c._decompressing = True
 
     def _set_seed(self, seed: int) -> None:
         c = self.c
-        c.seed = c._reducer.seed = c._reducer.hier.seed = seed
+        c.seed = c._reducer.seed = seed
 
 
 def of(c: GradqCompressor) -> Elastic:

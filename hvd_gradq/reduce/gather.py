@@ -1,0 +1,113 @@
+"""The two payload patterns, written once: ``gather`` (one allgather of every rank's payload)
+and ``scatter`` (scatter-reduce by an alltoall of per-chunk payloads, then an allgather of each
+owner's reduced chunk, re-quantized by the cheap second-phase scheme).
+
+Both are generators over :mod:`.core`'s requests. ``x`` arrives flat float32 with error
+feedback already added (the compressor's ``compensate``); the patterns update the residuals of
+what they sent themselves (:class:`hvd_gradq.feedback.Memory`: ``<name>`` for this rank's
+gradient; ``<name>#reduce`` for the scatter owner's reduced chunk, :func:`~hvd_gradq.feedback.keeps_owner_residuals`).
+
+*A gradient this rank cannot encode* (NaN/Inf under ``nonfinite=raise``, a finite value beyond
+the scheme's float32 range) still sends, in place of its payload, the poison
+(:func:`hvd_gradq.wire.poison.poison`) that says why, so that the collective every rank waits
+for goes out and every rank learns of it from the same bytes; this rank raises its own error
+once the collective is done, the others the error naming it (:func:`hvd_gradq.frontend.codec.stopped`).
+In the scatter pattern such a rank poisons *every* chunk: each rank owns one and must learn of
+it in the first phase, since the second is then started by nobody.
+
+*Draws*: gather from the stream of ``<name>``, scatter chunk j from ``<name>#j``, the reduced
+chunk from ``<name>#reduce``, by :func:`hvd_gradq.frontend.names.words` (rank, step).
+"""
+from __future__ import annotations
+
+import time
+from typing import Any
+
+import numpy as np
+
+from ..api import split
+from ..errors import GradqError, NonFiniteError, RankMismatchError
+from ..feedback import keeps_owner_residuals, reduced_key
+from ..frontend import codec as fcodec
+from ..frontend.names import Kind, collective, words
+from ..frontend.patterns import chunk_bounds, reduced_scheme
+from ..xp import Array
+from .core import Allgather, Alltoall, Part, Phases, Reduction
+
+
+def gather(red: Reduction, t: Part, x: Array) -> Phases:
+    """One allgather of payloads; every rank decodes and sums them in rank order."""
+    g = t.group
+    t0 = time.perf_counter()
+    error: GradqError | None = None
+    own: Any = None
+    try:
+        buf, own = t.codec.encode(red.config, x, words(red.seed, red.rank, t.name, t.step), t.what)
+    except GradqError as e:  # tell the other ranks, so that they raise too
+        error, buf = e, fcodec.poison(fcodec.stop_of(e))
+    red.stats.clock.add("encode", time.perf_counter() - t0)
+    if error is None and red.ef:
+        red.memory.update(t.name, x, t.codec.values(own))
+    sent = int(buf.shape[0]) * (g.size - 1)
+    gathered = yield Allgather(collective(g.key, Kind.GATHER, t.name), buf, last=True)
+    if error is not None:
+        raise error
+    with red.stats.clock.timed("decode"):
+        total, count = t.codec.sum(gathered, g.rank, own, t.name)
+    if count != g.size:
+        raise RankMismatchError(f"{t.name}: gathered {count} payloads from {g.size} ranks")
+    red.stats.record(t.name, sent, int(gathered.shape[0]) - int(buf.shape[0]))
+    return total
+
+
+def scatter(red: Reduction, t: Part, x: Array) -> Phases:
+    """Alltoall of per-chunk payloads; the owner of chunk j sums it, re-quantizes it with
+    :func:`~hvd_gradq.frontend.patterns.reduced_scheme` and allgathers it."""
+    g = t.group
+    bounds = chunk_bounds(int(red.ops.shape(x)[0]), red.config.scheme.bucket, g.size)
+    t0 = time.perf_counter()
+    bufs: list[Any] = []
+    owns: list[Any] = []
+    error: GradqError | None = None
+    for j, (lo, hi) in enumerate(bounds):
+        try:
+            b, o = t.codec.encode(red.config, x[lo:hi], words(red.seed, red.rank, f"{t.name}#{j}", t.step), t.what)
+        except GradqError as e:
+            error = e
+            break
+        bufs.append(b)
+        owns.append(o)
+    if error is not None:
+        why = fcodec.stop_of(error)
+        bufs = [fcodec.poison(why)] * len(bounds)
+        if why is fcodec.Stop.NONFINITE:  # the chunk's count of NaN/Inf would mislead: say it plainly
+            error = NonFiniteError(
+                f"{t.what}: this rank had non-finite values (NaN/Inf) in this gradient (nonfinite=raise); "
+                "the default nonfinite=propagate carries them through as Horovod does")
+    red.stats.clock.add("encode", time.perf_counter() - t0)
+    if error is None and red.ef:
+        red.memory.update(t.name, x, red.ops.concat([t.codec.values(o) for o in owns], 0))
+    lens = tuple(int(b.shape[0]) for b in bufs)
+    recv = yield Alltoall(collective(g.key, Kind.ALLTOALL, t.name), np.concatenate(bufs), lens)
+    if error is not None:
+        raise error
+    with red.stats.clock.timed("decode"):  # where the chunks were encoded
+        part, _count = t.codec.sum(recv, g.rank, owns[g.rank], t.name)
+    sent = sum(n for j, n in enumerate(lens) if j != g.rank)
+    received = int(recv.shape[0]) - lens[g.rank]
+    key, owner = reduced_key(t.name), keeps_owner_residuals(red.ef, second_phase=True)
+    if owner:
+        part = red.memory.compensate(key, part)
+    fine = reduced_scheme(red.config.scheme, g.size)  # cheap, unbiased, no noisier than the first phase
+    with red.stats.clock.timed("encode"):
+        rbuf, rown = t.codec.encode(fine, part, words(red.seed, red.rank, key, t.step),
+                                    f"{t.name} (step {t.step}, reduced)")
+    if owner:
+        red.memory.update(key, part, t.codec.values(rown))
+    gathered = yield Allgather(collective(g.key, Kind.REDUCED, t.name), rbuf, last=True)
+    with red.stats.clock.timed("decode"):
+        pieces = [t.codec.values(rown if r == g.rank else t.codec.decode(p, rown))
+                  for r, p in enumerate(split(gathered))]
+    rbytes = int(rbuf.shape[0])
+    red.stats.record(t.name, sent + rbytes * (g.size - 1), received + int(gathered.shape[0]) - rbytes)
+    return red.ops.concat(pieces, 0)

@@ -1,0 +1,178 @@
+"""The hierarchical pattern, written once (what it is and when it wins:
+:mod:`hvd_gradq.frontend.patterns`).
+
+Every collective is an alltoall on the reduction's (global) process set with split sizes that
+are zero for every rank outside the group a phase runs in: the host's ranks, or the ranks that
+own the same piece on every host. So no process set has to be registered with ``hvd.init``
+(Horovod 0.28.1 only adds them at run time with ``HOROVOD_DYNAMIC_PROCESS_SETS``), and a rank's
+bytes go only where they are needed. Each phase sends to its own rank too (a local copy), so
+what comes back is every member's part in member order, one layout for all.
+
+Phases, for the piece this rank owns (``m`` elements, 1/local of the tensor on bucket bounds):
+
+1. ``h1``: the host's ranks swap pieces, fp32; the owner sums them in local rank order (exact
+   and deterministic: no quantization inside a host).
+2. ``h2``: the owner adds its residual (``#host`` key, with ``ef``) and sends the host's piece,
+   quantized, to its cross peers: whole (cross ``gather``), or cut into one sub-piece a host
+   (cross ``scatter``), whose owner sums them, re-quantizes with the second-phase scheme
+   (``reduced_scheme(scheme, hosts)``, residual ``#host#reduce``) and sends it back (``h3``).
+3. last (``h3``/``h4``): the owner hands the reduced piece, fp32 plus one flag element, to the
+   host's ranks; the flag (:func:`hvd_gradq.frontend.codec.stop_flag`) says which rank stopped
+   on this gradient and why (NaN/Inf under ``nonfinite=raise``, a value beyond the scheme's
+   range: it sent a poison payload, or this owner could not encode its piece), so that every
+   rank raises, and none waits for a collective another rank never joined.
+
+Draws: the ``#host`` tag's stream (sub-piece k: ``#host#k``; the second pass: ``#host#reduce``).
+"""
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..api import split
+from ..errors import GradqError, NonFiniteError, RangeError
+from ..feedback import host_key, keeps_owner_residuals, reduced_key
+from ..frontend import codec as fcodec
+from ..frontend.hosts import Hosts
+from ..frontend.names import Kind, collective, words
+from ..frontend.patterns import Pattern, chunk_bounds, reduced_scheme
+from ..spec import Config, SchemeLike
+from ..xp import Array
+from .core import Alltoall, Part, Phases, Reduction
+
+
+@dataclass
+class _State:
+    """What the phases of one tensor carry: the error that stopped this rank (its own, or one
+    naming the peers that stopped) and the flag's facts, and the bytes to and from other hosts."""
+
+    error: GradqError | None = None
+    stop: tuple[fcodec.Stop, int] | None = None
+    sent: int = 0
+    received: int = 0
+
+    def halt(self, error: GradqError, rank: int) -> None:
+        self.error = error
+        peers = fcodec.stops_of(error)
+        self.stop = min((why, r) for r, why in peers.items()) if peers else (fcodec.stop_of(error), rank)
+
+
+def hierarchical(red: Reduction, t: Part, x: Array, hosts: Hosts, cross: Pattern) -> Phases:
+    """The hierarchical reduction of flat float32 ``x``; ``cross`` is the pattern between hosts."""
+    ops, h, scheme = red.ops, hosts, red.config.scheme
+    st = _State()
+    pieces = chunk_bounds(int(ops.shape(x)[0]), scheme.bucket, h.local)
+    got = yield _send(t, 1, x, {r: pieces[i][1] - pieces[i][0] for i, r in enumerate(h.local_peers())}, h)
+    lo, hi = pieces[h.local_rank]
+    m = hi - lo
+    total = got[:m]
+    for i in range(1, h.local):  # the host's sum of my piece, in local rank order
+        total = total + got[i * m:(i + 1) * m]
+    key = host_key(t.name)
+    owner = keeps_owner_residuals(red.ef, second_phase=True)
+    if owner:
+        total = red.memory.compensate(key, total)
+    first = Config(scheme, red.config.policy)  # the policy's nonfinite=raise applies
+    if cross is Pattern.GATHER:
+        part = m
+        buf, own = _encode(red, t, st, first, total, key, h)
+        if owner and own is not None:
+            red.memory.update(key, total, t.codec.values(own))
+        got = yield _to_cross(t, 2, [buf] * h.count, h, st)
+        piece = _sum(red, t, st, got, own, part, h)
+    else:
+        subs = chunk_bounds(m, scheme.bucket, h.count)
+        part = subs[h.host][1] - subs[h.host][0]
+        parts = [_encode(red, t, st, first, total[s:e], f"{key}#{k}", h) for k, (s, e) in enumerate(subs)]
+        if owner and all(o is not None for _, o in parts):
+            red.memory.update(key, total, ops.concat([t.codec.values(o) for _, o in parts], 0))
+        own = parts[h.host][1]
+        got = yield _to_cross(t, 2, [b for b, _ in parts], h, st)
+        mine = _sum(red, t, st, got, own, part, h)  # my sub-piece's sum, second pass, to every host
+        rkey = reduced_key(key)
+        if owner and st.error is None:
+            mine = red.memory.compensate(rkey, mine)
+        buf, rown = _encode(red, t, st, reduced_scheme(scheme, h.count), mine, rkey, h)
+        if owner and rown is not None:
+            red.memory.update(rkey, mine, t.codec.values(rown))
+        got = yield _to_cross(t, 3, [buf] * h.count, h, st)
+        piece = _concat(red, t, st, got, rown, m, h)
+    flag = ops.full((1,), 0.0 if st.stop is None else fcodec.stop_flag(*st.stop))
+    out = ops.concat([piece, flag], 0)
+    last = 4 if cross is Pattern.SCATTER else 3
+    got = yield _send(t, last, ops.concat([out] * h.local, 0), {r: m + 1 for r in h.local_peers()}, h, True)
+    res, at, stops = [], 0, []
+    for s, e in pieces:
+        res.append(got[at:at + e - s])
+        stops.append(fcodec.flag_stop(float(got[at + e - s])))
+        at += e - s + 1
+    red.stats.record(t.name, st.sent, st.received)
+    if st.error is not None:  # this rank's own (it owned a piece that stopped): the most precise
+        raise st.error
+    for stop in stops:
+        if stop is not None:
+            why, who = stop
+            cls = {fcodec.Stop.NONFINITE: NonFiniteError, fcodec.Stop.RANGE: RangeError}.get(why, GradqError)
+            raise cls(f"{t.what}: rank {who} {fcodec.peer_message(why)}")
+    return ops.concat(res, 0)
+
+
+def _send(t: Part, phase: int, buf: Any, sizes: dict[int, int], h: Hosts, last: bool = False) -> Alltoall:
+    """``buf`` cut into ``sizes`` ({rank: elements}, in rank order) through the global alltoall."""
+    splits = tuple(sizes.get(r, 0) for r in range(h.nranks))
+    return Alltoall(collective(t.group.key, Kind.HIER, t.name, phase), buf, splits, last)
+
+
+def _to_cross(t: Part, phase: int, bufs: list[Any], h: Hosts, st: _State) -> Alltoall:
+    """``bufs[k]`` (payload bytes) to the rank on host k that owns the same piece."""
+    sizes = {r: int(bufs[k].shape[0]) for k, r in enumerate(h.cross_peers())}
+    st.sent += sum(n for k, n in enumerate(sizes.values()) if k != h.host)
+    st.received -= sizes[h.rank]  # what comes back from this rank itself is no traffic
+    return _send(t, phase, np.concatenate(bufs), sizes, h)
+
+
+def _encode(red: Reduction, t: Part, st: _State, scheme: SchemeLike, x: Array, key: str,
+            h: Hosts) -> tuple[Any, Any]:
+    """Payload and own decoded values; the poison payload (and the error kept) for a piece this
+    rank cannot encode (NaN/Inf under ``nonfinite=raise``, a value beyond the scheme's range) or
+    after an earlier phase's error, so that the others still get a part and learn why."""
+    if st.error is None:
+        try:
+            t0 = time.perf_counter()
+            out = t.codec.encode(scheme, x, words(red.seed, red.rank, key, t.step), t.what)
+            red.stats.clock.add("encode", time.perf_counter() - t0)
+            return out
+        except GradqError as e:
+            st.halt(e, h.rank)
+    assert st.stop is not None
+    return fcodec.poison(*st.stop), None
+
+
+def _sum(red: Reduction, t: Part, st: _State, got: Any, own: Any, part: int, h: Hosts) -> Array:
+    """Decoded sum of the cross peers' payloads (host order; this rank's own not decoded again);
+    zeros after an error (the flag of the last phase carries it)."""
+    st.received += int(got.shape[0])
+    if st.error is None:
+        try:
+            with red.stats.clock.timed("decode"):
+                total, _ = t.codec.sum(got, h.host, own, t.name, h.cross_peers())
+            return t.codec.values(total)
+        except GradqError as e:
+            st.halt(e, h.rank)
+    return red.ops.zeros((part,), "float32")
+
+
+def _concat(red: Reduction, t: Part, st: _State, got: Any, own: Any, m: int, h: Hosts) -> Array:
+    """Every host's reduced sub-piece, decoded, in host order: this rank's piece."""
+    st.received += int(got.shape[0])
+    peers = fcodec.stops_in(got, h.cross_peers())
+    if st.error is None and peers:
+        st.halt(fcodec.stopped(t.what, peers), h.rank)
+    if st.error is not None:
+        return red.ops.zeros((m,), "float32")
+    with red.stats.clock.timed("decode"):
+        return red.ops.concat([t.codec.values(own if k == h.host else t.codec.decode(p, own))
+                               for k, p in enumerate(split(got))], 0)

@@ -1,0 +1,103 @@
+"""What the reduction core (:mod:`hvd_gradq.reduce`) asks of PyTorch: Horovod's asynchronous
+collectives (:class:`HorovodTransport`) and payloads of torch tensors (:class:`TorchCodec`).
+
+:class:`HorovodTransport` starts each request with ``hvd.allgather_async`` / ``alltoall_async``
+/ ``allreduce_async`` on the tensor's process set and waits by polls (:func:`sync`). Payload
+bytes come and go as NumPy; tensors leave through the host (Horovod's CPU ops) and come back
+where they were; integer values (the summable pattern's lanes, laid out to fit) travel as
+int32 and come back as int64.
+
+:class:`TorchCodec` encodes on the gradient's device or on the host (:mod:`.device`); a
+payload's ``own`` values stay where they were decoded, and :meth:`TorchCodec.values` brings
+them to the tensor's device, as error feedback and the concatenations need.
+"""
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+import horovod.torch as hvd
+import numpy as np
+import torch
+from numpy.typing import NDArray
+
+from ..api import Payload
+from ..frontend.stats import Clock
+from ..frontend.workers import wait
+from ..reduce.core import Allgather, Allreduce, Alltoall, Request
+from ..spec import SchemeLike
+from ..xp import Seed
+from . import device
+
+
+def sync(handle: Any, clock: Clock | None = None) -> Any:
+    """``hvd.synchronize(handle)``, waiting by polls: Horovod's own wait holds the GIL, which
+    would stall the worker threads for as long as the network takes. The wait counts as
+    ``wait`` on ``clock`` (stats)."""
+    t0 = time.perf_counter()
+    wait(lambda: bool(hvd.poll(handle)))
+    out = hvd.synchronize(handle)
+    if clock is not None:
+        clock.add("wait", time.perf_counter() - t0)
+    return out
+
+
+def _tensor(buf: Any) -> torch.Tensor:
+    return torch.from_numpy(buf) if isinstance(buf, np.ndarray) else buf.detach().cpu().contiguous()
+
+
+class HorovodTransport:
+    """The core's collectives on one process set, through Horovod's asynchronous ops."""
+
+    def __init__(self, process_set: Any, clock: Clock | None = None) -> None:
+        self.process_set, self.clock = process_set, clock
+
+    def start(self, request: Request) -> Any:
+        ps, name = self.process_set, request.name
+        if isinstance(request, Allgather):
+            handle = hvd.allgather_async(_tensor(request.buf), name=name, process_set=ps)
+        elif isinstance(request, Alltoall):
+            handle = hvd.alltoall_async(_tensor(request.buf), splits=torch.tensor(request.splits, dtype=torch.int32),
+                                        name=name, process_set=ps)
+        else:
+            value = _tensor(request.value)
+            if not value.is_floating_point():
+                value = value.to(torch.int32)
+            handle = hvd.allreduce_async(value, op=hvd.Max if request.op == "max" else hvd.Sum, name=name,
+                                         process_set=ps)
+        return request, handle
+
+    def wait(self, handle: Any) -> Any:
+        request, h = handle
+        out = sync(h, self.clock)
+        if isinstance(request, Alltoall):
+            out = out[0]
+        sent = request.value if isinstance(request, Allreduce) else request.buf
+        if isinstance(sent, np.ndarray):
+            return out.numpy()
+        if not out.is_floating_point():
+            out = out.to(torch.int64)
+        return out.to(sent.device)
+
+
+class TorchCodec:
+    """Payloads of flat float32 tensors: on their device when ``on_device`` (:mod:`.device`),
+    else by the host kernels; ``own`` values are brought to ``device`` by :meth:`values`."""
+
+    def __init__(self, on_device: bool, where: torch.device | str = "cpu") -> None:
+        self.on_device, self.device = on_device, torch.device(where)
+
+    def encode(self, config: SchemeLike, x: Any, seed: Seed, what: str) -> tuple[NDArray[np.uint8], Any]:
+        return device.encode_any(config, x, seed, what, self.on_device)
+
+    def sum(self, buf: NDArray[np.uint8], rank: int, own: Any, what: str,
+            ranks: Sequence[int] | None = None) -> tuple[torch.Tensor, int]:
+        return device.sum_any(buf, rank, own, what, ranks)
+
+    def decode(self, payload: Payload, like: Any) -> torch.Tensor:
+        return device.decode_any(payload, like)
+
+    def values(self, own: Any) -> torch.Tensor:
+        t = own if isinstance(own, torch.Tensor) else torch.from_numpy(own)
+        return t.to(self.device)
