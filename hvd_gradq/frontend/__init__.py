@@ -1,2 +1,4 @@
-"""What the PyTorch and TensorFlow compressors share: communication patterns and their cost
-model, byte accounting, seeds, and the host-side codec (NumPy, with fused kernels when present)."""
+"""What the PyTorch and TensorFlow compressors share: the compressor core both subclass
+(:mod:`.compressor`: arguments, configuration, handshake, decisions, scaling, stats),
+communication patterns and their cost model, byte accounting, seeds, and the host-side codec
+(NumPy, with fused kernels when present)."""

@@ -248,8 +248,9 @@ class Stats:
 
 
 class Reports:
-    """``stats()`` and ``metrics()``, the same for both frontends' compressors, whose
-    ``_telemetry`` makes the summary (``hvd_gradq.torch.telemetry``, ``hvd_gradq.tensorflow.telemetry``)."""
+    """``stats()`` and ``metrics()``, the same for both frontends' compressors (through
+    :class:`~.compressor.CompressorCore`), whose ``_telemetry`` makes the summary
+    (``hvd_gradq.torch.telemetry``, ``hvd_gradq.tensorflow.telemetry``)."""
 
     _telemetry: Any  # the frontend's telemetry object: its summary() is stats()
 

@@ -125,18 +125,6 @@ def check_op(site: CallSite) -> None:
     raise GradqError(f"hvd_gradq serves op=Average or op=Sum, not op={site.op!r}; use hvd.Compression.none")
 
 
-def resolve_process_set(explicit: Any, site: CallSite) -> Any:
-    """The process set of this reduction: Horovod's, the constructor's (they must agree), or
-    the global one."""
-    theirs = site.process_set
-    if explicit is not None and theirs is not None and explicit.process_set_id != theirs.process_set_id:
-        raise GradqError(
-            f"the compressor was built with process_set={explicit.process_set_id} but Horovod reduces this "
-            f"gradient over process set {theirs.process_set_id}: pass the same process set to both (or to "
-            "Horovod only)")
-    return theirs if theirs is not None else (explicit if explicit is not None else hvd.global_process_set)
-
-
 def set_suffix(ps: Any) -> str:
     """Collective-name suffix of a process set (none for the global one)."""
     return "" if ps.process_set_id == 0 else f".p{ps.process_set_id}"

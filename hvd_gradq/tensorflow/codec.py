@@ -29,6 +29,7 @@ import tensorflow as tf
 from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 from tensorflow.python.eager import context as _context
 
+from ..frontend.compressor import final_scale as rule
 from ..frontend.patterns import lanes_for
 from ..schemes.level import EvenLevelScheme
 from ..schemes.summable import decode_codes, encode_shared, local_stats
@@ -120,8 +121,7 @@ def final_scale(n: int, size: int) -> Any:
     (measured at 3 ranks: one ulp off in a third of the elements)."""
 
     def scale(out: Any, v: Any) -> Any:
-        nf = tf.constant(float(size), tf.float32)
-        return tf.where(tf.equal(v, 1.0), out / nf, tf.where(tf.equal(v, nf), out, out * (v / nf)))
+        return rule(out, v, size, tf.where, tf.equal)  # the rule is the frontends' one (frontend/compressor.py)
 
     return _fn(scale, tf.TensorSpec((n,), tf.float32), tf.TensorSpec((), tf.float32))
 

@@ -48,7 +48,6 @@ that tensor; another's may: docs/usage.md); ``nonfinite=skip`` is refused (sizes
 from __future__ import annotations
 
 import dataclasses
-import hashlib
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -59,32 +58,27 @@ import tensorflow as tf
 
 from ..errors import GradqError
 from ..feedback import Memory, keeps_owner_residuals
-from ..frontend import hosts, names, probe, workers
-from ..frontend.codec import config_text, stops_on_values
+from ..frontend import names
+from ..frontend.compressor import CompressorCore, ranks_on_host
 from ..frontend.guards import check_tensor, instance_only
 from ..frontend.membership import membership
 from ..frontend.names import Kind, Streams
-from ..frontend.patterns import EVERY, Pattern, choose, decide_why, fp32_cost, parse_pattern
+from ..frontend.patterns import Pattern, fp32_cost
 from ..frontend.rank_cost import rank_cost
 from ..schemes.level import LevelScheme
 from ..schemes.options import NonFinite
 from ..schemes.plain import FP16Scheme, NoneScheme
-from ..spec import SchemeLike, as_config
+from ..spec import SchemeLike
 from ..wire.payload import DTYPE_CODES, MAX_NDIM
-from . import codec, collectives, hier, telemetry
+from . import codec, collectives, handshake, hier, telemetry
 from . import elastic as tf_elastic
-from .callsite import check_op, function_graph, horovod_call_site, resolve_process_set, set_suffix
+from .callsite import check_op, function_graph, horovod_call_site, set_suffix
 from .collectives import Ctx
-from .handshake import agree, check_arguments
 from .ops import TF
 from .scatter import scatter_finish, scatter_start, server_residual
 from .state import Bookkeeping, Slot, SlotStore, check_slot, describe, make_variables, variable_key
 
 _F = TypeVar("_F", bound=Callable[..., Any])
-#: Patterns with collectives started in ``decompress()``, after a decode that may raise: not
-#: with an option that stops a step on values (``codec.stops_on_values``; ``GradqCompressor.__init__``).
-LATE_PHASES = frozenset({Pattern.SCATTER, Pattern.HIERARCHICAL})
-
 
 
 def _no_convert(f: _F) -> _F:
@@ -92,7 +86,7 @@ def _no_convert(f: _F) -> _F:
     return cast(_F, tf.autograph.experimental.do_not_convert(f))
 
 
-class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
+class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
     """Compress gradients with a hvd_gradq scheme inside Horovod's TensorFlow reductions.
 
     Args:
@@ -113,55 +107,51 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
         threads: host codec threads a tensor (:mod:`hvd_gradq.frontend.workers`; default: this rank's cores).
     """
 
+    FRONTEND, WORLD_NAME, CONFIG_TAG = "hvd_gradq.tensorflow", "tensorflow", "tf"
+    TIME_KINDS = telemetry.KINDS  # its host functions' time only
+    #: Patterns with collectives started in ``decompress()``, after a decode that may raise
+    UNPOISONABLE = frozenset({Pattern.SCATTER, Pattern.HIERARCHICAL})
+    UNPOISONABLE_WHY = ("its later phases start in decompress(), and a step that stops on one tensor's values could "
+                        "leave another tensor's later phase started on some ranks only (a TF graph cannot hold back "
+                        "its other ops)")
+
     def __init__(self, scheme: SchemeLike, *, seed: int = 0, pattern: str | Pattern = "auto",
                  check_ranks: bool = True, name: str | None = None, process_set: Any = None, loss_scale: Any = None,
                  link_gbps: float | None = None, threads: int | None = None, fallback: bool | None = None) -> None:
-        super().__init__(name="hvd_gradq_compressor")
-        self.settings = as_config(scheme)
-        cid = check_arguments(self.settings, seed, loss_scale, process_set, name)
-        workers.configure_codec(threads, None)  # each host encode/decode splits over this many threads
-        self.scheme, self.policy, self.seed = self.settings.scheme, self.settings.policy, seed
-        self.fallback, self.pattern = probe.resolve_fallback(fallback), parse_pattern(pattern)
-        self.link_gbps = hosts.link_gbps(link_gbps)
-        if self.pattern is Pattern.SUMMABLE:
-            choose(self.scheme, 1, 1, 2, Pattern.SUMMABLE)  # refuse now, not at the first step
-        if (stops := stops_on_values(self.settings)) and self.pattern in LATE_PHASES:
-            raise GradqError(
-                f"{stops} with pattern={self.pattern.value} is not supported by hvd_gradq.tensorflow: its later "
-                "phases start in decompress(), and a step that stops on one tensor's values could leave another "
-                "tensor's later phase started on some ranks only (a TF graph cannot hold back its other ops). "
-                "Use the option's default (nonfinite=propagate, fp16:overflow=inf) or pattern=gather / summable / auto")
-        self.check_ranks = check_ranks
-        self.cid = cid
+        tf.Module.__init__(self, name="hvd_gradq_compressor")
+        handshake.check_frontend()
+        CompressorCore.__init__(self, scheme, seed=seed, pattern=pattern, check_ranks=check_ranks,
+                                process_set=process_set, link_gbps=link_gbps, threads=threads, fallback=fallback,
+                                local_size=ranks_on_host(hvd))
+        self.cid = handshake.check_arguments(self.settings, loss_scale, name)
         self.steps: dict[str, Any] = {}  # tracked: checkpoint keys steps/<variable name>
         self.residuals: dict[str, Any] = {}  # residuals/<variable name> (ef only), unscaled
         self.owners: dict[str, Any] = {}  # owners/<variable name>: the rank whose residual it is
         self._host = Bookkeeping(loss_scale)
         store = SlotStore(self.residuals, self.owners, hvd.rank())
         self.memory = Memory(TF, store, undo=False, variant=self.policy.feedback)
-        self._host.process_set = process_set
-        self._telemetry = telemetry.Telemetry(self.settings, self.pattern, self.link_gbps, self._host.slots.values)
-        self._elastic = tf_elastic.attach(self, cid)
+        self._telemetry = telemetry.Telemetry(self._stats, self.world, self._host.slots.values)
+        self._elastic = tf_elastic.attach(self, self.cid)
 
-    # -- configuration ---------------------------------------------------------------------------
-    def config(self) -> str:
-        """What every rank must agree on."""
-        return config_text(self.settings.full_spec, self.pattern.value, self.seed, "tf", self.cid)
+    # -- the core's hooks (frontend/compressor.py) -----------------------------------------------
+    def _scope(self) -> str:
+        return str(self.cid)  # the collectives' prefix: part of what ranks compare
 
-    def digest(self) -> str:
-        return hashlib.sha256(self.config().encode()).hexdigest()[:16]
+    def _ranks(self) -> int | None:
+        return int(hvd.size()) if hvd.is_initialized() else None
 
-    def _check_ranks(self, ps: Any) -> None:
-        self._host.checked.add(ps.process_set_id)  # the configuration compared, the CPU figures agreed
-        self._host.figures[ps.process_set_id] = agree(self.config(), self.check_ranks, ps, self.scheme, self.pattern,
-                                                      self.link_gbps, self.fallback)
+    def _ranks_a_host(self) -> int:
+        return hier.ranks_per_host_of(hvd.global_process_set) if hvd.is_initialized() else 1
 
-    # -- identity ------------------------------------------------------------------------------
+    def _check_ranks(self, ps: Any, size: int) -> None:
+        """The handshake over ``ps``, eagerly (even while a graph is being traced)."""
+        with tf.init_scope():
+            self.handshake(ps.process_set_id, size, hier.ranks_per_host_of(ps), handshake.gatherer(ps),
+                           handshake.fp16_round_trip)
+
     def _pattern_for(self, n: int, ndim: int, size: int, local: int) -> tuple[Pattern | None, str]:
-        """A tensor's pattern and why (:func:`~hvd_gradq.frontend.patterns.decide_why`); None: Horovod's fp32."""
-        offered = EVERY - LATE_PHASES if stops_on_values(self.settings) else EVERY
-        p, why = decide_why(self.settings, n, ndim, size, self.pattern, offered, local, self.link_gbps, self.fallback,
-                            self._host.agreed)
+        """A tensor's pattern and why (:meth:`CompressorCore.decide`); None: Horovod's fp32."""
+        p, why = self.decide(n, ndim, size, local, self._host.agreed)
         return None if p is Pattern.FP32 else p, why
 
     def _position_key(self) -> str:
@@ -185,7 +175,7 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
             return slot
         n = int(np.prod(shape, dtype=np.int64)) if shape else 1
         pattern, why = self._pattern_for(n, len(shape), size, local)
-        self._telemetry.decide(key, pattern, why, n, size)
+        self._stats.decide(key, pattern.value if pattern else "fp32", self.warm_note(pattern, why), n, size)
         c = rank_cost(self.scheme, n, len(shape), size, local, hvd.rank(), pattern, self.link_gbps)
         step, residual, owner = self.steps.get(key), self.residuals.get(key), self.owners.get(key)
         if step is None:  # elastic: a new world's slot keeps its variables (tf_elastic.new_world)
@@ -224,7 +214,7 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
         if isinstance(tensor, tf.IndexedSlices):  # Horovod allgathers these itself
             return tensor, None
         check_op(site)
-        ps = resolve_process_set(self._host.process_set, site)
+        ps = self.reduction_set(site.process_set, hvd.global_process_set)
         member = membership(mpi_ops._basics, ps)
         if not member.included:  # Horovod traces the reduction on every rank; this branch never runs here
             return tensor, None
@@ -249,9 +239,9 @@ class GradqCompressor(tf.Module, telemetry.Reports):  # type: ignore[misc]
         shape = TF.shape(tensor)
         if len(shape) > MAX_NDIM:
             raise GradqError(f"a gradient of {len(shape)} dimensions; at most {MAX_NDIM}")
-        if ps.process_set_id not in self._host.checked:
-            self._check_ranks(ps)
-        self._host.agreed = self._host.figures.get(ps.process_set_id)  # what _pattern_for prices with
+        if ps.process_set_id not in self._checked:
+            self._check_ranks(ps, size)
+        self._host.agreed = self.agreed(ps.process_set_id)  # what _pattern_for prices with
         slot = None
         if tf.executing_eagerly() and not host:
             if self.policy.ef:

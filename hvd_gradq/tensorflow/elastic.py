@@ -183,7 +183,7 @@ class Elastic:
         self.generation = Generation(number, now)
         c.cid = f"{self.generation.prefix()}{self.base}"
         c._host.slots.clear()
-        c._host.checked.clear()
+        c.forget_handshakes()
         store = c.memory.store
         assert isinstance(store, SlotStore)
         store.rank = now.rank  # whose residuals this rank reads as its own

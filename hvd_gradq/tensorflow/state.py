@@ -66,8 +66,8 @@ class Bookkeeping:
     """A compressor's Python-side state, kept out of TF's object tracking (the compressor, a
     ``tf.Module``, tracks only its checkpointed variables): the slots by key, the keys by
     variable identity (:func:`variable_key`), position keys per function graph being traced,
-    the eager call count, the process sets whose ranks were compared, and the constructor's
-    ``loss_scale`` and ``process_set``."""
+    the eager call count, the CPU figures of the process set being reduced, and the
+    constructor's ``loss_scale``."""
 
     def __init__(self, loss_scale: Any) -> None:
         self.slots: dict[str, Slot] = {}
@@ -75,11 +75,8 @@ class Bookkeeping:
         # compress() calls without a known variable so far in each function graph being traced
         self.positions: weakref.WeakKeyDictionary[Any, int] = weakref.WeakKeyDictionary()
         self.eager_calls = 0
-        self.checked: set[int] = set()  # process set ids whose ranks were compared
-        self.figures: dict[int, Figures | None] = {}  # process set id -> the CPU figures its ranks agreed on
-        self.agreed: Figures | None = None  # those of the process set being reduced now
+        self.agreed: Figures | None = None  # the CPU figures of the process set being reduced now
         self.loss_scale = loss_scale
-        self.process_set: Any = None
         self._one: Any = None
 
     def one(self) -> Any:

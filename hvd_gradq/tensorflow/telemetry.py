@@ -29,13 +29,9 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from .. import log
-from ..frontend.patterns import Pattern
-from ..frontend.stats import Reports as Reports  # the compressor's stats() and metrics()
 from ..frontend.stats import Stats
-from ..spec import Config
 from . import host
 from .callsite import function_graph
-from .hier import ranks_per_host_of
 from .state import Slot
 
 #: What the TensorFlow frontend can time: its host functions.
@@ -43,13 +39,12 @@ KINDS = ("encode", "decode")
 
 
 class Telemetry:
-    """One compressor's figures: its scheme, requested pattern, link rate, and its slots."""
+    """One compressor's figures (``stats``, the compressor's: :class:`~hvd_gradq.frontend.compressor.CompressorCore`
+    decides what goes in) and its slots; ``world`` says what the run is."""
 
-    def __init__(self, config: Config, pattern: Pattern, link_gbps: float,
-                 slots: Callable[[], Iterable[Slot]]) -> None:
-        log.env_level()  # a bad HVD_GRADQ_LOG fails at construction, not inside a graph
-        self.stats = Stats(KINDS)
-        self.config, self.pattern, self.link_gbps = config, pattern, link_gbps
+    def __init__(self, stats: Stats, world: Callable[[], dict[str, Any]], slots: Callable[[], Iterable[Slot]]) -> None:
+        self.stats = stats
+        self.world = world
         self.slots = slots
         self._graphs: weakref.WeakSet[Any] = weakref.WeakSet()  # traced functions holding a step callback
         self._calls = 0
@@ -57,14 +52,6 @@ class Telemetry:
         self._lock = threading.Lock()
 
     # -- in compress(), while tracing -----------------------------------------------------------
-    def decide(self, key: str, pattern: Pattern | None, why: str, n: int, size: int) -> None:
-        """A slot's pattern (None: fp32) and why; a tf.cond picks warm-up steps at run time, so
-        the reason says it once."""
-        if pattern not in (None, Pattern.FP16) and self.config.policy.warmup > 0:  # fp16 (fallback): no warm-up
-            k = self.config.policy.warmup
-            why += f"; the first {k} step{'s' if k > 1 else ''} fp32 (warm-up)"
-        self.stats.decide(key, pattern.value if pattern else "fp32", why, n, size)
-
     def mark(self) -> None:
         """Count this reduction's steps: a callback in each traced function, or, eagerly, now."""
         if tf.executing_eagerly():
@@ -125,11 +112,3 @@ class Telemetry:
             if k and s.key in view.tensors:
                 view.record(s.key, s.sent, s.received, steps=k)
         return view.summary(self.world(), steps=self._calls, time_of=time_of)
-
-    def world(self) -> dict[str, Any]:
-        """What ``stats()`` and the log say of the run."""
-        up = hvd.is_initialized()
-        return {"frontend": "tensorflow", "scheme": self.config.spec, "pattern": self.pattern.value,
-                "ranks": hvd.size() if up else None,
-                "ranks_a_host": ranks_per_host_of(hvd.global_process_set) if up else 1,
-                "link_gbps": self.link_gbps}

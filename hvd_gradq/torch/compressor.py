@@ -37,7 +37,6 @@ finite.
 
 from __future__ import annotations
 
-import hashlib
 import itertools
 import time
 from collections.abc import Iterable
@@ -49,28 +48,16 @@ import torch
 
 from ..errors import GradqError
 from ..feedback import Memory
-from ..frontend import codec, hosts, names, probe
-from ..frontend.cpu_cost import Figures
+from ..frontend import hosts, names
+from ..frontend.compressor import CompressorCore, compresses, final_scale, ranks_on_host
 from ..frontend.guards import check_tensor, instance_only
 from ..frontend.hosts import Hosts
 from ..frontend.membership import membership
 from ..frontend.names import Kind
-from ..frontend.patterns import (
-    ONE_RANK_WHY,
-    Pattern,
-    choose,
-    decide_why,
-    fp16_cost,
-    fp32_cost,
-    hier_cross,
-    in_warmup,
-    parse_pattern,
-    warmup_why,
-)
-from ..frontend.stats import Reports, Stats
-from ..frontend.workers import start as start_threads
+from ..frontend.patterns import Pattern, fp16_cost, fp32_cost, hier_cross
+from ..frontend.workers import Workers
 from ..schemes.scheme import Scheme
-from ..spec import Config, as_config
+from ..spec import Config
 from . import checkpoint
 from .callsite import CallSite, inspect_call
 from .context import Ctx, Group, Pass
@@ -87,7 +74,7 @@ TAG = "_hvd_gradq_name"
 _UNNAMED = itertools.count()
 
 
-class GradqCompressor(Reports):
+class GradqCompressor(CompressorCore):
     """Compress gradients with a hvd_gradq scheme inside ``hvd.DistributedOptimizer``.
 
     Args:
@@ -129,6 +116,9 @@ class GradqCompressor(Reports):
                                        compression=compression)
     """
 
+    FRONTEND, WORLD_NAME, CONFIG_TAG = "hvd_gradq.torch", "torch", "torch"
+    PASSES_ONE_RANK = True  # a one-rank set passes through exactly, as Horovod's own allreduce
+
     def __init__(
         self,
         scheme: Config | Scheme,
@@ -144,20 +134,9 @@ class GradqCompressor(Reports):
         link_gbps: float | None = None,
         fallback: bool | None = None,
     ) -> None:
-        if isinstance(seed, bool) or not isinstance(seed, int):
-            raise GradqError(f"seed must be an integer, not {type(seed).__name__}")
-        self.settings = as_config(scheme)
-        self.scheme, self.policy = self.settings.scheme, self.settings.policy
-        self.seed = seed
-        self.pattern = parse_pattern(pattern)
-        self.link_gbps = hosts.link_gbps(link_gbps)
-        self.fallback = probe.resolve_fallback(fallback)
-        self._figures: dict[str, Figures] = {}  # the CPU figures every rank of a process set agreed on
+        super().__init__(scheme, seed=seed, pattern=pattern, check_ranks=check_ranks, process_set=process_set,
+                         link_gbps=link_gbps, threads=threads, fallback=fallback, local_size=ranks_on_host(hvd))
         self._local: int | None = None  # ranks a host (frontend/hosts.py), asked of Horovod once
-        if self.pattern is Pattern.SUMMABLE:
-            choose(self.scheme, 1, 1, 2, Pattern.SUMMABLE)  # refuse now, not at the first step
-        self.check_ranks = check_ranks
-        self.process_set = process_set
         self._params: dict[str, torch.nn.Parameter] = {}
         seen: set[int] = set()
         for name, p in named_parameters or ():
@@ -175,12 +154,10 @@ class GradqCompressor(Reports):
         self._loss_scale = check_loss_scale(loss_scale)
         self._store = TensorStore()
         self.memory = Memory(TorchOps("cpu"), self._store, variant=self.policy.feedback)
-        self._stats = Stats()
-        self._telemetry: Telemetry = Telemetry(self._stats, self._world)
-        self.workers = start_threads(threads, _local_size())  # the codec's threads and the pipelining pool
+        self._telemetry: Telemetry = Telemetry(self._stats, self.world)
+        self.workers = Workers(min(self.threads, 1))  # the pipelining pool: one worker, or inline
         self._reducer = Reducer(self.scheme, self.policy, seed, self.memory, self._stats, self.workers,
                                 resolve_codec(codec))
-        self._checked: set[str] = set()  # process sets whose ranks' configurations were compared
         self._decompressing = True  # the next compress() starts a new step
         self._elastic = Elastic(self)  # elastic Horovod: generation, commit/restore/sync (.elastic)
 
@@ -201,15 +178,8 @@ class GradqCompressor(Reports):
         return None
 
     def _group(self, site: CallSite | None) -> Group:
-        ps = site.process_set if site is not None else None
-        if self.process_set is not None:
-            if ps is not None and ps is not self.process_set and ps != hvd.global_process_set:
-                raise GradqError(
-                    f"the compressor was built for {self.process_set}, but Horovod reduces this tensor on {ps}; "
-                    "pass the same process_set to the compressor and to DistributedOptimizer, or none to the compressor"
-                )
-            ps = self.process_set
-        if ps is None or ps == hvd.global_process_set:
+        ps = self.reduction_set(site.process_set if site is not None else None, hvd.global_process_set)
+        if ps is hvd.global_process_set:
             if self._local is None:
                 self._local = hosts.ranks_per_host(hvd.size(), hvd.rank(), hvd.local_size(), hvd.local_rank(),
                                                    hvd.cross_rank(), bool(mpi_ops._basics.is_homogeneous()))
@@ -239,32 +209,17 @@ class GradqCompressor(Reports):
                 "quantized payloads are summed, not min/max/product-reduced"
             )
 
-    def config(self) -> str:
-        """What every rank must agree on."""
-        return codec.config_text(self.settings.full_spec, self.pattern.value, self.seed, "torch")
-
     def _check(self, group: Group) -> None:
-        """Once per process set, before anything depends on the configuration: ranks that
-        disagree would otherwise hand Horovod tensors of different shapes (one compresses a
-        tensor the other passes through) and Horovod would shut down before our check could
-        speak. It blocks, but it is the same single collective on every rank, reached at each
-        rank's first compress(), so no call order can make it wait for another tensor."""
-        if group.key in self._checked:
-            return
-        self._checked.add(group.key)
-        if group.size == 1:
-            return
-        if self.check_ranks:
-            layout = hosts.layout(group.size, group.local, self.link_gbps, self.fallback)
-            block = torch.from_numpy(codec.config_block(self.config() + layout))
-            gathered = hvd.allgather(block, name=names.collective(group.key, Kind.CONFIG),
-                                     process_set=group.process_set)
-            codec.check_config_blocks(gathered.numpy())
-        if probe.priced(self.pattern):
-            self._figures[group.key] = probe.agreed(
-                self.scheme, group.size, group.local, _fp16_round_trip, lambda row: hvd.allgather(
-                    torch.from_numpy(row), name=names.collective(group.key, Kind.CPU),
-                    process_set=group.process_set).numpy())
+        """The handshake (:meth:`CompressorCore.handshake`), before anything depends on the
+        configuration: ranks that disagree would otherwise hand Horovod tensors of different
+        shapes (one compresses a tensor the other passes through) and Horovod would shut down
+        before our check could speak. It blocks, on the same collectives on every rank."""
+
+        def gather(row: Any, kind: Kind) -> Any:
+            return hvd.allgather(torch.from_numpy(row), name=names.collective(group.key, kind),
+                                 process_set=group.process_set).numpy()
+
+        self.handshake(group.key, group.size, group.local, gather, _fp16_round_trip)
 
     # -- Horovod's interface -------------------------------------------------------------------
     @instance_only
@@ -290,14 +245,11 @@ class GradqCompressor(Reports):
             name = f"noname.{next(_UNNAMED)}"
         n = tensor.numel()
         # one-rank sets pass through exactly; otherwise the shared policy (frontend/patterns.py)
-        pattern, why = (Pattern.FP32, ONE_RANK_WHY) if group.size == 1 else decide_why(
-            self.settings, n, tensor.dim(), group.size, self.pattern, local=group.local, link_gbps=self.link_gbps,
-            fallback=self.fallback, figures=self._figures.get(group.key))
+        pattern, why = self.decide(n, tensor.dim(), group.size, group.local, self.agreed(group.key))
         step = self._steps.get(name, 0)
-        if pattern not in (Pattern.FP32, Pattern.FP16):
+        if compresses(pattern):
             self._steps[name] = step + 1
-            if in_warmup(self.policy, step):  # the recipe's first steps: exact, no residual kept
-                pattern, why = Pattern.FP32, warmup_why(self.policy, step, pattern)
+            pattern, why = self.warm(pattern, why, step)  # the recipe's first steps: exact, no residual kept
         self._stats.decide(name, pattern.value, why, n, group.size)
         if pattern in (Pattern.FP32, Pattern.FP16):
             # Horovod's own fp32 allreduce, exactly (torch's allreduce has no bf16: sent as fp32), or
@@ -330,14 +282,8 @@ class GradqCompressor(Reports):
             return self._telemetry.decompressed(t0, out)
         if not isinstance(ctx, Ctx):
             raise GradqError("decompress() got a context hvd_gradq did not make")
-        total = self._reducer.finish(ctx)
-        # Horovod reduced our [1.0] with this call's op and scale factors: v = post*pre (Average)
-        # or post*pre*N (Sum). The plain cases keep their exact arithmetic.
-        v, size = float(tensor.reshape(-1)[0]), ctx.group.size
-        if v == 1.0:
-            total = total / size
-        elif v != float(size):
-            total = total * (v / size)
+        # Horovod reduced our [1.0] with this call's op and scale factors (frontend/compressor.py)
+        total: torch.Tensor = final_scale(self._reducer.finish(ctx), float(tensor.reshape(-1)[0]), ctx.group.size)
         out = total.reshape(ctx.shape).to(device=ctx.device, dtype=ctx.dtype)
         self._check_output(out)
         return self._telemetry.decompressed(t0, out)
@@ -360,29 +306,20 @@ class GradqCompressor(Reports):
         only); see :func:`.checkpoint.load_state_dict`."""
         self._steps = checkpoint.load_state_dict(state, self.config(), self._params, self._store, strict)
 
-    def _world(self) -> dict[str, Any]:
-        """What ``stats()`` and the log say of the run."""
-        size = hvd.size() if hvd.is_initialized() else None
-        return {"frontend": "torch", "scheme": self.settings.spec, "pattern": self.pattern.value, "ranks": size,
-                "ranks_a_host": self._local or 1, "link_gbps": self.link_gbps, "threads": self.workers.threads,
-                "codec": self._reducer.codec}
+    # -- what stats() says of the run (CompressorCore.world) -------------------------------------
+    def _ranks(self) -> int | None:
+        return int(hvd.size()) if hvd.is_initialized() else None
 
-    def digest(self) -> str:
-        h = hashlib.sha256(self.config().encode())
-        return h.hexdigest()[:16]
+    def _ranks_a_host(self) -> int:
+        return self._local or 1
+
+    def _world_extra(self) -> dict[str, Any]:
+        return {"threads": self.workers.threads, "codec": self._reducer.codec}
 
 
 def _fp16_round_trip(x: Any) -> Any:
     """Horovod's fp16 cast there and back, as :mod:`~hvd_gradq.frontend.probe` times it."""
     return torch.from_numpy(x).to(torch.float16).to(torch.float32)
-
-
-def _local_size() -> int:
-    """Ranks on this host (1 before ``hvd.init()``, where Horovod cannot say)."""
-    try:
-        return int(hvd.local_size())
-    except ValueError:
-        return 1
 
 
 def _tagger(name: str) -> Any:

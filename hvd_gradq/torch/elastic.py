@@ -135,7 +135,7 @@ class Elastic:
         self.forget_step()
         self.generation = Generation(number, now)
         self.state_calls = 0
-        c._checked.clear()
+        c.forget_handshakes()
         c._local = None
         store = c._store
         kept, dropped = elastic.carry_over(list(store.residuals), self.made_in, now)

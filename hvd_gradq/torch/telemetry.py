@@ -29,7 +29,6 @@ class Telemetry:
     """Step boundaries and log lines for one compressor; ``world`` says what the run is."""
 
     def __init__(self, stats: Stats, world: Callable[[], dict[str, Any]]) -> None:
-        log.env_level()  # a bad HVD_GRADQ_LOG fails at construction, not at the end of a step
         self.stats = stats
         self.world = world
         self._open = 0  # tensors compressed this step and not yet handed to decompress()

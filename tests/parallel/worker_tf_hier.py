@@ -204,7 +204,7 @@ def _auto():
     g = step(tf.constant(grad_of(rank, 0, (60000,))))
     # the model with what the compressor decides by: its fallback setting and the agreed CPU figures
     want = decide(hvd_gradq.parse(spec), 60000, 1, size, Pattern.AUTO, local=L, link_gbps=args.link,
-                  fallback=comp.fallback, figures=comp._host.figures[0])
+                  fallback=comp.fallback, figures=comp._figures[0])
     return {"want": want.value, "got": [s["pattern"] for s in comp.slots()], "digest": digest([g.numpy()])}
 
 
@@ -262,7 +262,7 @@ def _fallback():
             g = var_step(comp, tf.Variable(tf.zeros((n,)), name=f"fb{int(fb)}"))(c).numpy()
             res[str(fb)] = {"patterns": [s["pattern"] for s in comp.slots()],
                             "why": [t["why"] for t in comp.stats()["tensors"].values()],
-                            "figures": [list(r) for r in comp._host.figures[0].ns]}
+                            "figures": [list(r) for r in comp._figures[0].ns]}
             res[f"digest{fb}"] = digest([g])
         stock = var_step(hvd.Compression.fp16, tf.Variable(tf.zeros((n,)), name="stock16"))(c).numpy()
         exact = var_step(hvd.Compression.none, tf.Variable(tf.zeros((n,)), name="stock32"))(c).numpy()

@@ -254,7 +254,7 @@ if want("telemetry"):
         for i in range(3):
             step(*batch(i))
     decided = {v.name: decide_why(hvd_gradq.parse(spec), int(np.prod(v.shape)), len(v.shape), size, Pattern.AUTO,
-                                  EVERY, 1, link, comp.fallback, comp._host.figures[0])  # as the compressor decides
+                                  EVERY, 1, link, comp.fallback, comp._figures[0])  # as the compressor decides
                for v in model.trainable_variables}
     out["telemetry"] = {"stats": comp.stats(), "metrics": comp.metrics(), "stderr": err.getvalue(),
                         "decided": {k: [p.value, why] for k, (p, why) in decided.items()}}

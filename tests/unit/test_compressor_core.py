@@ -1,0 +1,313 @@
+"""The compressor core both frontends subclass (hvd_gradq/frontend/compressor.py), without a
+framework: its argument checks, the configuration ranks compare, the handshake over a fake
+allgather, the decision and warm-up, Horovod's final scaling, the process set and the world
+``stats()`` reports. The frontends' own tests (tests/parallel) run the same code through Horovod."""
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+import pytest
+
+import hvd_gradq
+from hvd_gradq.errors import GradqError, RankMismatchError, SpecError
+from hvd_gradq.frontend import patterns
+from hvd_gradq.frontend.compressor import CompressorCore, compresses, final_scale, ranks_on_host
+from hvd_gradq.frontend.names import Kind
+from hvd_gradq.frontend.patterns import Pattern
+from hvd_gradq.kernels import parallel
+
+
+class Core(CompressorCore):
+    """A frontend of nothing: the hooks answer fixed values."""
+
+    FRONTEND, WORLD_NAME, CONFIG_TAG = "hvd_gradq.fake", "fake", "fake"
+
+    def _ranks(self) -> int | None:
+        return 4
+
+    def _ranks_a_host(self) -> int:
+        return 2
+
+
+class OneRankCore(Core):
+    PASSES_ONE_RANK = True
+
+
+class GraphCore(Core):
+    """A frontend whose later phases cannot be poisoned (as TensorFlow's)."""
+
+    UNPOISONABLE = frozenset({Pattern.SCATTER, Pattern.HIERARCHICAL})
+    UNPOISONABLE_WHY = "its later phases start too late"
+
+    def _scope(self) -> str:
+        return "c7"
+
+
+@dataclass(frozen=True)
+class FakeSet:
+    process_set_id: int
+
+
+@pytest.fixture(autouse=True)
+def _codec_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    """A core sets the process's codec threads (as a compressor does): back to the default after."""
+    for var in ("HVD_GRADQ_LINK_GBPS", "HVD_GRADQ_FALLBACK", "HVD_GRADQ_LOG", "HVD_GRADQ_FIGURES"):
+        monkeypatch.delenv(var, raising=False)
+    yield
+    parallel.configure(None)
+
+
+ORQ = hvd_gradq.parse("orq:levels=5")
+
+
+# -- the arguments --------------------------------------------------------------------------------------
+@pytest.mark.parametrize("kwargs,cls,words", [
+    ({"seed": "1"}, GradqError, ["seed must be an integer", "str"]),
+    ({"seed": True}, GradqError, ["seed must be an integer", "bool"]),
+    ({"pattern": "ring"}, SpecError, ["pattern='ring' is not valid", "valid: auto, gather, summable"]),
+    ({"link_gbps": -1.0}, GradqError, ["link_gbps=-1.0 is not a link rate", "positive number"]),
+    ({"link_gbps": float("nan")}, GradqError, ["is not a link rate"]),
+    ({"fallback": "yes"}, GradqError, ["fallback must be True or False"]),
+    ({"process_set": 3}, GradqError, ["process_set must be a horovod ProcessSet", "int"]),
+    ({"threads": -2}, GradqError, ["threads=: -2 is not a number of threads", "use 0 (inline)"]),
+    ({"pattern": "summable"}, SpecError, ["pattern=summable needs evenly spaced levels", "Valid here: auto"]),
+])
+def test_bad_arguments_raise_what_to_write(kwargs: dict[str, Any], cls: type, words: list[str]) -> None:
+    with pytest.raises(cls) as e:
+        Core(ORQ, **kwargs)
+    assert isinstance(e.value, GradqError) and isinstance(e.value, ValueError)
+    for w in words:
+        assert w in str(e.value), (w, str(e.value))
+
+
+def test_bad_environment_fails_at_construction(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HVD_GRADQ_LOG", "loud")
+    with pytest.raises(GradqError, match="HVD_GRADQ_LOG='loud' is not a log level"):
+        Core(ORQ)
+    monkeypatch.delenv("HVD_GRADQ_LOG")
+    monkeypatch.setenv("HVD_GRADQ_LINK_GBPS", "fast")
+    with pytest.raises(GradqError, match="HVD_GRADQ_LINK_GBPS='fast' is not a link rate"):
+        Core(ORQ)
+
+
+def test_options_are_normalised() -> None:
+    c = Core("qsgd:levels=4,ef=true", seed=3, pattern="SCATTER", link_gbps=25, threads=0, fallback=True,
+             check_ranks=0)  # type: ignore[arg-type]
+    assert c.scheme.spec == hvd_gradq.parse("qsgd:levels=4").scheme.spec and c.policy.ef
+    assert (c.seed, c.pattern, c.link_gbps, c.fallback, c.threads, c.check_ranks) == (
+        3, Pattern.SCATTER, 25.0, True, 0, False)
+    assert isinstance(c.link_gbps, float) and c.process_set is None
+    assert Core(ORQ).link_gbps == patterns.DEFAULT_LINK_GBPS and Core(ORQ).fallback is False
+
+
+def test_a_pattern_the_frontend_cannot_poison_is_refused_with_the_ones_it_can() -> None:
+    raising = hvd_gradq.parse("orq:levels=5,nonfinite=raise")
+    with pytest.raises(GradqError) as e:
+        GraphCore(raising, pattern="scatter")
+    text = str(e.value)
+    assert "nonfinite=raise with pattern=scatter is not supported by hvd_gradq.fake" in text
+    assert "its later phases start too late" in text and "pattern=gather / summable / auto" in text
+    GraphCore(raising, pattern="gather")  # a pattern it can poison
+    Core(raising, pattern="scatter")  # a frontend that can poison every pattern
+    GraphCore(ORQ, pattern="scatter")  # nothing stops on values
+
+
+# -- the configuration ------------------------------------------------------------------------------------
+def test_config_is_equal_for_equal_settings_and_differs_in_every_agreed_field() -> None:
+    base = Core("orq:levels=5,ef=true", seed=1, pattern="gather")
+    same = Core(hvd_gradq.parse("orq:levels=5,ef=true"), seed=1, pattern="gather", link_gbps=1.0, threads=0)
+    assert base.config() == same.config() and base.digest() == same.digest()
+    assert base.digest() == hashlib.sha256(base.config().encode()).hexdigest()[:16]
+    others = [
+        Core("orq:levels=3,ef=true", seed=1, pattern="gather"),  # the scheme
+        Core("orq:levels=5", seed=1, pattern="gather"),  # the policy
+        Core("orq:levels=5,ef=true,warmup=2", seed=1, pattern="gather"),
+        Core("orq:levels=5,ef=true", seed=2, pattern="gather"),  # the seed
+        Core("orq:levels=5,ef=true", seed=1, pattern="auto"),  # the pattern
+        OneRankCore("orq:levels=5,ef=true", seed=1, pattern="gather"),  # another class, the same tag: equal
+        GraphCore("orq:levels=5,ef=true", seed=1, pattern="gather"),  # a compressor's name
+    ]
+    digests = [c.digest() for c in others]
+    assert digests[5] == base.digest()
+    del digests[5]
+    assert base.digest() not in digests and len(set(digests)) == len(digests)
+    assert "seed=1" in base.config() and "pattern=gather" in base.config() and "fake" in base.config()
+    assert "name=c7" in others[-1].config()
+
+
+# -- the handshake ------------------------------------------------------------------------------------------
+class Ranks:
+    """A fake allgather: this rank's row, then each other rank's from ``others`` (by kind)."""
+
+    def __init__(self, others: dict[Kind, list[np.ndarray[Any, Any]]] | None = None) -> None:
+        self.calls: list[tuple[Kind, np.ndarray[Any, Any]]] = []
+        self.others = others or {}
+
+    def __call__(self, row: np.ndarray[Any, Any], kind: Kind) -> np.ndarray[Any, Any]:
+        self.calls.append((kind, row.copy()))
+        return np.concatenate([row] + [r.astype(row.dtype) for r in self.others.get(kind, [row])])
+
+
+def _text(block: np.ndarray[Any, Any]) -> str:
+    n = int(block[0]) << 8 | int(block[1])
+    return bytes(block[2:2 + n]).decode()
+
+
+def test_handshake_compares_the_configuration_and_layout_once_a_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    c = Core(ORQ, seed=5, pattern="gather", link_gbps=2.5)
+    ranks = Ranks()
+    c.handshake("", 4, 2, ranks, lambda x: x)
+    assert [k for k, _ in ranks.calls] == [Kind.CONFIG]  # an explicit pattern: no CPU figures to agree
+    sent = _text(ranks.calls[0][1])
+    assert sent.startswith(c.config()) and "hosts=2x2" in sent and "link=2.5" in sent
+    c.handshake("", 4, 2, ranks, lambda x: x)
+    assert len(ranks.calls) == 1 and "" in c._checked  # once a process set
+    c.handshake(7, 2, 1, ranks, lambda x: x)
+    assert len(ranks.calls) == 2 and "hosts=2x1" in _text(ranks.calls[1][1])
+    c.forget_handshakes()  # a new world: again
+    c.handshake("", 4, 2, ranks, lambda x: x)
+    assert len(ranks.calls) == 3
+
+
+def test_handshake_stops_on_a_rank_that_differs() -> None:
+    other = Core(ORQ, seed=6, pattern="gather")
+    mine = Core(ORQ, seed=5, pattern="gather")
+    from hvd_gradq.frontend.codec import config_block
+
+    theirs = config_block(other.config() + "|hosts=2x1|link=10.0")
+    with pytest.raises(RankMismatchError, match=r"ranks disagree on the hvd_gradq configuration: ranks \[0\]"):
+        mine.handshake("", 2, 1, Ranks({Kind.CONFIG: [theirs]}), lambda x: x)
+    # the same configuration but another link rate: the layout is compared too
+    theirs = config_block(mine.config() + "|hosts=2x1|link=25.0")
+    with pytest.raises(RankMismatchError, match="seed=5"):
+        Core(ORQ, seed=5, pattern="gather").handshake("", 2, 1, Ranks({Kind.CONFIG: [theirs]}), lambda x: x)
+
+
+def test_handshake_agrees_on_the_slowest_ranks_figures(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HVD_GRADQ_FIGURES", "table")  # this rank's figures: the shipped table
+    c = Core(ORQ, pattern="auto", check_ranks=False)
+    ranks = Ranks()
+    c.handshake("", 2, 1, ranks, lambda x: x)
+    assert [k for k, _ in ranks.calls] == [Kind.CPU]  # check_ranks=False: no configuration compared
+    row = ranks.calls[0][1]
+    slower = Ranks({Kind.CPU: [row * 3.0]})
+    c2 = Core(ORQ, pattern="auto", check_ranks=False)
+    c2.handshake("", 2, 1, slower, lambda x: x)
+    mine, agreed = c.agreed(""), c2.agreed("")
+    assert mine is not None and agreed is not None
+    assert [e * 3.0 for _, e, _ in mine.ns] == [e for _, e, _ in agreed.ns]  # the maximum over ranks
+    assert c2.agreed("other set") is None
+
+
+def test_handshake_without_a_collective_or_peers_does_nothing() -> None:
+    c = Core(ORQ, pattern="auto")
+    c.handshake("", 4, 1, None, lambda x: x)  # no collective can run now (a TF1-style graph)
+    ranks = Ranks()
+    c.handshake("", 4, 1, ranks, lambda x: x)  # checked already
+    c.handshake("alone", 1, 1, ranks, lambda x: x)  # one rank: nobody to compare with
+    assert ranks.calls == [] and c.agreed("") is None and c._checked == {"", "alone"}
+
+
+# -- the decision and the warm-up ---------------------------------------------------------------------------
+@pytest.mark.parametrize("n,size,local,pattern", [
+    (10, 4, 1, "auto"), (1 << 20, 4, 1, "auto"), (1 << 20, 8, 2, "auto"), (5000, 2, 1, "scatter"),
+    (1 << 16, 4, 2, "hierarchical"),
+])
+def test_decide_is_the_cost_models_decision(n: int, size: int, local: int, pattern: str) -> None:
+    c = Core(ORQ, pattern=pattern, link_gbps=1.0, fallback=True)
+    want = patterns.decide_why(ORQ, n, 1, size, Pattern(pattern), patterns.EVERY, local, 1.0, True, None)
+    assert c.decide(n, 1, size, local, None) == want
+
+
+def test_decide_leaves_out_what_the_frontend_cannot_poison() -> None:
+    raising = hvd_gradq.parse("orq:levels=5,nonfinite=raise")
+    g = GraphCore(raising, link_gbps=0.01)
+    assert g.offered() == frozenset({Pattern.GATHER, Pattern.SUMMABLE})
+    n = 1 << 22  # large over many ranks on a slow link: the model would take scatter if it could
+    assert patterns.decide(raising, n, 1, 16, Pattern.AUTO, link_gbps=0.01) is Pattern.SCATTER
+    assert g.decide(n, 1, 16, 1, None)[0] is Pattern.GATHER
+    assert Core(raising, link_gbps=0.01).decide(n, 1, 16, 1, None)[0] is Pattern.SCATTER
+    assert GraphCore(ORQ).offered() == patterns.EVERY
+
+
+def test_one_rank_passes_through_where_the_frontend_says_so() -> None:
+    assert OneRankCore(ORQ, pattern="gather").decide(1000, 1, 1, 1, None) == (Pattern.FP32, patterns.ONE_RANK_WHY)
+    assert Core(ORQ, pattern="gather").decide(1000, 1, 1, 1, None)[0] is Pattern.GATHER
+
+
+def test_warm_up_sends_the_first_steps_exact() -> None:
+    c = Core("orq:levels=5,warmup=2", pattern="gather")
+    for step in (0, 1):
+        p, why = c.warm(Pattern.GATHER, "requested", step)
+        assert p is Pattern.FP32 and patterns.why_tag(why) == "warm-up", why
+        assert f"step {step + 1} of 2, then gather" in why
+    assert c.warm(Pattern.GATHER, "requested", 2) == (Pattern.GATHER, "requested")
+    for p in (Pattern.FP32, Pattern.FP16):  # Horovod's own reductions have no warm-up
+        assert c.warm(p, "no saving", 0) == (p, "no saving")
+    assert Core(ORQ).warm(Pattern.GATHER, "x", 0) == (Pattern.GATHER, "x")
+    assert c.warm_note(Pattern.SCATTER, "auto") == "auto; the first 2 steps fp32 (warm-up)"
+    assert c.warm_note(None, "no saving") == "no saving" and c.warm_note(Pattern.FP16, "f") == "f"
+    assert Core("orq:levels=5,warmup=1").warm_note(Pattern.GATHER, "r") == "r; the first 1 step fp32 (warm-up)"
+    assert [compresses(p) for p in (None, Pattern.FP32, Pattern.FP16, Pattern.GATHER)] == [False, False, False, True]
+
+
+# -- Horovod's final scaling --------------------------------------------------------------------------------
+@pytest.mark.parametrize("v", [1.0, 3.0, 0.5, 6.0, float("nan")])
+def test_final_scale_is_stock_horovods_result_with_the_plain_cases_exact(v: float) -> None:
+    total = np.random.default_rng(1).standard_normal(1000).astype(np.float32)
+    size = 3
+    want = total / np.float32(3.0) if v == 1.0 else total if v == 3.0 else total * np.float32(v / 3.0)
+    eager = final_scale(total, v, size)
+    assert eager.dtype == np.float32 and eager.tobytes() == want.tobytes()
+    traced = np.asarray(final_scale(total, np.float32(v), size, np.where, np.equal), np.float32)  # as a graph
+    if v in (1.0, 3.0):
+        assert traced.tobytes() == want.tobytes()
+    else:
+        assert np.allclose(traced, want, rtol=1e-6, equal_nan=True)
+
+
+# -- the process set and the world --------------------------------------------------------------------------
+def test_the_reduction_set_is_horovods_the_constructors_or_the_global_one() -> None:
+    g, a, b = FakeSet(0), FakeSet(1), FakeSet(2)
+    assert Core(ORQ).reduction_set(None, g) is g
+    assert Core(ORQ).reduction_set(a, g) is a
+    assert Core(ORQ, process_set=a).reduction_set(None, g) is a
+    assert Core(ORQ, process_set=a).reduction_set(FakeSet(1), g) == a
+    for called in (b, g):  # another set, the global one included, is refused
+        with pytest.raises(GradqError) as e:
+            Core(ORQ, process_set=a).reduction_set(called, g)
+        assert "process_set=1" in str(e.value) and "pass the same process set to both" in str(e.value)
+
+
+def test_world_and_stats_report_the_run() -> None:
+    c = Core("qsgd:levels=4", pattern="gather", link_gbps=5.0)
+    assert c.world() == {"frontend": "fake", "scheme": hvd_gradq.parse("qsgd:levels=4").spec, "pattern": "gather",
+                         "ranks": 4, "ranks_a_host": 2, "link_gbps": 5.0}
+
+    class Telemetry:
+        def summary(self) -> dict[str, Any]:
+            return c._stats.summary(c.world())
+
+    c._telemetry = Telemetry()
+    c._stats.begin_step()
+    c._stats.decide("w", "gather", "requested", 1000, 4)
+    c._stats.record("w", 300, 900)
+    out = c.stats()
+    assert out["world"]["frontend"] == "fake" and out["tensors"]["w"]["pattern"] == "gather"
+    assert c.metrics()["hvd_gradq/bytes_sent"] == 300
+
+
+def test_ranks_on_host_asks_horovod_and_says_none_before_init() -> None:
+    class Up:
+        def local_size(self) -> int:
+            return 3
+
+    class Down:
+        def local_size(self) -> int:
+            raise ValueError("Horovod has not been initialized; use hvd.init().")
+
+    assert ranks_on_host(Up()) == 3 and ranks_on_host(Down()) is None
