@@ -10,6 +10,9 @@ group (flat float32). Who runs the collectives is the driver's business:
 * PyTorch (:mod:`hvd_gradq.torch.reduce`) starts each request with Horovod's asynchronous ops
   (:class:`Transport`) and resumes the generator when the handle is done: the first segment (the
   encode) on a worker thread inside ``compress()``, the rest from ``decompress()``;
+* TensorFlow (:mod:`hvd_gradq.tensorflow.reduce`) runs them while Horovod traces the reduction:
+  each request becomes a graph collective, each result the symbolic tensor it returns, and the
+  codec's work one host function a phase;
 * the quality study's simulator (:mod:`.loopback`) runs N generators in lock step and hands
   each the result an in-process collective would give (so the study runs this code).
 
@@ -18,21 +21,23 @@ decodes, which a driver may put on a worker thread, and before it the driver sta
 pending tensor's next phase before waiting on any (Horovod needs every rank to start the same
 collectives; none may block on a phase another tensor's phase would unblock).
 
-Buffers: payload bytes travel as NumPy ``uint8``; float tensors (the summable pattern's
+Buffers: payload bytes travel as the codec makes them (NumPy ``uint8``; ``tf.uint8`` tensors in
+TensorFlow's graph); float tensors (the summable pattern's
 statistics and lanes, the hierarchical pattern's fp32 pieces) as the frontend's arrays. A result
 comes back in its request's kind.
 """
 from __future__ import annotations
 
-from collections.abc import Generator, Sequence
+import time
+from collections.abc import Callable, Generator, Sequence
+from contextlib import AbstractContextManager, nullcontext
 from dataclasses import dataclass
 from typing import Any, Literal, Protocol
 
 import numpy as np
-from numpy.typing import NDArray
 
-from ..api import Payload
 from ..feedback import Memory
+from ..frontend.names import words
 from ..frontend.stats import Stats
 from ..spec import Config, SchemeLike
 from ..xp import Array, Ops, Seed
@@ -84,26 +89,46 @@ class Transport(Protocol):
 class Codec(Protocol):
     """Payloads of the frontend's arrays: made on the host (the compiled kernels) or on a
     device, as the frontend chooses. ``own`` is this rank's decoded values of what it sent, in
-    whatever form the codec keeps them (:meth:`values` turns them into a frontend array)."""
+    whatever form the codec keeps them (:meth:`values` turns them into a frontend array).
 
-    def encode(self, config: SchemeLike, x: Array, seed: Seed, what: str) -> tuple[NDArray[np.uint8], Any]:
+    Where a pattern needs several payloads at once (the scatter pattern's chunks, the
+    reduced chunks it gathers) it asks for them in one call, so that a frontend whose host work
+    is one function a phase (TensorFlow's graph) makes them in one."""
+
+    def encode(self, config: SchemeLike, x: Array, seed: Seed, what: str) -> tuple[Any, Any]:
         """The payload bytes of flat float32 ``x`` and its own decoded values; raises a
         GradqError for a gradient it cannot encode (the patterns send the poison then)."""
         ...
 
-    def sum(self, buf: NDArray[np.uint8], rank: int, own: Any, what: str,
+    def encode_chunks(self, config: SchemeLike, x: Array, bounds: Sequence[tuple[int, int]], seeds: Sequence[Seed],
+                      what: str) -> tuple[Any, tuple[int, ...], list[Any]]:
+        """The payloads of the chunks ``x[lo:hi]`` (chunk j drawn with ``seeds[j]``), one after
+        the other, their sizes in bytes and their own values; raises as :meth:`encode`."""
+        ...
+
+    def sum(self, buf: Any, rank: int, own: Any, what: str,
             ranks: Sequence[int] | None = None) -> tuple[Array, int]:
         """The decoded sum, in member order, of a gathered buffer's payloads (``own`` stands for
         member ``rank``'s), and their count; a poison raises the error naming its ranks."""
         ...
 
-    def decode(self, payload: Payload, like: Any) -> Array:
-        """One payload decoded, where ``like`` (an ``own``) lives."""
+    def concat(self, buf: Any, rank: int, own: Any, sizes: Sequence[int], what: str,
+               ranks: Sequence[int] | None = None) -> Array:
+        """A gathered buffer's payloads (of ``sizes`` elements) decoded and concatenated in member
+        order, ``own`` standing for member ``rank``'s; with ``ranks`` (member i is rank
+        ``ranks[i]``), a poison raises the error naming its ranks first."""
         ...
 
     def values(self, own: Any) -> Array:
         """``own`` as a frontend array (for error feedback and concatenation)."""
         ...
+
+
+def join(ops: Ops, parts: Sequence[Any]) -> Any:
+    """Buffers one after the other: NumPy's (payload bytes) by NumPy, the frontend's by ``ops``."""
+    if all(isinstance(p, np.ndarray) for p in parts):
+        return np.concatenate(list(parts))
+    return ops.concat(list(parts), 0)
 
 
 @dataclass(frozen=True)
@@ -120,30 +145,94 @@ class Group:
 @dataclass
 class Reduction:
     """One rank's side of every reduction of a compressor: the scheme and its policy, the base
-    seed and this rank's global rank (the seeds' rule, :mod:`hvd_gradq.frontend.names`), error
-    feedback's memory, the byte and time figures, and the Ops of host arrays."""
+    seed and this rank's global rank (the seeds' host rule, :mod:`hvd_gradq.frontend.names`),
+    error feedback's memory, the byte and time figures, and the Ops of host arrays.
+
+    A driver that runs the patterns while a graph is being built (TensorFlow) leaves ``stats``
+    None (it counts bytes from static sizes and times its host functions where they run), may
+    hand ``memory`` in only before the phase that needs it (the owner residuals), takes this
+    rank's own residual itself (``kept``: its compressor writes it with the step's keep mask,
+    once the result's finiteness is known), sets ``traced`` (no value can be read on the host
+    then: the hierarchical pattern's stop flags are not read; every error a graph meets is
+    raised by its host functions, on every rank) and adds the host's fp32 pieces its own way
+    (``adds``: in one function Grappler cannot reorder)."""
 
     config: Config
     seed: int
     rank: int
-    memory: Memory
-    stats: Stats
+    memory: Memory | None
+    stats: Stats | None
     ops: Ops
+    kept: Callable[[Array, Array], None] | None = None
+    traced: bool = False
+    adds: Callable[[Array, int, int], Array] | None = None
 
     @property
     def ef(self) -> bool:
         return self.config.policy.ef
 
+    def words(self, t: Part, tag: str = "") -> Seed:
+        """The seed of part ``tag`` of ``t`` (``""``, ``"#j"``, ``"#reduce"``, ``"#host"``...):
+        the part's own rule, else :func:`~hvd_gradq.frontend.names.words` of ``<name><tag>``."""
+        return t.draws(tag) if t.draws is not None else words(self.seed, self.rank, t.name + tag, t.step)
+
+    def sent(self, t: Part, x: Array, decoded: Array) -> None:
+        """This rank's gradient ``x`` (its residual already added) went out as ``decoded``."""
+        if self.kept is not None:
+            self.kept(x, decoded)
+        else:
+            self._memory().update(t.key, x, decoded)
+
+    def add_rows(self, buf: Array, rows: int, m: int) -> Array:
+        """The sum of the ``rows`` rows of ``m`` elements of flat ``buf``, in row order."""
+        if self.adds is not None:
+            return self.adds(buf, rows, m)
+        total = buf[:m]
+        for i in range(1, rows):
+            total = total + buf[i * m:(i + 1) * m]
+        return total
+
+    def compensate(self, key: str, x: Array) -> Array:
+        """An owner residual (``#reduce``, ``#host``...) added to ``x``."""
+        return self._memory().compensate(key, x)
+
+    def update(self, key: str, sent: Array, decoded: Array) -> None:
+        """An owner residual, from what was sent and what the receivers decode."""
+        self._memory().update(key, sent, decoded)
+
+    def _memory(self) -> Memory:
+        assert self.memory is not None, "error feedback asked of a reduction without a memory"
+        return self.memory
+
+    def timed(self, kind: str) -> AbstractContextManager[None]:
+        """Time the block as ``kind`` (nothing when the driver times its own work)."""
+        return nullcontext() if self.stats is None else self.stats.clock.timed(kind)
+
+    def took(self, kind: str, t0: float) -> None:
+        """The time since ``t0`` (``time.perf_counter``) as ``kind``."""
+        if self.stats is not None:
+            self.stats.clock.add(kind, time.perf_counter() - t0)
+
 
 @dataclass(frozen=True)
 class Part:
-    """One tensor's reduction on this rank: its name (collectives, residuals, seeds), the step,
-    the group, and the codec that makes its payloads."""
+    """One tensor's reduction on this rank: its name (collectives; residuals and seeds unless
+    given), the step, the group, and the codec that makes its payloads. ``residual``: the key of
+    its residuals when not ``name`` (TensorFlow names collectives by the slot and keys residuals
+    by the variable); ``draws``: the seed of each part's tag where the driver computes them
+    (TensorFlow: in the graph, from a step counter), else :meth:`Reduction.words`'s host rule."""
 
     name: str
-    step: int
+    step: Any
     group: Group
     codec: Codec
+    residual: str = ""
+    draws: Callable[[str], Seed] | None = None
+
+    @property
+    def key(self) -> str:
+        """The key of this rank's residual of the tensor (owner residuals add a suffix)."""
+        return self.residual or self.name
 
     @property
     def what(self) -> str:

@@ -4,8 +4,8 @@ owner's reduced chunk, re-quantized by the cheap second-phase scheme).
 
 Both are generators over :mod:`.core`'s requests. ``x`` arrives flat float32 with error
 feedback already added (the compressor's ``compensate``); the patterns update the residuals of
-what they sent themselves (:class:`hvd_gradq.feedback.Memory`: ``<name>`` for this rank's
-gradient; ``<name>#reduce`` for the scatter owner's reduced chunk, :func:`~hvd_gradq.feedback.keeps_owner_residuals`).
+what they sent themselves (:meth:`~.core.Reduction.sent` for this rank's gradient, ``<key>``;
+``<key>#reduce`` for the scatter owner's reduced chunk, :func:`~hvd_gradq.feedback.keeps_owner_residuals`).
 
 *A gradient this rank cannot encode* (NaN/Inf under ``nonfinite=raise``, a finite value beyond
 the scheme's float32 range) still sends, in place of its payload, the poison
@@ -16,7 +16,8 @@ In the scatter pattern such a rank poisons *every* chunk: each rank owns one and
 it in the first phase, since the second is then started by nobody.
 
 *Draws*: gather from the stream of ``<name>``, scatter chunk j from ``<name>#j``, the reduced
-chunk from ``<name>#reduce``, by :func:`hvd_gradq.frontend.names.words` (rank, step).
+chunk from ``<name>#reduce`` (:meth:`~.core.Reduction.words`: the tags of the part's own rule,
+or :func:`hvd_gradq.frontend.names.words` of rank and step).
 """
 from __future__ import annotations
 
@@ -25,11 +26,10 @@ from typing import Any
 
 import numpy as np
 
-from ..api import split
 from ..errors import GradqError, NonFiniteError, RankMismatchError
-from ..feedback import keeps_owner_residuals, reduced_key
+from ..feedback import REDUCED, keeps_owner_residuals, reduced_key
 from ..frontend import codec as fcodec
-from ..frontend.names import Kind, collective, words
+from ..frontend.names import Kind, collective
 from ..frontend.patterns import chunk_bounds, reduced_scheme
 from ..xp import Array
 from .core import Allgather, Alltoall, Part, Phases, Reduction
@@ -42,21 +42,22 @@ def gather(red: Reduction, t: Part, x: Array) -> Phases:
     error: GradqError | None = None
     own: Any = None
     try:
-        buf, own = t.codec.encode(red.config, x, words(red.seed, red.rank, t.name, t.step), t.what)
+        buf, own = t.codec.encode(red.config, x, red.words(t), t.what)
     except GradqError as e:  # tell the other ranks, so that they raise too
         error, buf = e, fcodec.poison(fcodec.stop_of(e))
-    red.stats.clock.add("encode", time.perf_counter() - t0)
+    red.took("encode", t0)
     if error is None and red.ef:
-        red.memory.update(t.name, x, t.codec.values(own))
-    sent = int(buf.shape[0]) * (g.size - 1)
+        red.sent(t, x, t.codec.values(own))
     gathered = yield Allgather(collective(g.key, Kind.GATHER, t.name), buf, last=True)
     if error is not None:
         raise error
-    with red.stats.clock.timed("decode"):
+    with red.timed("decode"):
         total, count = t.codec.sum(gathered, g.rank, own, t.name)
     if count != g.size:
         raise RankMismatchError(f"{t.name}: gathered {count} payloads from {g.size} ranks")
-    red.stats.record(t.name, sent, int(gathered.shape[0]) - int(buf.shape[0]))
+    if red.stats is not None:
+        sent = int(buf.shape[0])
+        red.stats.record(t.name, sent * (g.size - 1), int(gathered.shape[0]) - sent)
     return total
 
 
@@ -66,48 +67,42 @@ def scatter(red: Reduction, t: Part, x: Array) -> Phases:
     g = t.group
     bounds = chunk_bounds(int(red.ops.shape(x)[0]), red.config.scheme.bucket, g.size)
     t0 = time.perf_counter()
-    bufs: list[Any] = []
-    owns: list[Any] = []
     error: GradqError | None = None
-    for j, (lo, hi) in enumerate(bounds):
-        try:
-            b, o = t.codec.encode(red.config, x[lo:hi], words(red.seed, red.rank, f"{t.name}#{j}", t.step), t.what)
-        except GradqError as e:
-            error = e
-            break
-        bufs.append(b)
-        owns.append(o)
-    if error is not None:
-        why = fcodec.stop_of(error)
+    owns: list[Any] = []
+    try:
+        buf, lens, owns = t.codec.encode_chunks(red.config, x, bounds, [red.words(t, f"#{j}") for j in range(g.size)],
+                                                t.what)
+    except GradqError as e:
+        why = fcodec.stop_of(e)
         bufs = [fcodec.poison(why)] * len(bounds)
+        buf, lens = np.concatenate(bufs), tuple(int(b.shape[0]) for b in bufs)
+        error = e
         if why is fcodec.Stop.NONFINITE:  # the chunk's count of NaN/Inf would mislead: say it plainly
             error = NonFiniteError(
                 f"{t.what}: this rank had non-finite values (NaN/Inf) in this gradient (nonfinite=raise); "
                 "the default nonfinite=propagate carries them through as Horovod does")
-    red.stats.clock.add("encode", time.perf_counter() - t0)
+    red.took("encode", t0)
     if error is None and red.ef:
-        red.memory.update(t.name, x, red.ops.concat([t.codec.values(o) for o in owns], 0))
-    lens = tuple(int(b.shape[0]) for b in bufs)
-    recv = yield Alltoall(collective(g.key, Kind.ALLTOALL, t.name), np.concatenate(bufs), lens)
+        red.sent(t, x, red.ops.concat([t.codec.values(o) for o in owns], 0))
+    recv = yield Alltoall(collective(g.key, Kind.ALLTOALL, t.name), buf, lens)
     if error is not None:
         raise error
-    with red.stats.clock.timed("decode"):  # where the chunks were encoded
+    with red.timed("decode"):  # where the chunks were encoded
         part, _count = t.codec.sum(recv, g.rank, owns[g.rank], t.name)
-    sent = sum(n for j, n in enumerate(lens) if j != g.rank)
-    received = int(recv.shape[0]) - lens[g.rank]
-    key, owner = reduced_key(t.name), keeps_owner_residuals(red.ef, second_phase=True)
+    key, owner = reduced_key(t.key), keeps_owner_residuals(red.ef, second_phase=True)
     if owner:
-        part = red.memory.compensate(key, part)
+        part = red.compensate(key, part)
     fine = reduced_scheme(red.config.scheme, g.size)  # cheap, unbiased, no noisier than the first phase
-    with red.stats.clock.timed("encode"):
-        rbuf, rown = t.codec.encode(fine, part, words(red.seed, red.rank, key, t.step),
-                                    f"{t.name} (step {t.step}, reduced)")
+    with red.timed("encode"):
+        rbuf, rown = t.codec.encode(fine, part, red.words(t, REDUCED), f"{t.name} (step {t.step}, reduced)")
     if owner:
-        red.memory.update(key, part, t.codec.values(rown))
+        red.update(key, part, t.codec.values(rown))
     gathered = yield Allgather(collective(g.key, Kind.REDUCED, t.name), rbuf, last=True)
-    with red.stats.clock.timed("decode"):
-        pieces = [t.codec.values(rown if r == g.rank else t.codec.decode(p, rown))
-                  for r, p in enumerate(split(gathered))]
-    rbytes = int(rbuf.shape[0])
-    red.stats.record(t.name, sent + rbytes * (g.size - 1), received + int(gathered.shape[0]) - rbytes)
-    return red.ops.concat(pieces, 0)
+    with red.timed("decode"):
+        out = t.codec.concat(gathered, g.rank, rown, [hi - lo for lo, hi in bounds], t.what)
+    if red.stats is not None:
+        sent = sum(n for j, n in enumerate(lens) if j != g.rank)
+        received = int(recv.shape[0]) - lens[g.rank]
+        rbytes = int(rbuf.shape[0])
+        red.stats.record(t.name, sent + rbytes * (g.size - 1), received + int(gathered.shape[0]) - rbytes)
+    return out

@@ -22,7 +22,8 @@ Phases, for the piece this rank owns (``m`` elements, 1/local of the tensor on b
    range: it sent a poison payload, or this owner could not encode its piece), so that every
    rank raises, and none waits for a collective another rank never joined.
 
-Draws: the ``#host`` tag's stream (sub-piece k: ``#host#k``; the second pass: ``#host#reduce``).
+Draws: the ``#host`` tag's stream (sub-piece k: ``#host#k``; the second pass: ``#host#reduce``),
+by :meth:`~.core.Reduction.words`; residuals keyed ``<key>#host`` and ``<key>#host#reduce``.
 """
 from __future__ import annotations
 
@@ -30,18 +31,15 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import numpy as np
-
-from ..api import split
 from ..errors import GradqError, NonFiniteError, RangeError
-from ..feedback import host_key, keeps_owner_residuals, reduced_key
+from ..feedback import HOST, REDUCED, host_key, keeps_owner_residuals, reduced_key
 from ..frontend import codec as fcodec
 from ..frontend.hosts import Hosts
-from ..frontend.names import Kind, collective, words
+from ..frontend.names import Kind, collective
 from ..frontend.patterns import Pattern, chunk_bounds, reduced_scheme
 from ..spec import Config, SchemeLike
 from ..xp import Array
-from .core import Alltoall, Part, Phases, Reduction
+from .core import Alltoall, Part, Phases, Reduction, join
 
 
 @dataclass
@@ -68,38 +66,36 @@ def hierarchical(red: Reduction, t: Part, x: Array, hosts: Hosts, cross: Pattern
     got = yield _send(t, 1, x, {r: pieces[i][1] - pieces[i][0] for i, r in enumerate(h.local_peers())}, h)
     lo, hi = pieces[h.local_rank]
     m = hi - lo
-    total = got[:m]
-    for i in range(1, h.local):  # the host's sum of my piece, in local rank order
-        total = total + got[i * m:(i + 1) * m]
-    key = host_key(t.name)
+    total = red.add_rows(got, h.local, m)  # the host's sum of my piece, in local rank order
+    key = host_key(t.key)
     owner = keeps_owner_residuals(red.ef, second_phase=True)
     if owner:
-        total = red.memory.compensate(key, total)
+        total = red.compensate(key, total)
     first = Config(scheme, red.config.policy)  # the policy's nonfinite=raise applies
     if cross is Pattern.GATHER:
         part = m
-        buf, own = _encode(red, t, st, first, total, key, h)
+        buf, own = _encode(red, t, st, first, total, HOST, h)
         if owner and own is not None:
-            red.memory.update(key, total, t.codec.values(own))
-        got = yield _to_cross(t, 2, [buf] * h.count, h, st)
+            red.update(key, total, t.codec.values(own))
+        got = yield _to_cross(red, t, 2, [buf] * h.count, h, st)
         piece = _sum(red, t, st, got, own, part, h)
     else:
         subs = chunk_bounds(m, scheme.bucket, h.count)
         part = subs[h.host][1] - subs[h.host][0]
-        parts = [_encode(red, t, st, first, total[s:e], f"{key}#{k}", h) for k, (s, e) in enumerate(subs)]
+        parts = [_encode(red, t, st, first, total[s:e], f"{HOST}#{k}", h) for k, (s, e) in enumerate(subs)]
         if owner and all(o is not None for _, o in parts):
-            red.memory.update(key, total, ops.concat([t.codec.values(o) for _, o in parts], 0))
+            red.update(key, total, ops.concat([t.codec.values(o) for _, o in parts], 0))
         own = parts[h.host][1]
-        got = yield _to_cross(t, 2, [b for b, _ in parts], h, st)
+        got = yield _to_cross(red, t, 2, [b for b, _ in parts], h, st)
         mine = _sum(red, t, st, got, own, part, h)  # my sub-piece's sum, second pass, to every host
         rkey = reduced_key(key)
         if owner and st.error is None:
-            mine = red.memory.compensate(rkey, mine)
-        buf, rown = _encode(red, t, st, reduced_scheme(scheme, h.count), mine, rkey, h)
+            mine = red.compensate(rkey, mine)
+        buf, rown = _encode(red, t, st, reduced_scheme(scheme, h.count), mine, HOST + REDUCED, h)
         if owner and rown is not None:
-            red.memory.update(rkey, mine, t.codec.values(rown))
-        got = yield _to_cross(t, 3, [buf] * h.count, h, st)
-        piece = _concat(red, t, st, got, rown, m, h)
+            red.update(rkey, mine, t.codec.values(rown))
+        got = yield _to_cross(red, t, 3, [buf] * h.count, h, st)
+        piece = _concat(red, t, st, got, rown, [e - s for s, e in subs], h)
     flag = ops.full((1,), 0.0 if st.stop is None else fcodec.stop_flag(*st.stop))
     out = ops.concat([piece, flag], 0)
     last = 4 if cross is Pattern.SCATTER else 3
@@ -107,9 +103,11 @@ def hierarchical(red: Reduction, t: Part, x: Array, hosts: Hosts, cross: Pattern
     res, at, stops = [], 0, []
     for s, e in pieces:
         res.append(got[at:at + e - s])
-        stops.append(fcodec.flag_stop(float(got[at + e - s])))
+        if not red.traced:  # a graph's errors are its host functions' (Reduction)
+            stops.append(fcodec.flag_stop(float(got[at + e - s])))
         at += e - s + 1
-    red.stats.record(t.name, st.sent, st.received)
+    if red.stats is not None:
+        red.stats.record(t.name, st.sent, st.received)
     if st.error is not None:  # this rank's own (it owned a piece that stopped): the most precise
         raise st.error
     for stop in stops:
@@ -126,15 +124,15 @@ def _send(t: Part, phase: int, buf: Any, sizes: dict[int, int], h: Hosts, last: 
     return Alltoall(collective(t.group.key, Kind.HIER, t.name, phase), buf, splits, last)
 
 
-def _to_cross(t: Part, phase: int, bufs: list[Any], h: Hosts, st: _State) -> Alltoall:
+def _to_cross(red: Reduction, t: Part, phase: int, bufs: list[Any], h: Hosts, st: _State) -> Alltoall:
     """``bufs[k]`` (payload bytes) to the rank on host k that owns the same piece."""
     sizes = {r: int(bufs[k].shape[0]) for k, r in enumerate(h.cross_peers())}
     st.sent += sum(n for k, n in enumerate(sizes.values()) if k != h.host)
     st.received -= sizes[h.rank]  # what comes back from this rank itself is no traffic
-    return _send(t, phase, np.concatenate(bufs), sizes, h)
+    return _send(t, phase, join(red.ops, bufs), sizes, h)
 
 
-def _encode(red: Reduction, t: Part, st: _State, scheme: SchemeLike, x: Array, key: str,
+def _encode(red: Reduction, t: Part, st: _State, scheme: SchemeLike, x: Array, tag: str,
             h: Hosts) -> tuple[Any, Any]:
     """Payload and own decoded values; the poison payload (and the error kept) for a piece this
     rank cannot encode (NaN/Inf under ``nonfinite=raise``, a value beyond the scheme's range) or
@@ -142,8 +140,8 @@ def _encode(red: Reduction, t: Part, st: _State, scheme: SchemeLike, x: Array, k
     if st.error is None:
         try:
             t0 = time.perf_counter()
-            out = t.codec.encode(scheme, x, words(red.seed, red.rank, key, t.step), t.what)
-            red.stats.clock.add("encode", time.perf_counter() - t0)
+            out = t.codec.encode(scheme, x, red.words(t, tag), t.what)
+            red.took("encode", t0)
             return out
         except GradqError as e:
             st.halt(e, h.rank)
@@ -154,10 +152,10 @@ def _encode(red: Reduction, t: Part, st: _State, scheme: SchemeLike, x: Array, k
 def _sum(red: Reduction, t: Part, st: _State, got: Any, own: Any, part: int, h: Hosts) -> Array:
     """Decoded sum of the cross peers' payloads (host order; this rank's own not decoded again);
     zeros after an error (the flag of the last phase carries it)."""
-    st.received += int(got.shape[0])
+    _received(red, st, got)
     if st.error is None:
         try:
-            with red.stats.clock.timed("decode"):
+            with red.timed("decode"):
                 total, _ = t.codec.sum(got, h.host, own, t.name, h.cross_peers())
             return t.codec.values(total)
         except GradqError as e:
@@ -165,14 +163,21 @@ def _sum(red: Reduction, t: Part, st: _State, got: Any, own: Any, part: int, h: 
     return red.ops.zeros((part,), "float32")
 
 
-def _concat(red: Reduction, t: Part, st: _State, got: Any, own: Any, m: int, h: Hosts) -> Array:
-    """Every host's reduced sub-piece, decoded, in host order: this rank's piece."""
-    st.received += int(got.shape[0])
-    peers = fcodec.stops_in(got, h.cross_peers())
-    if st.error is None and peers:
-        st.halt(fcodec.stopped(t.what, peers), h.rank)
-    if st.error is not None:
-        return red.ops.zeros((m,), "float32")
-    with red.stats.clock.timed("decode"):
-        return red.ops.concat([t.codec.values(own if k == h.host else t.codec.decode(p, own))
-                               for k, p in enumerate(split(got))], 0)
+def _concat(red: Reduction, t: Part, st: _State, got: Any, own: Any, sizes: list[int], h: Hosts) -> Array:
+    """Every host's reduced sub-piece (of ``sizes`` elements), decoded, in host order: this rank's piece."""
+    _received(red, st, got)
+    if st.error is None:
+        try:
+            with red.timed("decode"):
+                return t.codec.concat(got, h.host, own, sizes, t.what, h.cross_peers())
+        except GradqError as e:
+            if not fcodec.stops_of(e):  # not a peer's poison: a payload that cannot be read
+                raise
+            st.halt(e, h.rank)
+    return red.ops.zeros((sum(sizes),), "float32")
+
+
+def _received(red: Reduction, st: _State, got: Any) -> None:
+    """The bytes of a cross phase's result (counted where the driver counts none itself)."""
+    if red.stats is not None:
+        st.received += int(got.shape[0])

@@ -16,20 +16,13 @@ requires; a mismatch, which would hang a real job, raises here.
 """
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Any
 
 import numpy as np
 
 from ..errors import GradqError
 from ..xp import Ops
-from .core import Allgather, Allreduce, Alltoall, Phases, Request
-
-
-def _concat(ops: Ops, parts: Sequence[Any]) -> Any:
-    if all(isinstance(p, np.ndarray) for p in parts):
-        return np.concatenate(list(parts))
-    return ops.concat(list(parts), 0)
+from .core import Allgather, Allreduce, Alltoall, Phases, Request, join
 
 
 def _answer(ops: Ops, reqs: list[Request]) -> list[Any]:
@@ -41,7 +34,7 @@ def _answer(ops: Ops, reqs: list[Request]) -> list[Any]:
                              f"for {type(first).__name__} {first.name!r}: a real job would hang here")
     n = len(reqs)
     if isinstance(first, Allgather):
-        out = _concat(ops, [q.buf for q in reqs])  # type: ignore[union-attr]
+        out = join(ops, [q.buf for q in reqs])  # type: ignore[union-attr]
         return [out] * n
     if isinstance(first, Allreduce):
         total = reqs[0].value  # type: ignore[union-attr]
@@ -50,7 +43,7 @@ def _answer(ops: Ops, reqs: list[Request]) -> list[Any]:
         return [total] * n
     assert isinstance(first, Alltoall)
     starts = [np.concatenate([[0], np.cumsum(q.splits)]) for q in reqs]  # type: ignore[union-attr]
-    return [_concat(ops, [q.buf[int(s[j]):int(s[j + 1])] for q, s in zip(reqs, starts)])  # type: ignore[union-attr]
+    return [join(ops, [q.buf[int(s[j]):int(s[j + 1])] for q, s in zip(reqs, starts)])  # type: ignore[union-attr]
             for j in range(n)]
 
 

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import GradqError, NonFiniteError, RangeError
 from ..frontend import codec as fcodec
-from ..frontend.names import Kind, collective, words
+from ..frontend.names import Kind, collective
 from ..frontend.patterns import Lanes, Pattern, cost, lanes_for
 from ..schemes.level import EvenLevelScheme
 from ..schemes.options import NonFinite
@@ -80,8 +80,8 @@ def summable(red: Reduction, t: Part, x: Array, ops: Ops) -> Phases:
         x = ops.where(inside, x, ops.zeros((n,), "float32"))
         stats = local_stats(scheme, ops, x)
         stats = ops.where(bad, ops.full((rows, scheme.meta_width), float("inf")), stats)
-    seed = words(red.seed, red.rank, t.name, t.step)
-    red.stats.clock.add("encode", time.perf_counter() - t0)  # the statistics
+    seed = red.words(t)
+    red.took("encode", t0)  # the statistics
     stats = yield Allreduce(collective(g.key, Kind.STATS, t.name), stats, "max")
 
     finite = ops.isfinite(stats)
@@ -109,7 +109,8 @@ def summable(red: Reduction, t: Part, x: Array, ops: Ops) -> Phases:
         stats = ops.where(ops.reshape(finite_rows, (rows, 1)), stats, ops.zeros(ops.shape(stats), "float32"))
     meta, layout, summed = yield from _lanes(red, t, ops, x, stats, seed, ef=red.ef)
     c = cost(scheme, n, 1, g.size, Pattern.SUMMABLE)
-    red.stats.record(t.name, c.sent, c.received)
+    if red.stats is not None:
+        red.stats.record(t.name, c.sent, c.received)
     return _decode(red, t, ops, meta, layout, summed, n, bad_rows)
 
 
@@ -125,9 +126,9 @@ def _lanes(red: Reduction, t: Part, ops: Ops, x: Array, stats: Array, seed: Any,
     lanes = pack_lanes(ops, codes, lay.field_bits, lay.fields)
     n = int(ops.shape(x)[0])
     own = decode_codes(scheme, ops, codes, meta, n)
-    red.stats.clock.add("encode", time.perf_counter() - t0)  # codes, lanes and own values
+    red.took("encode", t0)  # codes, lanes and own values
     if ef:
-        red.memory.update(t.name, x, own)
+        red.sent(t, x, own)
     summed = yield Allreduce(collective(t.group.key, Kind.LANES, t.name), lanes, "sum", last=True)
     return meta, lay, summed
 
@@ -146,5 +147,5 @@ def _decode(red: Reduction, t: Part, ops: Ops, meta: Array, layout: Lanes, summe
                          ops.full((rows, scheme.bucket), 0.0))
         bad = ops.reshape(wide, (-1,))[:n] == 1.0
         out = ops.where(bad, ops.full((n,), float("nan")), out)
-    red.stats.clock.add("decode", time.perf_counter() - t0)
+    red.took("decode", t0)
     return out

@@ -9,10 +9,12 @@ are the part that differs by pattern; the compressor keeps what both share: the 
 slot, the step's seed words, error feedback (:meth:`GradqCompressor._compensate` and
 ``_store_residual``, kept together there) and the final scaling by Horovod's ``[1.0]``.
 
-``gather``: the payload is encoded on the host (:mod:`.host`: the compiled kernels, the
+``gather`` is the reduction core's (:func:`hvd_gradq.reduce.gather`, driven by :mod:`.reduce`):
+the payload is encoded on the host (:mod:`.transport`'s codec: the compiled kernels, the
 ``hvd_gradq.wire`` layout, a static size) and ``hvd.allgather`` ed; the finish parses, checks
-and decodes every payload, its own included, in rank order from the gathered bytes (one
-computation on the same bytes on every rank) and sums them. ``summable`` (evenly spaced
+and decodes every payload in rank order from the gathered bytes (one computation on the same
+bytes on every rank; this rank's own, with error feedback, decoded once where it was encoded)
+and sums them. ``summable`` (evenly spaced
 levels): a Max-allreduce of per-bucket statistics fixes a shared table, codes are packed into
 int32 lanes and Sum-allreduced; the mathematics runs in :mod:`.codec` (traced once per scheme
 and size, shielded from Grappler's float rewrites). The collectives' ``<kind>`` in the names the
@@ -32,16 +34,17 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from ..frontend import codec as fcodec
+from .. import reduce as core
 from ..frontend import names
 from ..frontend.names import Kind
 from ..frontend.patterns import Pattern
 from ..schemes.level import EvenLevelScheme
 from ..schemes.options import NonFinite
 from ..schemes.scheme import Scheme
-from . import codec, host, masks
+from . import codec, masks, reduce
 from .callsite import set_suffix
 from .state import Slot
+from .transport import GraphCodec
 
 
 @dataclass
@@ -56,8 +59,9 @@ class Ctx:
     pattern: Pattern | None
     size: int = 1
     rank: int = 0
-    result: Any = None  # gathered bytes (gather), summed int32 lanes (summable), this rank's chunks (scatter)
+    result: Any = None  # gathered bytes (gather), summed int32 lanes (summable)
     meta: Any = None  # the shared meta (summable)
+    flow: Any = None  # the pattern on the reduction core (gather, scatter, hierarchical: :class:`.reduce.Flow`)
     x: Any = None  # the compressed input g + e (gather with ef: the residual is set in decompress)
     slot: Slot | None = None
     finite: Any = None  # nonfinite=raise: whether this rank's x held no NaN/Inf (a bool tensor)
@@ -66,7 +70,6 @@ class Ctx:
     warm: Any = None  # warmup > 0: whether this step was a warm-up step (a bool tensor) ...
     total: Any = None  # ... the sum over ranks either way ...
     own: Any = None  # ... and what error feedback subtracts (x itself on warm steps: no change)
-    scatter: Any = None  # the scatter pattern's phase-2 facts (:class:`.scatter.Phase2`)
     step: Any = None  # the slot's step counter before this step (stats' time: :func:`.host.recording`)
 
 
@@ -76,22 +79,22 @@ def nonfinite_message(ctx: Ctx) -> str:
 
 
 def gather_start(scheme: Scheme, cid: str, x: Any, words: Any, key: str, ctx: Ctx, ps: Any) -> None:
-    """Encode ``x`` into a payload and allgather it into ``ctx.result``."""
-    # on the host, by the compiled kernels PyTorch uses (host.py says why the graph stays right)
-    payload = host.payload_encoder(scheme, ctx.shape, ctx.dtype.name, ctx.n)(
-        x, words[0], words[1])
-    if ctx.finite is not None:  # the poison (wire/poison.py), padded to the payload's traced size
-        row = int(payload.shape[0])
-        payload = tf.where(ctx.finite, payload, tf.constant(fcodec.poison(fcodec.Stop.NONFINITE, width=row)))
-    ctx.result = hvd.allgather(payload, name=names.collective(f"{cid}.", Kind.GATHER, f"{key}{set_suffix(ps)}"),
-                               ignore_name_scope=True, process_set=ps)
+    """Encode ``x`` into a payload and allgather it: the core's gather pattern (:mod:`.reduce`)
+    up to its collective (``words``: this step's seed words)."""
+    ef = ctx.slot is not None and ctx.slot.residual is not None
+    codec = GraphCodec(ctx.size, ctx.what, ef, ctx.finite, (ctx.shape, ctx.dtype.name))
+    part = core.Part(f"{key}{set_suffix(ps)}", ctx.step, core.Group(ctx.rank, ctx.size, f"{cid}."), codec,
+                     ctx.slot.key if ctx.slot is not None else "", reduce.fixed(words))
+    ctx.flow = reduce.begin(core.gather, scheme, ef, x, part, ps)
+    ctx.result = ctx.flow.handle  # the gathered payloads: a tensor of the graph, as callers may want them
 
 
 def gather_finish(ctx: Ctx) -> Any:
     """(sum, own): every rank's payload decoded and summed in rank order (the same bytes and
-    the same computation on every rank), and this rank's own (for error feedback)."""
-    rows = tf.reshape(ctx.result, (ctx.size, -1))
-    return host.gathered_decoder(ctx.n, ctx.size, ctx.rank, ctx.what)(rows)
+    the same computation on every rank), and this rank's own decoded payload (error feedback;
+    None without it)."""
+    assert isinstance(ctx.flow, reduce.Flow)
+    return ctx.flow.finish(), ctx.flow.own
 
 
 def summable_start(scheme: Scheme, nonfinite: NonFinite, cid: str, x: Any, words: Any, key: str, ctx: Ctx,

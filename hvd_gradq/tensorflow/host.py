@@ -1,7 +1,8 @@
-"""The gather and scatter patterns' payloads, made and read on the host by the code PyTorch uses.
+"""The patterns' payloads, made and read on the host by the code PyTorch uses.
 
-Every gathered or scattered payload of the TensorFlow frontend is encoded and decoded here, through
-``tf.numpy_function``: the bytes come from :func:`hvd_gradq.api.quantize`'s own pieces (the
+Every payload of the TensorFlow frontend is encoded and decoded by the NumPy functions here,
+each phase's in one ``tf.numpy_function`` (:class:`.transport.GraphCodec` makes the ops): the
+bytes come from :func:`hvd_gradq.api.quantize`'s own pieces (the
 compiled kernels of every level scheme, or the NumPy reference where the input holds NaN/Inf, a
 value beyond ``scheme.limit``, or the scheme has no kernel) and :class:`hvd_gradq.Payload`'s
 layout; the gathered payloads are parsed, checked (header, checksum, codes) and decoded by
@@ -53,6 +54,7 @@ from ..frontend import codec
 from ..schemes.level import LevelScheme
 from ..schemes.scheme import Scheme
 from ..wire.payload import header_size
+from ..wire.poison import poisons
 from ..xp import NUMPY
 
 #: (record(kind, seconds, step), step tensor) of the reduction being traced: :func:`recording`.
@@ -72,21 +74,28 @@ def recording(record: Callable[[str, float, int], None], step: Any) -> Iterator[
         _RECORDER.reset(token)
 
 
-def _call(fn: Callable[..., Any], inputs: list[Any], tout: Any, name: str, kind: str) -> Any:
-    """``tf.numpy_function(fn, inputs)``, timed into the recorder of the trace, if any."""
+def timed(fn: Callable[..., Any], inputs: list[Any], kind: str) -> tuple[Callable[..., Any], list[Any]]:
+    """``fn`` and its inputs for ``tf.numpy_function``, timed into the recorder of the trace, if any
+    (the caller makes the op itself: an error it raises names the frames that made it, and a
+    graph's error message lists them before the error's own text)."""
     rec = _RECORDER.get()
     if rec is None:
-        return tf.numpy_function(fn, inputs, tout, stateful=False, name=name)
+        return fn, inputs
     record, step = rec
 
-    def timed(at: Any, *args: Any) -> Any:
+    def run(at: Any, *args: Any) -> Any:
         t0 = time.perf_counter()
         try:
             return fn(*args)
         finally:
             record(kind, time.perf_counter() - t0, int(at))
 
-    return tf.numpy_function(timed, [step, *inputs], tout, stateful=False, name=name)
+    return run, [step, *inputs]
+
+
+def _call(fn: Callable[..., Any], inputs: list[Any], tout: Any, name: str, kind: str) -> Any:
+    """``tf.numpy_function(fn, inputs)``, timed into the recorder of the trace, if any."""
+    return tf.numpy_function(*timed(fn, inputs, kind), tout, stateful=False, name=name)
 
 
 def _parts(scheme: Scheme, x: NDArray[np.float32], a: int, b: int) -> dict[str, Any]:
@@ -109,48 +118,94 @@ def _payload(scheme: Scheme, shape: tuple[int, ...], dtype: str, x: NDArray[Any]
     return payload_of(scheme, parts, shape, dtype)
 
 
+def chunk_sizes(scheme: Scheme, bounds: tuple[tuple[int, int], ...],
+                header: tuple[tuple[int, ...], str] | None = None) -> list[int]:
+    """Bytes of each chunk's payload (:func:`chunk_encoder`)."""
+    ndim = 1 if header is None else len(header[0])
+    return [header_size(scheme.spec, ndim) + scheme.nbytes(hi - lo) for lo, hi in bounds]
+
+
 @cache
 def payload_encoder(scheme: Scheme, shape: tuple[int, ...], dtype: str, n: int) -> Any:
-    """(x f32[n], a, b) -> the whole payload, uint8[total]."""
-    total = header_size(scheme.spec, len(shape)) + scheme.nbytes(n)
-
-    def host(x: NDArray[np.float32], a: np.int64, b: np.int64) -> NDArray[np.uint8]:
-        try:
-            return _payload(scheme, shape, dtype, x, int(a), int(b)).to_array()
-        except RangeError:  # raising here would stop this rank before its collective: tell every rank
-            return codec.poison(codec.Stop.RANGE, width=total)
+    """:func:`chunk_encoder` of one chunk with the gradient's shape and dtype in its header (the
+    gather pattern's payload) as a graph op: (x f32[n], a, b) -> the payload, uint8[total]."""
+    host = chunk_encoder(scheme, ((0, n),), False, (shape, dtype))
+    total = chunk_sizes(scheme, ((0, n),), (shape, dtype))[0]
 
     def encode(x: Any, a: Any, b: Any) -> Any:
-        out = _call(host, [x, a, b], tf.uint8, "hvd_gradq_encode", "encode")
-        return tf.ensure_shape(out, (total,))
+        buf, _ = _call(host, [x, tf.reshape(a, (1,)), tf.reshape(b, (1,))], (tf.uint8, tf.float32),
+                       "hvd_gradq_encode", "encode")
+        return tf.ensure_shape(buf, (total,))
 
     return encode
 
 
 @cache
-def gathered_decoder(n: int, size: int, rank: int, what: str = "", ranks: tuple[int, ...] | None = None) -> Any:
-    """rows uint8[size, width] -> (the sum of every rank's decoded payload in rank order, this
-    rank's own decoded payload), both float32[n]. Every payload is parsed and checked (header,
-    checksum, codes) before it is decoded; every rank runs this on the same bytes.
+def chunk_encoder(scheme: Scheme, bounds: tuple[tuple[int, int], ...], own: bool,
+                  header: tuple[tuple[int, ...], str] | None = None) -> Any:
+    """(x f32[n], a int64[N], b int64[N]) -> (the payloads of the chunks ``x[lo:hi]`` of
+    ``bounds``, chunk j drawn with words (a[j], b[j]), concatenated in chunk order,
+    uint8[total]; with ``own`` this rank's decoded chunks concatenated, f32[n], else f32[0]):
+    the NumPy function a graph calls (:class:`.transport.GraphCodec`). Each chunk's payload is a
+    flat float32 tensor of its own, as PyTorch's, or, for one chunk with ``header`` (shape,
+    dtype), the gradient's. A scheme that refuses a value (``fp16:overflow=raise``: RangeError)
+    sends the poison saying so in every chunk, padded to its size: raising here would stop this
+    rank before its collective."""
+    sizes = chunk_sizes(scheme, bounds, header)
+    n = bounds[-1][1] if own else 0
+
+    def host(x: NDArray[np.float32], a: NDArray[np.int64],
+             b: NDArray[np.int64]) -> tuple[NDArray[np.uint8], NDArray[np.float32]]:
+        flat = np.ascontiguousarray(x, np.float32).reshape(-1)
+        try:
+            ps = [_payload(scheme, header[0] if header else (hi - lo,), header[1] if header else "float32",
+                           flat[lo:hi], int(a[j]), int(b[j])) for j, (lo, hi) in enumerate(bounds)]
+        except RangeError:
+            return poisons(sizes, codec.Stop.RANGE), np.zeros(n, np.float32)
+        mine = np.concatenate([decode_flat(p) for p in ps]) if own else np.zeros(0, np.float32)
+        return np.concatenate([p.to_array() for p in ps]), np.ascontiguousarray(mine, np.float32)
+
+    return host
+
+
+@cache
+def rows_decoder(rank: int, what: str = "", ranks: tuple[int, ...] | None = None) -> Any:
+    """rows uint8[size, width] (and, optionally, this rank's decoded payload, used in place of
+    decoding row ``rank`` again) -> (the sum of every rank's decoded payload in rank order, this
+    rank's own decoded payload), both float32: the NumPy function a graph calls. Every payload
+    is parsed and checked (header, checksum, codes) before it is decoded; every rank runs this on
+    the same bytes (decoding is deterministic: the own payload given is what its row decodes to).
 
     A row that holds a poison (:mod:`hvd_gradq.wire.poison`: a rank whose gradient held NaN/Inf
     under ``nonfinite=raise``, or a value its scheme refused) raises the error PyTorch's frontend
     raises, naming ``what``, the ranks (row i is rank ``ranks[i]``, by default i) and why."""
 
-    def host(rows: NDArray[np.uint8]) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
+    def host(rows: NDArray[np.uint8], *mine: NDArray[np.float32]) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
         rows = np.ascontiguousarray(rows)
         stops = codec.stops_in(rows, ranks)
         if stops:
             raise codec.stopped(f"hvd_gradq: {what}", stops)
         total: NDArray[np.float32] | None = None
-        own: NDArray[np.float32] | None = None
+        keep: NDArray[np.float32] | None = None
         for r, row in enumerate(rows):
-            v = decode_flat(parse_one(row)[0])
+            if r == rank and mine:
+                parse_one(row)  # checked as every row is
+                v = np.asarray(mine[0], np.float32)
+            else:
+                v = decode_flat(parse_one(row)[0])
             if r == rank:
-                own = v
+                keep = v
             total = v.copy() if total is None else total + v
-        assert total is not None and own is not None
-        return total, own
+        assert total is not None and keep is not None
+        return total, keep
+
+    return host
+
+
+@cache
+def gathered_decoder(n: int, size: int, rank: int, what: str = "", ranks: tuple[int, ...] | None = None) -> Any:
+    """:func:`rows_decoder` as a graph op: rows uint8[size, width] -> (sum, own), f32[n] each."""
+    host = rows_decoder(rank, what, ranks)
 
     def decode(rows: Any) -> Any:
         out, own = _call(host, [rows], (tf.float32, tf.float32), "hvd_gradq_decode", "decode")
@@ -160,45 +215,24 @@ def gathered_decoder(n: int, size: int, rank: int, what: str = "", ranks: tuple[
 
 
 @cache
-def chunk_encoder(scheme: Scheme, bounds: tuple[tuple[int, int], ...], own: bool) -> Any:
-    """The scatter pattern's first phase: (x f32[n], a int64[N], b int64[N]) -> (the payloads of
-    the chunks ``x[lo:hi]`` of ``bounds``, chunk j drawn with words (a[j], b[j]), concatenated
-    in chunk order, uint8[total]; with ``own`` this rank's decoded chunks concatenated, f32[n],
-    else f32[0]). Each chunk's payload is a flat float32 tensor of its own, as PyTorch's."""
-    sizes = [header_size(scheme.spec, 1) + scheme.nbytes(hi - lo) for lo, hi in bounds]
-    n = bounds[-1][1] if own else 0
+def chunks_decoder(sizes: tuple[int, ...], rank: int, what: str = "", ranks: tuple[int, ...] | None = None) -> Any:
+    """Gathered uint8 (one payload a rank, in rank order, of ``sizes[r]`` elements; optionally
+    this rank's decoded payload, used in place of decoding payload ``rank``) -> every payload
+    decoded, concatenated in rank order, f32[sum]: the NumPy function a graph calls. Every rank
+    runs it on the same bytes; with ``ranks`` (payload i from rank ``ranks[i]``) a poison raises
+    first, as in :func:`rows_decoder`."""
 
-    def host(x: NDArray[np.float32], a: NDArray[np.int64],
-             b: NDArray[np.int64]) -> tuple[NDArray[np.uint8], NDArray[np.float32]]:
-        flat = np.ascontiguousarray(x, np.float32).reshape(-1)
-        ps = [_payload(scheme, (hi - lo,), "float32", flat[lo:hi], int(a[j]), int(b[j]))
-              for j, (lo, hi) in enumerate(bounds)]
-        mine = np.concatenate([decode_flat(p) for p in ps]) if own else np.zeros(0, np.float32)
-        return np.concatenate([p.to_array() for p in ps]), mine
-
-    def encode(x: Any, a: Any, b: Any) -> Any:
-        buf, mine = _call(host, [x, a, b], (tf.uint8, tf.float32), "hvd_gradq_encode_chunks", "encode")
-        return tf.ensure_shape(buf, (sum(sizes),)), tf.ensure_shape(mine, (n,))
-
-    return encode
-
-
-@cache
-def chunks_decoder(sizes: tuple[int, ...], rank: int) -> Any:
-    """The scatter pattern's last step: gathered uint8 (one payload a rank, in rank order, of
-    ``sizes[r]`` elements) -> (every payload decoded, concatenated in rank order, f32[sum];
-    payload ``rank`` decoded, f32[sizes[rank]]). Every rank runs it on the same bytes."""
-
-    def host(buf: NDArray[np.uint8]) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
-        payloads = split(np.ascontiguousarray(buf).reshape(-1))
+    def host(buf: NDArray[np.uint8], *mine: NDArray[np.float32]) -> NDArray[np.float32]:
+        flat = np.ascontiguousarray(buf).reshape(-1)
+        stops = codec.stops_in(flat, ranks) if ranks is not None else None
+        if stops:
+            raise codec.stopped(f"hvd_gradq: {what}", stops)
+        payloads = split(flat)
         got = tuple(p.n for p in payloads)
         if got != sizes:
             raise RankMismatchError(f"reduced chunks of {list(got)} elements; this rank expects {list(sizes)}")
-        pieces = [decode_flat(p) for p in payloads]
-        return np.concatenate(pieces), pieces[rank]
+        pieces = [np.asarray(mine[0], np.float32) if r == rank and mine else decode_flat(p)
+                  for r, p in enumerate(payloads)]
+        return np.concatenate(pieces)
 
-    def decode(buf: Any) -> Any:
-        out, own = _call(host, [buf], (tf.float32, tf.float32), "hvd_gradq_decode_chunks", "decode")
-        return tf.ensure_shape(out, (sum(sizes),)), tf.ensure_shape(own, (sizes[rank],))
-
-    return decode
+    return host

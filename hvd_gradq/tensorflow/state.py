@@ -125,7 +125,11 @@ class SlotStore:
 
     ``read`` gives zero where another rank owns the variable (it was restored from that rank's
     checkpoint, see the module docstring); ``write`` makes this rank its owner. There is no
-    ``forget``: a graph cannot undo a step (:class:`~hvd_gradq.feedback.Memory` ``undo=False``)."""
+    ``forget``: a graph cannot undo a step (:class:`~hvd_gradq.feedback.Memory` ``undo=False``).
+
+    An owner residual's variable is as wide as the widest chunk or piece on any rank
+    (:func:`make_residual`): ``read`` gives its first elements, as many as ``like`` has, and
+    ``write`` zero-pads this rank's to the variable's width."""
 
     def __init__(self, residuals: dict[str, Any], owners: dict[str, Any], rank: int) -> None:
         self.residuals, self.owners, self.rank = residuals, owners, rank
@@ -135,10 +139,16 @@ class SlotStore:
         if var is None:
             return None
         mine = tf.equal(self.owners[key].read_value(), self.rank)
-        return tf.where(mine, var.read_value(), tf.zeros_like(like))
+        value = var.read_value()
+        n = int(like.shape[0])
+        if n < int(var.shape[0]):
+            value = value[:n]
+        return tf.where(mine, value, tf.zeros_like(like))
 
     def write(self, key: str, value: Any) -> None:
-        self.residuals[key].assign(value)
+        var = self.residuals[key]
+        pad = int(var.shape[0]) - int(value.shape[0])
+        var.assign(tf.pad(value, [[0, pad]]) if pad > 0 else value)
         self.owners[key].assign(tf.constant(self.rank, tf.int64))
 
     def forget(self, key: str) -> None:

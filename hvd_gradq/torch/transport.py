@@ -22,7 +22,8 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from ..api import Payload
+from ..api import split
+from ..frontend import codec
 from ..frontend.stats import Clock
 from ..frontend.workers import wait
 from ..reduce.core import Allgather, Allreduce, Alltoall, Request
@@ -91,12 +92,22 @@ class TorchCodec:
     def encode(self, config: SchemeLike, x: Any, seed: Seed, what: str) -> tuple[NDArray[np.uint8], Any]:
         return device.encode_any(config, x, seed, what, self.on_device)
 
+    def encode_chunks(self, config: SchemeLike, x: Any, bounds: Sequence[tuple[int, int]], seeds: Sequence[Seed],
+                      what: str) -> tuple[NDArray[np.uint8], tuple[int, ...], list[Any]]:
+        made = [self.encode(config, x[lo:hi], seed, what) for (lo, hi), seed in zip(bounds, seeds)]
+        return np.concatenate([b for b, _ in made]), tuple(int(b.shape[0]) for b, _ in made), [o for _, o in made]
+
     def sum(self, buf: NDArray[np.uint8], rank: int, own: Any, what: str,
             ranks: Sequence[int] | None = None) -> tuple[torch.Tensor, int]:
         return device.sum_any(buf, rank, own, what, ranks)
 
-    def decode(self, payload: Payload, like: Any) -> torch.Tensor:
-        return device.decode_any(payload, like)
+    def concat(self, buf: NDArray[np.uint8], rank: int, own: Any, sizes: Sequence[int], what: str,
+               ranks: Sequence[int] | None = None) -> torch.Tensor:
+        peers = codec.stops_in(buf, ranks) if ranks is not None else None
+        if peers:
+            raise codec.stopped(what, peers)
+        return torch.cat([self.values(own if r == rank else device.decode_any(p, own))
+                          for r, p in enumerate(split(buf))], 0)
 
     def values(self, own: Any) -> torch.Tensor:
         t = own if isinstance(own, torch.Tensor) else torch.from_numpy(own)

@@ -1,0 +1,123 @@
+"""What the reduction core (:mod:`hvd_gradq.reduce`) asks of TensorFlow, while Horovod traces a
+reduction: graph collectives (:class:`GraphTransport`) and payloads made by host functions
+(:class:`GraphCodec`).
+
+:class:`GraphTransport` turns each request into Horovod's graph op on the tensor's process set,
+named as the request says (``ignore_name_scope``: the name must be the same on every rank,
+whatever scope Horovod traces in); *waiting* is only handing the symbolic result on, since the
+graph orders the ops by their inputs.
+
+:class:`GraphCodec` makes each phase's payloads in one host function (:mod:`.host`: the compiled
+kernels PyTorch uses, sizes static) and never raises while encoding: under ``nonfinite=raise``
+it sends the poison itself (``finite``: whether this rank's input held no NaN/Inf, a bool
+tensor; :mod:`hvd_gradq.wire.poison`), and every rank's decoder raises on it after the
+collective, naming the ranks, as PyTorch's do. A payload's ``own`` is an :class:`Own`: its
+element count (static shapes downstream) and, where error feedback needs them, its decoded
+values, made by the same host function as the payload and used in place of decoding this
+rank's row again.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any
+
+import horovod.tensorflow as hvd
+import tensorflow as tf
+
+from ..reduce.core import Allgather, Alltoall, Request
+from ..schemes.scheme import Scheme
+from ..spec import SchemeLike, as_config
+from ..wire.poison import poisons
+from ..xp import Seed
+from . import host
+from .ops import TF
+
+
+class GraphTransport:
+    """The core's collectives on one process set, as Horovod's graph ops."""
+
+    def __init__(self, process_set: Any) -> None:
+        self.process_set = process_set
+
+    def start(self, request: Request) -> Any:
+        ps, name = self.process_set, request.name
+        if isinstance(request, Allgather):
+            return hvd.allgather(request.buf, name=name, ignore_name_scope=True, process_set=ps)
+        if isinstance(request, Alltoall):
+            out, _ = hvd.alltoall(request.buf, splits=tf.constant(request.splits, tf.int32), name=name,
+                                  ignore_name_scope=True, process_set=ps)
+            return out
+        return hvd.allreduce(request.value, op=hvd.Max if request.op == "max" else hvd.Sum, name=name,
+                             ignore_name_scope=True, process_set=ps)
+
+    def wait(self, handle: Any) -> Any:
+        return handle
+
+
+@dataclass(frozen=True)
+class Own:
+    """This rank's decoded values of a payload it sent (f32[n]), or None where nobody asked."""
+
+    n: int
+    values: Any = None
+
+
+class GraphCodec:
+    """Payloads of one tensor's phases over ``size`` ranks, named ``what`` in errors; ``own``:
+    decode what this rank sends (error feedback); ``header``: (shape, dtype) of the gradient,
+    for a whole-tensor payload (the gather pattern's; chunks are flat float32)."""
+
+    def __init__(self, size: int, what: str, own: bool, finite: Any = None,
+                 header: tuple[tuple[int, ...], str] | None = None) -> None:
+        self.size, self.what, self.own, self.finite, self.header = size, what, own, finite, header
+
+    def encode(self, config: SchemeLike, x: Any, seed: Seed, what: str) -> tuple[Any, Own]:
+        n = TF.shape(x)[0]
+        buf, _, owns = self._chunks(as_config(config).scheme, x, ((0, n),), [seed], self.header)
+        return buf, owns[0]
+
+    def encode_chunks(self, config: SchemeLike, x: Any, bounds: Sequence[tuple[int, int]], seeds: Sequence[Seed],
+                      what: str) -> tuple[Any, tuple[int, ...], list[Own]]:
+        return self._chunks(as_config(config).scheme, x, tuple(bounds), seeds, None)
+
+    def _chunks(self, scheme: Scheme, x: Any, bounds: tuple[tuple[int, int], ...], seeds: Sequence[Seed],
+                header: tuple[tuple[int, ...], str] | None) -> tuple[Any, tuple[int, ...], list[Own]]:
+        a = tf.stack([s[0] for s in seeds])  # type: ignore[index]
+        b = tf.stack([s[1] for s in seeds])  # type: ignore[index]
+        lens = tuple(host.chunk_sizes(scheme, bounds, header))
+        fn = host.chunk_encoder(scheme, bounds, self.own, header)
+        buf, mine = tf.numpy_function(*host.timed(fn, [x, a, b], "encode"), (tf.uint8, tf.float32), stateful=False,
+                                      name="hvd_gradq_encode")
+        buf = tf.ensure_shape(buf, (sum(lens),))
+        mine = tf.ensure_shape(mine, (bounds[-1][1] if self.own else 0,))
+        if self.finite is not None:  # every chunk the poison, padded to its traced size
+            buf = tf.where(self.finite, buf, tf.constant(poisons(lens)))
+        return buf, lens, [Own(hi - lo, mine[lo:hi] if self.own else None) for lo, hi in bounds]
+
+    # the decoders make their op here, one frame below the pattern: a graph's error message lists
+    # the frames that made the failing op before hvd_gradq's own text
+
+    def sum(self, buf: Any, rank: int, own: Own, what: str, ranks: Sequence[int] | None = None) -> tuple[Any, int]:
+        count = self.size if ranks is None else len(ranks)
+        rows = tf.reshape(buf, (count, -1))  # one payload a member, all of one size
+        fn = host.rows_decoder(rank, self.what, None if ranks is None else tuple(ranks))
+        mine = [] if own.values is None else [own.values]
+        total, _ = tf.numpy_function(*host.timed(fn, [rows, *mine], "decode"), (tf.float32, tf.float32),
+                                     stateful=False, name="hvd_gradq_decode")
+        return tf.ensure_shape(total, (own.n,)), count
+
+    def concat(self, buf: Any, rank: int, own: Own, sizes: Sequence[int], what: str,
+               ranks: Sequence[int] | None = None) -> Any:
+        fn = host.chunks_decoder(tuple(sizes), rank, self.what, None if ranks is None else tuple(ranks))
+        mine = [] if own.values is None else [own.values]
+        out = tf.numpy_function(*host.timed(fn, [buf, *mine], "decode"), tf.float32, stateful=False,
+                                name="hvd_gradq_decode_chunks")
+        return tf.ensure_shape(out, (sum(sizes),))
+
+    def values(self, own: Any) -> Any:
+        """An :class:`Own`'s values (or a tensor of the graph, as it is)."""
+        if not isinstance(own, Own):
+            return own
+        assert own.values is not None, "own values of a payload encoded without them"
+        return own.values
