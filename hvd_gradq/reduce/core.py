@@ -37,7 +37,8 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from ..feedback import Memory
-from ..frontend.names import words
+from ..frontend.codec import stops_of
+from ..frontend.names import Kind, collective, words
 from ..frontend.stats import Stats
 from ..spec import Config, SchemeLike
 from ..xp import Array, Ops, Seed
@@ -73,7 +74,17 @@ class Allreduce:
     last: bool = False
 
 
-Request = Allgather | Alltoall | Allreduce
+@dataclass(frozen=True)
+class Barrier:
+    """Every member has reached this point. Only a rank that stops on a gradient asks for it
+    (:func:`halt`); a transport passes it even where Horovod has ended (a member that passed it
+    first may have exited), so it never replaces the error the rank is about to raise."""
+
+    name: str
+    last: bool = False
+
+
+Request = Allgather | Alltoall | Allreduce | Barrier
 #: A pattern: yields requests, is sent their results, returns the group's sum (flat float32).
 Phases = Generator[Request, Any, Any]
 
@@ -122,6 +133,21 @@ class Codec(Protocol):
     def values(self, own: Any) -> Array:
         """``own`` as a frontend array (for error feedback and concatenation)."""
         ...
+
+
+def halt(t: Part, error: BaseException) -> Generator[Request, Any, Any]:
+    """Raise ``error`` once every member of ``t``'s group has reached the same stop (a poison
+    sent, or one received): a rank that raised at once could end Horovod (its exit shuts every
+    rank down) before a slower one has read the poison, which would then fail with Horovod's
+    shutdown error instead of the one that says what happened."""
+    yield Barrier(collective(t.group.key, Kind.STOP, t.name))
+    raise error
+
+
+def stops(error: BaseException) -> bool:
+    """Whether ``error`` is a stop every member meets alike: a poison received
+    (:func:`hvd_gradq.frontend.codec.stopped`)."""
+    return bool(stops_of(error))
 
 
 def join(ops: Ops, parts: Sequence[Any]) -> Any:

@@ -32,7 +32,7 @@ from ..frontend import codec as fcodec
 from ..frontend.names import Kind, collective
 from ..frontend.patterns import chunk_bounds, reduced_scheme
 from ..xp import Array
-from .core import Allgather, Alltoall, Part, Phases, Reduction
+from .core import Allgather, Alltoall, Part, Phases, Reduction, halt, stops
 
 
 def gather(red: Reduction, t: Part, x: Array) -> Phases:
@@ -50,9 +50,14 @@ def gather(red: Reduction, t: Part, x: Array) -> Phases:
         red.sent(t, x, t.codec.values(own))
     gathered = yield Allgather(collective(g.key, Kind.GATHER, t.name), buf, last=True)
     if error is not None:
-        raise error
-    with red.timed("decode"):
-        total, count = t.codec.sum(gathered, g.rank, own, t.name)
+        yield from halt(t, error)
+    try:
+        with red.timed("decode"):
+            total, count = t.codec.sum(gathered, g.rank, own, t.name)
+    except GradqError as e:
+        if not stops(e):
+            raise
+        yield from halt(t, e)
     if count != g.size:
         raise RankMismatchError(f"{t.name}: gathered {count} payloads from {g.size} ranks")
     if red.stats is not None:
@@ -85,10 +90,15 @@ def scatter(red: Reduction, t: Part, x: Array) -> Phases:
     if error is None and red.ef:
         red.sent(t, x, red.ops.concat([t.codec.values(o) for o in owns], 0))
     recv = yield Alltoall(collective(g.key, Kind.ALLTOALL, t.name), buf, lens)
-    if error is not None:
-        raise error
-    with red.timed("decode"):  # where the chunks were encoded
-        part, _count = t.codec.sum(recv, g.rank, owns[g.rank], t.name)
+    if error is not None:  # every chunk was a poison: every rank stops here
+        yield from halt(t, error)
+    try:
+        with red.timed("decode"):  # where the chunks were encoded
+            part, _count = t.codec.sum(recv, g.rank, owns[g.rank], t.name)
+    except GradqError as e:
+        if not stops(e):
+            raise
+        yield from halt(t, e)
     key, owner = reduced_key(t.key), keeps_owner_residuals(red.ef, second_phase=True)
     if owner:
         part = red.compensate(key, part)

@@ -22,7 +22,7 @@ import numpy as np
 
 from ..errors import GradqError
 from ..xp import Ops
-from .core import Allgather, Allreduce, Alltoall, Phases, Request, join
+from .core import Allgather, Allreduce, Alltoall, Barrier, Phases, Request, join
 
 
 def _answer(ops: Ops, reqs: list[Request]) -> list[Any]:
@@ -33,6 +33,8 @@ def _answer(ops: Ops, reqs: list[Request]) -> list[Any]:
             raise GradqError(f"loopback: rank {r} asked for {type(q).__name__} {q.name!r} where rank 0 asked "
                              f"for {type(first).__name__} {first.name!r}: a real job would hang here")
     n = len(reqs)
+    if isinstance(first, Barrier):
+        return [None] * n
     if isinstance(first, Allgather):
         out = join(ops, [q.buf for q in reqs])  # type: ignore[union-attr]
         return [out] * n

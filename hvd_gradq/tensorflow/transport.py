@@ -25,7 +25,7 @@ from typing import Any
 import horovod.tensorflow as hvd
 import tensorflow as tf
 
-from ..reduce.core import Allgather, Alltoall, Request
+from ..reduce.core import Allgather, Alltoall, Barrier, Request
 from ..schemes.scheme import Scheme
 from ..spec import SchemeLike, as_config
 from ..wire.poison import poisons
@@ -42,6 +42,8 @@ class GraphTransport:
 
     def start(self, request: Request) -> Any:
         ps, name = self.process_set, request.name
+        if isinstance(request, Barrier):  # an eager driver's stop (core.halt); a traced reduction never stops so
+            return hvd.allreduce(tf.zeros((1,)), op=hvd.Sum, name=name, ignore_name_scope=True, process_set=ps)
         if isinstance(request, Allgather):
             return hvd.allgather(request.buf, name=name, ignore_name_scope=True, process_set=ps)
         if isinstance(request, Alltoall):

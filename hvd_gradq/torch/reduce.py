@@ -145,15 +145,17 @@ class Reducer:
         ctx.handle = ctx.transport.start(ctx.request)
 
     def _finish(self, ctx: Flow) -> torch.Tensor:
-        """Wait for the last collective and run the pattern to its end: the group's sum."""
+        """Wait for the last collective and run the pattern to its end: the group's sum (or its
+        error, after the stop's barrier when it stops: :func:`hvd_gradq.reduce.core.halt`)."""
         assert ctx.gen is not None and ctx.transport is not None
-        got = ctx.transport.wait(ctx.handle)
-        try:
-            request = ctx.gen.send(got)
-        except StopIteration as stop:
-            out: torch.Tensor = stop.value
-            return out
-        raise GradqError(f"{ctx.name}: the pattern asked for {request.name} after its last collective")
+        while True:
+            got = ctx.transport.wait(ctx.handle)
+            try:
+                ctx.request = ctx.gen.send(got)
+            except StopIteration as stop:
+                out: torch.Tensor = stop.value
+                return out
+            ctx.handle = ctx.transport.start(ctx.request)
 
     def finish(self, ctx: Ctx) -> torch.Tensor:
         """Wait for ``ctx``'s collectives and return the decoded sum over the group (float32, flat)."""

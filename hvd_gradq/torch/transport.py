@@ -26,7 +26,7 @@ from ..api import split
 from ..frontend import codec
 from ..frontend.stats import Clock
 from ..frontend.workers import wait
-from ..reduce.core import Allgather, Allreduce, Alltoall, Request
+from ..reduce.core import Allgather, Allreduce, Alltoall, Barrier, Request
 from ..spec import SchemeLike
 from ..xp import Seed
 from . import device
@@ -56,6 +56,11 @@ class HorovodTransport:
 
     def start(self, request: Request) -> Any:
         ps, name = self.process_set, request.name
+        if isinstance(request, Barrier):  # passed even where Horovod has ended (core.Barrier)
+            try:
+                return request, hvd.allreduce_async(torch.zeros(1), op=hvd.Sum, name=name, process_set=ps)
+            except RuntimeError:
+                return request, None
         if isinstance(request, Allgather):
             handle = hvd.allgather_async(_tensor(request.buf), name=name, process_set=ps)
         elif isinstance(request, Alltoall):
@@ -71,6 +76,13 @@ class HorovodTransport:
 
     def wait(self, handle: Any) -> Any:
         request, h = handle
+        if isinstance(request, Barrier):
+            try:
+                if h is not None:
+                    sync(h, self.clock)
+            except RuntimeError:  # a member past the barrier ended Horovod: this rank raises its own error next
+                pass
+            return None
         out = sync(h, self.clock)
         if isinstance(request, Alltoall):
             out = out[0]

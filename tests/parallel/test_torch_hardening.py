@@ -31,10 +31,12 @@ def test_checkpoint_resume_is_bitwise() -> None:
 @pytest.mark.parametrize("threads", ["0", "2"])
 def test_nonfinite_on_one_rank_stops_every_rank_gather(threads: str) -> None:
     """gather (ORQ-5, pattern=auto): rank 1 meets the NaN encoding the first compressed gradient
-    in backward order (4.weight, 3x64), tells the others with the poison payload and raises at
-    the step's first decompress(), inline or with worker threads: by then it has handed Horovod
-    every tensor of the step, so rank 0 decodes the poison and raises hvd_gradq's error naming
-    rank 1. (Raising inside compress(), as inline runs once did, kept rank 1's later tensors from
+    in backward order (4.weight, 3x64), tells the others with the poison payload and raises in
+    decompress(), inline or with worker threads: by then it has handed Horovod every tensor of
+    the step, so rank 0 decodes the poison and raises hvd_gradq's error naming rank 1. Both pass
+    the stop's barrier first (reduce.core.halt): without it, the rank that raised first could end
+    Horovod before the other read the poison (seen once in a CI run: rank 1 got Horovod's shutdown
+    error). (Raising inside compress(), as inline runs once did, kept rank 1's later tensors from
     Horovod: rank 0 then waited for them, and 10 of 10 runs ended with Horovod's shutdown error
     there; 5 of 5 runs of each thread count gave hvd_gradq's error after the change.)"""
     reps = launch("worker_torch_hardening.py", np=2, args=["--mode", "nonfinite"], timeout=200,
