@@ -29,7 +29,7 @@ from ..schemes.options import NonFinite
 from ..schemes.summable import decode_codes, encode_shared, local_stats
 from ..wire.packing import pack_lanes, unpack_lanes
 from ..xp import Array, Ops
-from .core import Allreduce, Part, Phases, Reduction
+from .core import Allreduce, Part, Phases, Reduction, halt
 
 _NONFINITE = ("had non-finite values (NaN/Inf) in this gradient (nonfinite=raise); the default "
               "nonfinite=propagate carries them through as Horovod does")
@@ -98,11 +98,16 @@ def summable(red: Reduction, t: Part, x: Array, ops: Ops) -> Phases:
     if local_error is not None or peer is not None or raise_:
         zeros = ops.zeros((n,), "float32")
         yield from _lanes(red, t, ops, zeros, ops.zeros(ops.shape(stats), "float32"), seed)
+        error: GradqError
         if local_error is not None:
-            raise local_error
-        if local_bad or raise_:
-            raise NonFiniteError(f"{t.what}: {'this rank' if local_bad else 'another rank'} {_NONFINITE}")
-        raise RangeError(f"{t.what}: rank {peer} {fcodec.peer_message(fcodec.Stop.RANGE)}")
+            error = local_error
+        elif local_bad or raise_:
+            error = NonFiniteError(f"{t.what}: {'this rank' if local_bad else 'another rank'} {_NONFINITE}")
+        else:
+            error = RangeError(f"{t.what}: rank {peer} {fcodec.peer_message(fcodec.Stop.RANGE)}")
+        if peer is not None or raise_:  # every rank read these statistics and stops here: the stop's barrier
+            yield from halt(t, error)
+        raise error
     bad_rows: Any = None
     if nonfinite:
         bad_rows = row_min < 1.0
