@@ -46,12 +46,17 @@ ENV OMPI_ALLOW_RUN_AS_ROOT=1 \
 
 WORKDIR /opt/hvd_gradq
 
-COPY --from=src /ctx /opt/hvd_gradq
-
+# Two steps, so that a change to the code does not rebuild the environment: first setup.sh alone
+# makes everything but the project (apt, .venv/, torch, TensorFlow, Horovod built from its sdist:
+# most of the build's 15-20 minutes), in a layer that only a change to setup.sh invalidates; then
+# the tree arrives and setup.sh, run again, skips what is done and installs the project and
+# compiles its kernels (a minute or two).
+#
 # setup.sh pins the versions itself, so a --build-arg that differs from them fails loudly here
 # rather than being silently ignored. The wheels from the src stage are bind-mounted, and
 # /opt/wheels (where setup.sh looks) points at them for this step only. Caches (pip's,
 # setup.sh's Horovod wheel) live in /tmp for this step only.
+COPY scripts/setup.sh /opt/hvd_gradq/scripts/setup.sh
 RUN --mount=type=bind,from=src,source=/wheels,target=/tmp/lent-wheels \
     for pin in "HOROVOD_VERSION=${HOROVOD_VERSION}" "TORCH_VERSION=${TORCH_VERSION}" \
                "TF_VERSION=${TF_VERSION}"; do \
@@ -61,9 +66,16 @@ RUN --mount=type=bind,from=src,source=/wheels,target=/tmp/lent-wheels \
  && if [ -n "$(find /tmp/lent-wheels -maxdepth 1 -name '*.whl')" ]; then \
       ln -s /tmp/lent-wheels /opt/wheels; \
     fi \
- && PIP_NO_CACHE_DIR=1 HVD_GRADQ_CACHE=/tmp/hvd_gradq-cache bash scripts/setup.sh \
+ && PIP_NO_CACHE_DIR=1 HVD_GRADQ_CACHE=/tmp/hvd_gradq-cache HVD_GRADQ_SETUP_DEPS_ONLY=1 \
+      bash scripts/setup.sh \
  && rm -rf /opt/wheels /tmp/hvd_gradq-cache /root/.cache /var/lib/apt/lists/*
 
+COPY --from=src /ctx /opt/hvd_gradq
+RUN PIP_NO_CACHE_DIR=1 bash scripts/setup.sh
+
+# DL3059 (consecutive RUNs): the check is its own step on purpose, the last one, so that a
+# build log shows it apart and tests/unit/test_dockerfile.py can find it.
+# hadolint ignore=DL3059
 RUN horovodrun --check-build
 
 CMD ["bash", "scripts/test.sh"]

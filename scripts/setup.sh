@@ -156,6 +156,13 @@ assert hf.gloo_built() and hf.mpi_built(), "horovod.tensorflow lacks Gloo or MPI
   say "horovod: ${HOROVOD_VERSION} installed and verified"
 fi
 
+# HVD_GRADQ_SETUP_DEPS_ONLY=1 stops here, before anything that needs the project's own files:
+# the Dockerfile installs the environment in a layer that a change to the code does not rebuild.
+if [ -n "${HVD_GRADQ_SETUP_DEPS_ONLY:-}" ]; then
+  say "done: the environment without the project (HVD_GRADQ_SETUP_DEPS_ONLY is set)"
+  exit 0
+fi
+
 # ---- 4. the project itself ----------------------------------------------------------------
 if ! "$PY" -c 'import hvd_gradq' >/dev/null 2>&1 || [ setup.cfg -nt "$VENV/.project-stamp" ]; then
   say "pip: installing hvd_gradq (editable)"
