@@ -123,6 +123,12 @@ def range_stat(rank: int) -> float:
     return _STAT_TOP - (rank + 1) * _STAT_ULP
 
 
+def names_a_rank(top: Any) -> Any:
+    """Whether reduced statistics ``top`` (an array of any frontend) name a rank beyond the range
+    (:func:`range_stat`), element-wise: the test :func:`range_rank` makes, for a graph."""
+    return top >= _STAT_FLOOR
+
+
 def range_rank(top: float) -> int | None:
     """The rank a reduced statistic names (:func:`range_stat`), or None for a real statistic
     (NaN and +inf, the non-finite signals, are not ranks either)."""

@@ -168,20 +168,43 @@ class Group:
     local: int = 1
 
 
+class Graph(Protocol):
+    """What a driver that runs the patterns while a graph is being built (TensorFlow) does its own
+    way; a :class:`Reduction` without one runs eagerly and may read values on the host.
+
+    In a graph no value can be read while the patterns run, so a decision a pattern takes on
+    values becomes a check the graph runs (:meth:`check`); every error a graph meets is raised by
+    its host functions, on every rank that reads the same values."""
+
+    def keep(self, sent: Array, decoded: Array) -> None:
+        """This rank's gradient as sent (``decoded``): its compressor writes the residual itself,
+        with the step's keep mask, once the result's finiteness is known."""
+        ...
+
+    def add_rows(self, buf: Array, rows: int, m: int) -> Array:
+        """As :meth:`Reduction.add_rows`, in one function the graph's optimizer cannot reorder."""
+        ...
+
+    def pure(self, f: Callable[..., Any], static: tuple[Any, ...]) -> Callable[..., Any]:
+        """``f(*static, ops, *arrays)`` as one computation the graph builds once and runs exactly as
+        written (:meth:`Reduction.pure`): a callable of the arrays."""
+        ...
+
+    def check(self, value: Array, verdict: Callable[..., None], facts: Sequence[Array]) -> Array:
+        """``value``, once ``verdict`` has run on the host values of ``facts`` (it raises to stop)."""
+        ...
+
+
 @dataclass
 class Reduction:
     """One rank's side of every reduction of a compressor: the scheme and its policy, the base
     seed and this rank's global rank (the seeds' host rule, :mod:`hvd_gradq.frontend.names`),
     error feedback's memory, the byte and time figures, and the Ops of host arrays.
 
-    A driver that runs the patterns while a graph is being built (TensorFlow) leaves ``stats``
-    None (it counts bytes from static sizes and times its host functions where they run), may
-    hand ``memory`` in only before the phase that needs it (the owner residuals), takes this
-    rank's own residual itself (``kept``: its compressor writes it with the step's keep mask,
-    once the result's finiteness is known), sets ``traced`` (no value can be read on the host
-    then: the hierarchical pattern's stop flags are not read; every error a graph meets is
-    raised by its host functions, on every rank) and adds the host's fp32 pieces its own way
-    (``adds``: in one function Grappler cannot reorder)."""
+    A driver that runs the patterns while a graph is built (TensorFlow) hands in its
+    :class:`Graph`, leaves ``stats`` None (it counts bytes from static sizes and times its host
+    functions where they run) and may hand ``memory`` in only before the phase that needs it
+    (the owner residuals)."""
 
     config: Config
     seed: int
@@ -189,9 +212,7 @@ class Reduction:
     memory: Memory | None
     stats: Stats | None
     ops: Ops
-    kept: Callable[[Array, Array], None] | None = None
-    traced: bool = False
-    adds: Callable[[Array, int, int], Array] | None = None
+    graph: Graph | None = None
 
     @property
     def ef(self) -> bool:
@@ -204,19 +225,35 @@ class Reduction:
 
     def sent(self, t: Part, x: Array, decoded: Array) -> None:
         """This rank's gradient ``x`` (its residual already added) went out as ``decoded``."""
-        if self.kept is not None:
-            self.kept(x, decoded)
+        if self.graph is not None:
+            self.graph.keep(x, decoded)
         else:
             self._memory().update(t.key, x, decoded)
 
     def add_rows(self, buf: Array, rows: int, m: int) -> Array:
         """The sum of the ``rows`` rows of ``m`` elements of flat ``buf``, in row order."""
-        if self.adds is not None:
-            return self.adds(buf, rows, m)
+        if self.graph is not None:
+            return self.graph.add_rows(buf, rows, m)
         total = buf[:m]
         for i in range(1, rows):
             total = total + buf[i * m:(i + 1) * m]
         return total
+
+    def pure(self, f: Callable[..., Any], *static: Any) -> Callable[..., Any]:
+        """``f(*static, ops, *arrays)`` as a callable of ``(ops, *arrays)``: a pure computation
+        (no collective, no host read) that a graph builds once per ``static`` and shields from
+        float rewrites (:meth:`Graph.pure`); eagerly, the function itself."""
+        if self.graph is not None:
+            run = self.graph.pure(f, static)
+            return lambda ops, *arrays: run(*arrays)
+        return lambda ops, *arrays: f(*static, ops, *arrays)
+
+    def read(self, ops: Ops, *arrays: Array) -> list[np.ndarray[Any, Any]] | None:
+        """The host values of ``arrays`` (of ``ops``' device), or None where none can be read (a
+        graph being built: the decision goes to :meth:`Graph.check` instead)."""
+        if self.graph is not None:
+            return None
+        return [np.asarray(ops.to_numpy(a)) for a in arrays]
 
     def compensate(self, key: str, x: Array) -> Array:
         """An owner residual (``#reduce``, ``#host``...) added to ``x``."""
@@ -246,7 +283,8 @@ class Part:
     given), the step, the group, and the codec that makes its payloads. ``residual``: the key of
     its residuals when not ``name`` (TensorFlow names collectives by the slot and keys residuals
     by the variable); ``draws``: the seed of each part's tag where the driver computes them
-    (TensorFlow: in the graph, from a step counter), else :meth:`Reduction.words`'s host rule."""
+    (TensorFlow: in the graph, from a step counter), else :meth:`Reduction.words`'s host rule;
+    ``label``: how errors name it, where not by name and step."""
 
     name: str
     step: Any
@@ -254,6 +292,7 @@ class Part:
     codec: Codec
     residual: str = ""
     draws: Callable[[str], Seed] | None = None
+    label: str = ""
 
     @property
     def key(self) -> str:
@@ -262,5 +301,5 @@ class Part:
 
     @property
     def what(self) -> str:
-        """How errors name it."""
-        return f"{self.name} (step {self.step})"
+        """How errors name it: ``label`` where the driver gives one (a graph's step is a tensor)."""
+        return self.label or f"{self.name} (step {self.step})"

@@ -103,7 +103,7 @@ def hierarchical(red: Reduction, t: Part, x: Array, hosts: Hosts, cross: Pattern
     res, at, stops = [], 0, []
     for s, e in pieces:
         res.append(got[at:at + e - s])
-        if not red.traced:  # a graph's errors are its host functions' (Reduction)
+        if red.graph is None:  # a graph's errors are its host functions' (Reduction)
             stops.append(fcodec.flag_stop(float(got[at + e - s])))
         at += e - s + 1
     if red.stats is not None:

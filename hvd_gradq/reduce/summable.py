@@ -5,7 +5,9 @@ phase 2 encodes against the shared table they fix (``encode_shared``) and Sum-al
 codes packed into integer lanes (:func:`hvd_gradq.wire.packing.pack_lanes`, laid out by
 :func:`hvd_gradq.frontend.patterns.lanes_for` so that the sum over the group cannot carry into
 the next field). Every step is ``Ops`` arithmetic on the tensor's own device: only the
-statistics and the lanes cross.
+statistics and the lanes cross. The arithmetic is four pure functions (:func:`_local`,
+:func:`_verdict`, :func:`_encode`, :func:`_decode`) that a graph builds once and runs exactly as
+written (:meth:`~.core.Reduction.pure`); between them the pattern only yields its collectives.
 
 *Values it cannot take.* The statistics carry the news, so nobody waits: a rank with NaN/Inf
 under ``nonfinite=raise`` sends +inf in every bucket; a rank with a finite value beyond the
@@ -13,31 +15,82 @@ scheme's float32 range sends :func:`hvd_gradq.frontend.codec.range_stat` (the ma
 lowest such rank); under ``propagate`` the buckets holding NaN/Inf send +inf and decode as NaN
 everywhere. A rank that must stop still sends its lanes (zeros) and waits for them: a rank that
 raised later must not leave the others waiting, and one that raised first must not end Horovod
-(its exit shuts every rank down) before the slower ranks reached the same error.
+(its exit shuts every rank down) before the slower ranks reached the same error. Whether to stop
+is decided from values: eagerly the pattern reads them on the host after the lanes
+(:meth:`~.core.Reduction.read`) and raises, after the stop's barrier where every rank stops; in a
+graph the same decision is a check on the result (:meth:`~.core.Graph.check`), raised by a host
+function on every rank that stops.
 """
 from __future__ import annotations
 
 import time
 from typing import Any
 
+import numpy as np
+
 from ..errors import GradqError, NonFiniteError, RangeError
 from ..frontend import codec as fcodec
 from ..frontend.names import Kind, collective
-from ..frontend.patterns import Lanes, Pattern, cost, lanes_for
+from ..frontend.patterns import Pattern, cost, lanes_for
 from ..schemes.level import EvenLevelScheme
 from ..schemes.options import NonFinite
 from ..schemes.summable import decode_codes, encode_shared, local_stats
 from ..wire.packing import pack_lanes, unpack_lanes
-from ..xp import Array, Ops
+from ..xp import Array, Ops, Seed
 from .core import Allreduce, Part, Phases, Reduction, halt
 
 _NONFINITE = ("had non-finite values (NaN/Inf) in this gradient (nonfinite=raise); the default "
               "nonfinite=propagate carries them through as Horovod does")
 
 
-def _all(ops: Ops, mask: Array) -> bool:
-    """Whether every element of a 1-D (or 2-D, per row: then a mask of rows) mask is set."""
-    return bool(float(ops.to_numpy(ops.amin(ops.f32(ops.reshape(mask, (-1,))), 0))) == 1.0)
+def summable(red: Reduction, t: Part, x: Array, ops: Ops) -> Phases:
+    """Shared scale (Max-allreduce of statistics), then integer lanes (Sum-allreduce); ``ops``
+    are those of ``x``'s device."""
+    scheme = red.config.scheme
+    assert isinstance(scheme, EvenLevelScheme)
+    g, policy = t.group, red.config.policy
+    raise_ = policy.nonfinite is NonFinite.RAISE
+    t0 = time.perf_counter()
+    n = int(ops.shape(x)[0])
+    stats, x, mine = red.pure(_local, scheme, raise_, g.rank)(ops, x)
+    seed = red.words(t)
+    red.took("encode", t0)  # the statistics
+    stats = yield Allreduce(collective(g.key, Kind.STATS, t.name), stats, "max")
+
+    t0 = time.perf_counter()
+    send, stats, bad_rows, ours = red.pure(_verdict, raise_)(ops, x, stats, mine)
+    lanes, meta, own = red.pure(_encode, scheme, g.size)(ops, send, stats, seed)
+    red.took("encode", t0)  # codes, lanes and own values
+    summed = yield Allreduce(collective(g.key, Kind.LANES, t.name), lanes, "sum", last=True)
+
+    read = red.read(ops, ops.concat([mine, ours], 0))
+    if read is not None:  # eagerly: stop here, or know whether a bucket was non-finite
+        facts = read[0]
+        error = _stop(t, scheme, policy.nonfinite, facts[:3], facts[3:])
+        if error is not None:
+            if facts[3] == 2.0:  # every rank read these statistics and stops here: the stop's barrier
+                yield from halt(t, error)
+            raise error
+    if red.ef:
+        red.sent(t, x, own)
+    c = cost(scheme, n, 1, g.size, Pattern.SUMMABLE)
+    if red.stats is not None:
+        red.stats.record(t.name, c.sent, c.received)
+    t0 = time.perf_counter()
+    nan = not raise_ and (read is None or read[0][4] > 0.0)  # buckets that were non-finite somewhere
+    out: Array = red.pure(_decode, scheme, g.size, n, nan)(ops, summed, meta, bad_rows)
+    if red.graph is not None:  # in a graph: the same decision, as a check on the result
+        out = red.graph.check(out, lambda a, b: _raise(_stop(t, scheme, policy.nonfinite, a, b)), [mine, ours])
+    red.took("decode", t0)
+    return out
+
+
+def _raise(error: GradqError | None) -> None:
+    if error is not None:
+        raise error
+
+
+# -- the arithmetic: pure functions of Ops and arrays (a graph builds each once) --------------------
 
 
 def _row_min(ops: Ops, mask: Array, bucket: int, n: int) -> Array:
@@ -50,107 +103,99 @@ def _row_min(ops: Ops, mask: Array, bucket: int, n: int) -> Array:
     return ops.amin(ops.reshape(m, (rows, bucket)), 1)
 
 
-def summable(red: Reduction, t: Part, x: Array, ops: Ops) -> Phases:
-    """Shared scale (Max-allreduce of statistics), then integer lanes (Sum-allreduce); ``ops``
-    are those of ``x``'s device."""
-    scheme = red.config.scheme
-    assert isinstance(scheme, EvenLevelScheme)
-    g, policy = t.group, red.config.policy
-    t0 = time.perf_counter()
+def _one(ops: Ops, v: Array) -> Array:
+    return ops.reshape(v, (1,))
+
+
+def _local(scheme: EvenLevelScheme, raise_: bool, rank: int, ops: Ops, x: Array) -> tuple[Array, Array, Array]:
+    """Before the statistics cross: (the statistics this rank sends, ``x`` with the values it
+    cannot take zeroed, this rank's facts f32[3]: 1.0 if it holds a finite value beyond the range
+    and no NaN/Inf (it stops, and every rank with it), 1.0 if it holds NaN/Inf, its largest
+    finite magnitude)."""
     n = int(ops.shape(x)[0])
-    rows = -(-n // scheme.bucket)
-    local_error: GradqError | None = None
-    local_bad = False
+    rows, width = -(-n // scheme.bucket), scheme.meta_width
     inside = ops.abs(x) < scheme.limit  # False for NaN/Inf and for values beyond the scheme's range
-    if _all(ops, inside):
-        stats = local_stats(scheme, ops, x)
-    elif _all(ops, ops.isfinite(x)):  # finite, too large: every rank stops (quantize raises here)
-        top = float(ops.to_numpy(ops.amax(ops.abs(x), 0)))
-        local_error = RangeError(
-            f"{t.what}: this rank had a finite value of magnitude {top:.7g} in this gradient, beyond what "
-            f"{scheme.name} quantizes in float32 (|x| < {scheme.limit:.7g}); scale the gradient down (a smaller "
-            "loss scale), or use nonfinite=skip to send such tensors uncompressed")
-        stats = ops.full((rows, scheme.meta_width), fcodec.range_stat(g.rank))
-    elif policy.nonfinite is NonFinite.RAISE:
-        local_bad = True  # +inf statistics: every rank sees it in the max and stops
-        stats = ops.full((rows, scheme.meta_width), float("inf"))
+    finite = ops.isfinite(x)
+    bad = 1.0 - ops.amin(ops.f32(finite), 0)
+    beyond = (1.0 - ops.amin(ops.f32(inside), 0)) * (1.0 - bad)
+    top = ops.amax(ops.where(finite, ops.abs(x), ops.zeros((n,), "float32")), 0)
+    x = ops.where(inside, x, ops.zeros((n,), "float32"))
+    stats = local_stats(scheme, ops, x)
+    inf = ops.full((rows, width), float("inf"))
+    if raise_:  # +inf statistics: every rank sees it in the max and stops
+        stats = ops.where(ops.reshape(bad > 0.0, (1, 1)), inf, stats)
     else:  # propagate: +inf statistics for the buckets holding NaN/Inf (or, as in quantize, a
         # value beyond the range beside them), zeros sent in them
-        bad = ops.reshape(_row_min(ops, inside, scheme.bucket, n) < 1.0, (rows, 1))
-        x = ops.where(inside, x, ops.zeros((n,), "float32"))
-        stats = local_stats(scheme, ops, x)
-        stats = ops.where(bad, ops.full((rows, scheme.meta_width), float("inf")), stats)
-    seed = red.words(t)
-    red.took("encode", t0)  # the statistics
-    stats = yield Allreduce(collective(g.key, Kind.STATS, t.name), stats, "max")
+        stats = ops.where(ops.reshape(_row_min(ops, inside, scheme.bucket, n) < 1.0, (rows, 1)), inf, stats)
+    # finite, too large: every rank stops (quantize raises here)
+    stats = ops.where(ops.reshape(beyond > 0.0, (1, 1)), ops.full((rows, width), fcodec.range_stat(rank)), stats)
+    return stats, x, ops.concat([_one(ops, beyond), _one(ops, bad), _one(ops, top)], 0)
 
+
+def _verdict(raise_: bool, ops: Ops, x: Array, stats: Array, mine: Array) -> tuple[Array, Array, Array, Array]:
+    """After the statistics crossed: (what this rank encodes: ``x``, or zeros where it stops; the
+    statistics it encodes against, zero in the buckets that were non-finite somewhere; 1.0 for
+    those buckets; the group's facts f32[3]: 0.0 go on, 1.0 this rank stops alone, 2.0 every rank
+    stops (they read the same statistics); 1.0 if a bucket was non-finite somewhere; the largest
+    finite statistic, which names the lowest rank beyond the range
+    (:func:`hvd_gradq.frontend.codec.range_rank`) unless another rank's NaN/Inf hid it)."""
+    rows = int(ops.shape(stats)[0])
     finite = ops.isfinite(stats)
-    row_min = ops.amin(ops.f32(finite), 1)
-    finite_rows = row_min == 1.0
-    # a rank beyond the range (range_stat); hidden where another's NaN/Inf made a bucket +inf,
-    # so under propagate a rank beyond the range in every such bucket stops alone (after the
-    # lanes below, so nobody waits) while the others decode NaN there
-    top = float(ops.to_numpy(ops.amax(ops.reshape(ops.where(finite, stats, ops.zeros(ops.shape(stats), "float32")),
-                                                  (-1,)), 0))) if rows else 0.0
-    peer = fcodec.range_rank(top)
-    nonfinite = not _all(ops, finite_rows)
-    raise_ = nonfinite and policy.nonfinite is NonFinite.RAISE
-    if local_error is not None or peer is not None or raise_:
-        zeros = ops.zeros((n,), "float32")
-        yield from _lanes(red, t, ops, zeros, ops.zeros(ops.shape(stats), "float32"), seed)
-        error: GradqError
-        if local_error is not None:
-            error = local_error
-        elif local_bad or raise_:
-            error = NonFiniteError(f"{t.what}: {'this rank' if local_bad else 'another rank'} {_NONFINITE}")
-        else:
-            error = RangeError(f"{t.what}: rank {peer} {fcodec.peer_message(fcodec.Stop.RANGE)}")
-        if peer is not None or raise_:  # every rank read these statistics and stops here: the stop's barrier
-            yield from halt(t, error)
-        raise error
-    bad_rows: Any = None
-    if nonfinite:
-        bad_rows = row_min < 1.0
-        stats = ops.where(ops.reshape(finite_rows, (rows, 1)), stats, ops.zeros(ops.shape(stats), "float32"))
-    meta, layout, summed = yield from _lanes(red, t, ops, x, stats, seed, ef=red.ef)
-    c = cost(scheme, n, 1, g.size, Pattern.SUMMABLE)
-    if red.stats is not None:
-        red.stats.record(t.name, c.sent, c.received)
-    return _decode(red, t, ops, meta, layout, summed, n, bad_rows)
-
-
-def _lanes(red: Reduction, t: Part, ops: Ops, x: Array, stats: Array, seed: Any,
-           ef: bool = False) -> Phases:
-    """Encode ``x`` against the shared ``stats`` (with ``ef``, the residual of what it sends
-    updated) and Sum-allreduce its lanes: returns (meta, lane layout, summed lanes)."""
-    scheme = red.config.scheme
-    assert isinstance(scheme, EvenLevelScheme)
-    t0 = time.perf_counter()
-    codes, meta = encode_shared(scheme, ops, x, stats, seed)
-    lay = lanes_for(scheme.symbols, t.group.size)
-    lanes = pack_lanes(ops, codes, lay.field_bits, lay.fields)
+    row_ok = ops.reshape(ops.amin(ops.f32(finite), 1), (rows,))
+    nonfinite = 1.0 - ops.amin(ops.concat([row_ok, ops.full((1,), 1.0)], 0), 0)
+    zeros = ops.zeros(ops.shape(stats), "float32")
+    top = ops.amax(ops.reshape(ops.concat([ops.where(finite, stats, zeros), ops.zeros((1, ops.shape(stats)[1]),
+                                                                                       "float32")], 0), (-1,)), 0)
+    every = ops.f32(fcodec.names_a_rank(top))
+    if raise_:
+        every = ops.maximum(every, nonfinite)
+    stop = ops.maximum(2.0 * every, mine[0])  # a rank beyond the range whose statistic another's NaN hid
+    go = ops.reshape(stop == 0.0, (1,))
     n = int(ops.shape(x)[0])
-    own = decode_codes(scheme, ops, codes, meta, n)
-    red.took("encode", t0)  # codes, lanes and own values
-    if ef:
-        red.sent(t, x, own)
-    summed = yield Allreduce(collective(t.group.key, Kind.LANES, t.name), lanes, "sum", last=True)
-    return meta, lay, summed
+    send = ops.where(go, x, ops.zeros((n,), "float32"))
+    stats = ops.where(ops.reshape(row_ok == 1.0, (rows, 1)), stats, zeros)
+    stats = ops.where(ops.reshape(go, (1, 1)), stats, zeros)
+    return send, stats, 1.0 - row_ok, ops.concat([_one(ops, stop), _one(ops, nonfinite), _one(ops, top)], 0)
 
 
-def _decode(red: Reduction, t: Part, ops: Ops, meta: Array, layout: Lanes, summed: Array, n: int,
-            bad_rows: Any) -> Array:
-    """The sum of every rank's decoded codes (NaN in buckets that were non-finite somewhere)."""
-    scheme = red.config.scheme
-    assert isinstance(scheme, EvenLevelScheme)
-    t0 = time.perf_counter()
-    codes = unpack_lanes(ops, ops.i64(summed), layout.field_bits, layout.fields, n)
-    out: Array = decode_codes(scheme, ops, codes, meta, n, count=t.group.size)
-    if bad_rows is not None:
+def _encode(scheme: EvenLevelScheme, size: int, ops: Ops, x: Array, stats: Array,
+            seed: Seed) -> tuple[Array, Array, Array]:
+    """(lanes of ``x``'s codes against the shared ``stats``, the shared meta, ``x`` as the others
+    decode it: what error feedback subtracts)."""
+    codes, meta = encode_shared(scheme, ops, x, stats, seed)
+    lay = lanes_for(scheme.symbols, size)
+    lanes = pack_lanes(ops, codes, lay.field_bits, lay.fields)
+    return lanes, meta, decode_codes(scheme, ops, codes, meta, int(ops.shape(x)[0]))
+
+
+def _decode(scheme: EvenLevelScheme, size: int, n: int, nan: bool, ops: Ops, summed: Array, meta: Array,
+            bad_rows: Array) -> Array:
+    """The sum of every rank's decoded codes (``n`` of them); with ``nan``, NaN in the buckets that
+    were non-finite somewhere (``bad_rows`` 1.0)."""
+    lay = lanes_for(scheme.symbols, size)
+    codes = unpack_lanes(ops, ops.i64(summed), lay.field_bits, lay.fields, n)
+    out: Array = decode_codes(scheme, ops, codes, meta, n, count=size)
+    if nan:
         rows = -(-n // scheme.bucket)
-        wide = ops.where(ops.reshape(bad_rows, (rows, 1)), ops.full((rows, scheme.bucket), 1.0),
+        wide = ops.where(ops.reshape(bad_rows == 1.0, (rows, 1)), ops.full((rows, scheme.bucket), 1.0),
                          ops.full((rows, scheme.bucket), 0.0))
         bad = ops.reshape(wide, (-1,))[:n] == 1.0
         out = ops.where(bad, ops.full((n,), float("nan")), out)
-    red.took("decode", t0)
     return out
+
+
+def _stop(t: Part, scheme: EvenLevelScheme, nonfinite: NonFinite, mine: np.ndarray[Any, Any],
+          ours: np.ndarray[Any, Any]) -> GradqError | None:
+    """The error this rank raises, from its facts and the group's (:func:`_local`,
+    :func:`_verdict`, host values), or None where it goes on."""
+    if ours[0] == 0.0:
+        return None
+    if mine[0] > 0.0:
+        return RangeError(
+            f"{t.what}: this rank had a finite value of magnitude {float(mine[2]):.7g} in this gradient, beyond what "
+            f"{scheme.name} quantizes in float32 (|x| < {scheme.limit:.7g}); scale the gradient down (a smaller "
+            "loss scale), or use nonfinite=skip to send such tensors uncompressed")
+    if nonfinite is NonFinite.RAISE and ours[1] > 0.0:
+        return NonFiniteError(f"{t.what}: {'this rank' if mine[1] > 0.0 else 'another rank'} {_NONFINITE}")
+    peer = fcodec.range_rank(float(ours[2]))
+    return RangeError(f"{t.what}: rank {peer} {fcodec.peer_message(fcodec.Stop.RANGE)}")

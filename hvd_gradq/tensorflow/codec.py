@@ -1,12 +1,12 @@
-"""The summable pattern's mathematics (and every pattern's final scaling) as cached
-``tf.function`` s, one per (scheme, size): traced once, and run exactly as written (the gathered
-and scattered payloads are made on the host: :mod:`.host`).
+"""The patterns' pure arithmetic (the summable pattern's, every pattern's final scaling) as cached
+``tf.function`` s, one per scheme, size and rank count: traced once, and run exactly as written
+(the gathered and scattered payloads are made on the host: :mod:`.host`).
 
 *Traced once.* A scheme's encoder is hundreds to thousands of TF ops (ORQ's dynamic programs
 most), and ``tf.function`` traces a training step at least twice (a second time once variables
 were created; again on every retrace). Building those ops anew each time costs seconds a tensor,
-so the pure computations (no variables, no collectives) live here in functions keyed by the
-scheme without ``ef`` (it changes nothing in them), the tensor's size, the rank count and rank;
+so the pure computations (no variables, no collectives) live here in functions keyed by what
+they are static in (the scheme, the rank count, ...: :func:`pure`) and their input shapes;
 calling one from a trace adds a single call op.
 
 *Exactly as written.* Grappler rewrites float arithmetic in ways that change bits: constant
@@ -30,10 +30,6 @@ from tensorflow.core.protobuf import config_pb2, rewriter_config_pb2
 from tensorflow.python.eager import context as _context
 
 from ..frontend.compressor import final_scale as rule
-from ..frontend.patterns import lanes_for
-from ..schemes.level import EvenLevelScheme
-from ..schemes.summable import decode_codes, encode_shared, local_stats
-from ..wire.packing import pack_lanes, unpack_lanes
 from .ops import TF
 
 _EXACT_OFF = ("arithmetic_optimization", "constant_folding", "remapping")
@@ -79,38 +75,10 @@ def _fn(f: Any, *signature: Any) -> _Exact:
 
 
 @cache
-def shared_stats(scheme: EvenLevelScheme, n: int) -> Any:
-    """x f32[n] -> this rank's per-bucket statistics for the shared-scale Max-allreduce."""
-    return _fn(lambda x: local_stats(scheme, TF, x), tf.TensorSpec((n,), tf.float32))
-
-
-@cache
-def lane_encoder(scheme: EvenLevelScheme, n: int, size: int) -> Any:
-    """(x, reduced stats, a, b) -> (int32 lanes, shared meta, own decoded f32[n])."""
-    lay = lanes_for(scheme.symbols, size)
-
-    def enc(x: Any, stats: Any, a: Any, b: Any) -> Any:
-        words: Any = (a, b)  # the seed, already split into its two words (xp.uniforms takes either)
-        codes, meta = encode_shared(scheme, TF, x, stats, words)
-        lanes = tf.cast(pack_lanes(TF, codes, lay.field_bits, lay.fields), tf.int32)
-        own = tf.reshape(decode_codes(scheme, TF, codes, meta, n), (n,))
-        return lanes, meta, own
-
-    # the statistics' width is the scheme's business: traced on the first call's shapes
-    return _fn(enc)
-
-
-@cache
-def lane_decoder(scheme: EvenLevelScheme, n: int, size: int) -> Any:
-    """(summed int32 lanes, shared meta) -> the sum of every rank's decoded values, f32[n]."""
-    lay = lanes_for(scheme.symbols, size)
-    nb = -(-n // scheme.bucket)
-
-    def dec(lanes: Any, meta: Any) -> Any:
-        codes = unpack_lanes(TF, tf.cast(lanes, tf.int64), lay.field_bits, lay.fields, n)
-        return tf.reshape(decode_codes(scheme, TF, codes, meta, n, count=size), (n,))
-
-    return _fn(dec, tf.TensorSpec((lay.lanes(n),), tf.int32), tf.TensorSpec((nb, scheme.meta_width), tf.float32))
+def pure(f: Any, static: tuple[Any, ...]) -> Any:
+    """``f(*static, TF, *arrays)`` (a pattern's pure arithmetic, :meth:`hvd_gradq.reduce.core.Reduction.pure`)
+    as one exact function of the arrays, traced once per ``static`` and input shapes."""
+    return _fn(lambda *arrays: f(*static, TF, *arrays))
 
 
 @cache

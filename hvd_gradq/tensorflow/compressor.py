@@ -278,8 +278,8 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         x = self._compensate(ctx, tf.reshape(tf.cast(tensor, tf.float32), (n,)))
         words: Any = stream.words(TF, step)
         ctx.what = f"gradient {slot.key if slot is not None else '#' + key} {list(shape)}"
-        nf = self.policy.nonfinite
-        if nf is NonFinite.RAISE:
+        raw = x  # the summable pattern decides on NaN/Inf itself (the core's summable)
+        if self.policy.nonfinite is NonFinite.RAISE:
             # Failing here, before the collective, would leave the other ranks waiting for this
             # rank's payload forever. Instead the collective goes ahead with a signal (a poison
             # payload, or +inf statistics) and every rank fails after it, with the same message.
@@ -291,18 +291,15 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
             one = tf.where(finite, one, tf.fill((1,), float("nan")))
             x = tf.where(tf.math.is_finite(x), x, tf.zeros_like(x))
         ctx.x = x
-        if pattern is Pattern.GATHER:
-            collectives.gather_start(self.scheme, self.cid, x, words, key, ctx, ps)
+        if pattern in (Pattern.GATHER, Pattern.SUMMABLE):
+            collectives.start(self.scheme, pattern, self.cid, raw if pattern is Pattern.SUMMABLE else x, words, key,
+                              ctx, ps)
         elif pattern is Pattern.HIERARCHICAL:
             hier.hier_start(self.scheme, x, ctx, hier.ranks_per_host_of(ps), self.link_gbps, stream, step,
                             f"{self.cid}.", f"{key}{set_suffix(ps)}")
         elif pattern is Pattern.SCATTER:
             own = ctx.slot is not None and ctx.slot.residual is not None
             scatter_start(self.scheme, self.cid, x, stream, step, key, ctx, ps, own)
-        else:
-            own = collectives.summable_start(self.scheme, nf, self.cid, x, words, key, ctx, ps)
-            if ctx.slot is not None and ctx.slot.residual is not None:
-                self._store_residual(ctx, own, ctx.bad)
         return one
 
     def _warm_or_compressed(self, tensor: Any, ctx: Ctx, step: Any, stream: Streams, key: str,
@@ -357,8 +354,8 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
             return tf.cast(tensor, ctx.dtype)
         if ctx.n == 0:
             return tf.zeros(ctx.shape, ctx.dtype)
-        if ctx.warm is not None:  # summable wrote its residual inside the branch already
-            out, own = ctx.total, ctx.own if ctx.pattern is not Pattern.SUMMABLE else None
+        if ctx.warm is not None:
+            out, own = ctx.total, ctx.own
         else:
             with self._telemetry.timing(ctx.step):
                 out, own = self._finish(ctx)
@@ -372,8 +369,8 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
 
     def _finish(self, ctx: Ctx) -> tuple[Any, Any]:
         """(sum over ranks, this rank's own decoded payload, or None where it was used already)."""
-        if ctx.pattern is Pattern.GATHER:
-            out, own = collectives.gather_finish(ctx)
+        if ctx.pattern in (Pattern.GATHER, Pattern.SUMMABLE):
+            out, own = collectives.finish(ctx)
             return out, own
         if ctx.pattern in (Pattern.SCATTER, Pattern.HIERARCHICAL):  # their own residuals are written here
             server = ctx.slot is not None and keeps_owner_residuals(self.policy.ef, second_phase=True)
@@ -381,8 +378,8 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
                 self.memory.begin_step(self._loss_scale())
             if ctx.pattern is Pattern.HIERARCHICAL:
                 return hier.hier_finish(self.scheme, ctx, self.memory if server else None), None
-            return scatter_finish(self.scheme, ctx, self.memory if server else None)
-        return collectives.summable_finish(self.scheme, ctx), None
+        assert ctx.pattern is Pattern.SCATTER, ctx.pattern
+        return scatter_finish(self.scheme, ctx, self.memory if server else None)
 
     # -- state and accounting ----------------------------------------------------------------------
     def slots(self) -> list[dict[str, Any]]:

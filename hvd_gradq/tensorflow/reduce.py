@@ -18,16 +18,21 @@ What the graph does differently from an eager driver, and where it went:
   memory, handed in by ``decompress()`` (:meth:`Flow.finish`);
 * *figures*: bytes come from the slots' static sizes and time from the host functions
   (:mod:`.telemetry`), so the core counts nothing here (``stats=None``);
-* *values*: none can be read on the host while tracing (``traced``), and the hierarchical
-  pattern's fp32 pieces are added in one exact function (``adds``: :func:`.codec.host_sum`).
+* *values*: none can be read on the host while tracing, so a decision on values (the summable
+  pattern's stop) is a host function the result waits for (:meth:`Flow.check`);
+* *arithmetic*: each pattern's pure arithmetic is one exact function, traced once
+  (:meth:`Flow.pure`: :func:`.codec.pure`), and the hierarchical pattern's fp32 pieces are
+  added in one (:meth:`Flow.add_rows`: :func:`.codec.host_sum`), so that Grappler cannot
+  reorder float arithmetic.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 import horovod.tensorflow as hvd
+import numpy as np
 import tensorflow as tf
 
 from .. import feedback
@@ -37,6 +42,7 @@ from ..policy import Policy
 from ..schemes.scheme import Scheme
 from ..spec import Config
 from ..xp import Array, Seed
+from . import codec
 from .codec import host_sum
 from .ops import TF
 from .transport import GraphTransport
@@ -45,16 +51,14 @@ from .transport import GraphTransport
 @dataclass
 class Flow:
     """A tensor's pattern from ``compress()`` to ``decompress()``: the generator, the
-    collective in flight, and this rank's gradient as sent (``own``, decoded; with ``ef``)."""
+    collective in flight, and this rank's gradient as sent (``own``, decoded; with ``ef``). It is
+    the core's :class:`~hvd_gradq.reduce.core.Graph`: what a graph does its own way."""
 
     gen: core.Phases
     transport: GraphTransport
     red: core.Reduction
     handle: Any = None
     own: Any = None
-
-    def keep(self, sent: Array, decoded: Array) -> None:
-        self.own = decoded
 
     def finish(self, memory: Memory | None = None) -> Any:
         """Run the pattern to its end (``memory``: the owner residuals'): the group's sum."""
@@ -67,6 +71,30 @@ class Flow:
                 return stop.value
             self.handle = self.transport.start(request)
 
+    # -- core.Graph --
+
+    def keep(self, sent: Array, decoded: Array) -> None:
+        self.own = decoded
+
+    def add_rows(self, buf: Array, rows: int, m: int) -> Array:
+        """The host's fp32 pieces added in row order, as written (:func:`.codec.host_sum`)."""
+        return host_sum(rows, m)(tf.reshape(buf, (rows, m)))
+
+    def pure(self, f: Callable[..., Any], static: tuple[Any, ...]) -> Callable[..., Any]:
+        return codec.pure(f, static)  # type: ignore[no-any-return]
+
+    def check(self, value: Array, verdict: Callable[..., None], facts: Sequence[Array]) -> Array:
+        """``value`` after a host function ran ``verdict`` on the facts' values: it raises on every
+        rank that stops (TensorFlow reports it with the error's text)."""
+
+        def run(*arrays: Any) -> Any:
+            verdict(*arrays)
+            return np.zeros((0,), np.float32)
+
+        done = tf.numpy_function(run, list(facts), tf.float32, stateful=True, name="hvd_gradq_check")
+        with tf.control_dependencies([done]):
+            return tf.identity(value)
+
 
 Make = Callable[[core.Reduction, core.Part, Array], core.Phases]
 
@@ -77,16 +105,11 @@ def begin(make: Make, scheme: Scheme, ef: bool, x: Any, part: core.Part, ps: Any
     this tensor keeps residuals."""
     config = Config(scheme, Policy(feedback=feedback.CLASSIC if ef else feedback.NONE))
     # seed 0: the part's draws replace the host rule
-    red = core.Reduction(config, 0, hvd.rank(), None, None, TF, traced=True, adds=_rows_sum)
+    red = core.Reduction(config, 0, hvd.rank(), None, None, TF)
     flow = Flow(make(red, part, x), GraphTransport(ps), red)
-    red.kept = flow.keep  # before the generator runs
+    red.graph = flow  # before the generator runs
     flow.handle = flow.transport.start(next(flow.gen))
     return flow
-
-
-def _rows_sum(buf: Any, rows: int, m: int) -> Any:
-    """The host's fp32 pieces added in row order, as written (:func:`.codec.host_sum`)."""
-    return host_sum(rows, m)(tf.reshape(buf, (rows, m)))
 
 
 def fixed(words: Any) -> Callable[[str], Seed]:

@@ -50,8 +50,12 @@ class GraphTransport:
             out, _ = hvd.alltoall(request.buf, splits=tf.constant(request.splits, tf.int32), name=name,
                                   ignore_name_scope=True, process_set=ps)
             return out
-        return hvd.allreduce(request.value, op=hvd.Max if request.op == "max" else hvd.Sum, name=name,
-                             ignore_name_scope=True, process_set=ps)
+        op = hvd.Max if request.op == "max" else hvd.Sum
+        value = request.value
+        wide = value.dtype == tf.int64  # integer lanes, laid out to fit: int32 on the wire, as PyTorch's
+        out = hvd.allreduce(tf.cast(value, tf.int32) if wide else value, op=op, name=name, ignore_name_scope=True,
+                            process_set=ps)
+        return tf.cast(out, tf.int64) if wide else out
 
     def wait(self, handle: Any) -> Any:
         return handle
