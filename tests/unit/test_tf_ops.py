@@ -360,6 +360,14 @@ def test_compressor_nonfinite_policies(hvd):
     comp = gq.QSGD()  # propagate, the default
     out = tf.function(lambda t: _reduce(comp, hvd, [t])[0])(tf.constant(bad))[0].numpy()
     assert np.isnan(out[512:1024]).all() and np.isfinite(out[:512]).all() and np.isfinite(out[1024:]).all()
+    # a finite value beyond what the scheme quantizes in float32 (|x| < 2**127 at most) stops the
+    # summable pattern under either policy, naming the magnitude, as in PyTorch
+    huge = np.ones(1100, np.float32)
+    huge[3] = 3e38
+    for policy in ("raise", "propagate"):
+        comp = gq.QSGD(nonfinite=policy, pattern="summable")
+        with pytest.raises(tf.errors.InvalidArgumentError, match="this rank had a finite value of magnitude 3e"):
+            tf.function(lambda t, comp=comp: _reduce(comp, hvd, [t])[0])(tf.constant(huge))
 
 
 def test_compressor_fp16_overflow_raise_stops_after_the_gather(hvd):
