@@ -37,7 +37,6 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from ..feedback import Memory
-from ..frontend.codec import stops_of
 from ..frontend.names import Kind, collective, words
 from ..frontend.stats import Stats
 from ..spec import Config, SchemeLike
@@ -142,12 +141,6 @@ def halt(t: Part, error: BaseException) -> Generator[Request, Any, Any]:
     shutdown error instead of the one that says what happened."""
     yield Barrier(collective(t.group.key, Kind.STOP, t.name))
     raise error
-
-
-def stops(error: BaseException) -> bool:
-    """Whether ``error`` is a stop every member meets alike: a poison received
-    (:func:`hvd_gradq.frontend.codec.stopped`)."""
-    return bool(stops_of(error))
 
 
 def join(ops: Ops, parts: Sequence[Any]) -> Any:

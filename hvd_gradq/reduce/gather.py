@@ -32,7 +32,7 @@ from ..frontend import codec as fcodec
 from ..frontend.names import Kind, collective
 from ..frontend.patterns import chunk_bounds, reduced_scheme
 from ..xp import Array
-from .core import Allgather, Alltoall, Part, Phases, Reduction, halt, stops
+from .core import Allgather, Alltoall, Part, Phases, Reduction, halt
 
 
 def gather(red: Reduction, t: Part, x: Array) -> Phases:
@@ -55,7 +55,7 @@ def gather(red: Reduction, t: Part, x: Array) -> Phases:
         with red.timed("decode"):
             total, count = t.codec.sum(gathered, g.rank, own, t.name)
     except GradqError as e:
-        if not stops(e):
+        if not fcodec.stops_of(e):  # only a poison received is a stop every member meets alike
             raise
         yield from halt(t, e)
     if count != g.size:
@@ -96,7 +96,7 @@ def scatter(red: Reduction, t: Part, x: Array) -> Phases:
         with red.timed("decode"):  # where the chunks were encoded
             part, _count = t.codec.sum(recv, g.rank, owns[g.rank], t.name)
     except GradqError as e:
-        if not stops(e):
+        if not fcodec.stops_of(e):  # only a poison received is a stop every member meets alike
             raise
         yield from halt(t, e)
     key, owner = reduced_key(t.key), keeps_owner_residuals(red.ef, second_phase=True)

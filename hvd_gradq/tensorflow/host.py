@@ -44,7 +44,6 @@ from functools import cache
 from typing import Any
 
 import numpy as np
-import tensorflow as tf
 from numpy.typing import NDArray
 
 from .. import kernels
@@ -93,11 +92,6 @@ def timed(fn: Callable[..., Any], inputs: list[Any], kind: str) -> tuple[Callabl
     return run, [step, *inputs]
 
 
-def _call(fn: Callable[..., Any], inputs: list[Any], tout: Any, name: str, kind: str) -> Any:
-    """``tf.numpy_function(fn, inputs)``, timed into the recorder of the trace, if any."""
-    return tf.numpy_function(*timed(fn, inputs, kind), tout, stateful=False, name=name)
-
-
 def _parts(scheme: Scheme, x: NDArray[np.float32], a: int, b: int) -> dict[str, Any]:
     lo, hi = (float(x.min()), float(x.max())) if x.size else (0.0, 0.0)
     if isinstance(scheme, LevelScheme) and np.isfinite(lo) and np.isfinite(hi) and max(-lo, hi) < scheme.limit:
@@ -123,21 +117,6 @@ def chunk_sizes(scheme: Scheme, bounds: tuple[tuple[int, int], ...],
     """Bytes of each chunk's payload (:func:`chunk_encoder`)."""
     ndim = 1 if header is None else len(header[0])
     return [header_size(scheme.spec, ndim) + scheme.nbytes(hi - lo) for lo, hi in bounds]
-
-
-@cache
-def payload_encoder(scheme: Scheme, shape: tuple[int, ...], dtype: str, n: int) -> Any:
-    """:func:`chunk_encoder` of one chunk with the gradient's shape and dtype in its header (the
-    gather pattern's payload) as a graph op: (x f32[n], a, b) -> the payload, uint8[total]."""
-    host = chunk_encoder(scheme, ((0, n),), False, (shape, dtype))
-    total = chunk_sizes(scheme, ((0, n),), (shape, dtype))[0]
-
-    def encode(x: Any, a: Any, b: Any) -> Any:
-        buf, _ = _call(host, [x, tf.reshape(a, (1,)), tf.reshape(b, (1,))], (tf.uint8, tf.float32),
-                       "hvd_gradq_encode", "encode")
-        return tf.ensure_shape(buf, (total,))
-
-    return encode
 
 
 @cache
@@ -200,18 +179,6 @@ def rows_decoder(rank: int, what: str = "", ranks: tuple[int, ...] | None = None
         return total, keep
 
     return host
-
-
-@cache
-def gathered_decoder(n: int, size: int, rank: int, what: str = "", ranks: tuple[int, ...] | None = None) -> Any:
-    """:func:`rows_decoder` as a graph op: rows uint8[size, width] -> (sum, own), f32[n] each."""
-    host = rows_decoder(rank, what, ranks)
-
-    def decode(rows: Any) -> Any:
-        out, own = _call(host, [rows], (tf.float32, tf.float32), "hvd_gradq_decode", "decode")
-        return tf.ensure_shape(out, (n,)), tf.ensure_shape(own, (n,))
-
-    return decode
 
 
 @cache

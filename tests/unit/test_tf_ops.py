@@ -97,22 +97,24 @@ def test_eager_encode_decode_bit_identical(spec):
 
 @pytest.mark.parametrize("spec", GRAPH_SPECS)
 def test_graph_encode_decode_bit_identical(spec):
-    """Inside a tf.function with TF's default Grappler, through the host functions the
-    compressor's gather pattern uses (input and seed words as graph tensors, the compiled
-    kernels where the scheme has one): the payload and the decoded sums are the NumPy
-    reference's, bit for bit."""
-    from hvd_gradq.tensorflow import host
+    """Inside a tf.function with TF's default Grappler, through the codec the compressor's
+    gather pattern uses (:class:`hvd_gradq.tensorflow.transport.GraphCodec`: input and seed words
+    as graph tensors, the compiled kernels where the scheme has one): the payload, this rank's
+    decoded values and the decoded sum of the gathered payloads are the NumPy reference's, bit
+    for bit."""
+    from hvd_gradq.tensorflow.transport import GraphCodec, Own
 
     scheme = parse_scheme(spec)
     n = 1300  # two full buckets of 512 and a tail (or more, for smaller buckets)
-    enc = host.payload_encoder(scheme, (n,), "float32", n)
-    dec = host.gathered_decoder(n, 2, 1, None)  # two payloads, as from two ranks; this is rank 1
+    mine = GraphCodec(2, "t", True, header=((n,), "float32"))  # own values: what error feedback subtracts
+    read = GraphCodec(2, "t", False, header=((n,), "float32"))  # every row decoded from its bytes
 
     @tf.function
     def run(x, a, b, other):
-        payload = enc(x, a, b)
-        total, own = dec(tf.stack([other, payload]))
-        return payload, total, own
+        payload, own = mine.encode(scheme, x, (a, b), "t")
+        total, count = read.sum(tf.concat([other, payload], 0), 1, Own(n), "t")  # as from two ranks; this is rank 1
+        assert count == 2
+        return payload, total, own.values
 
     def reference(x, words):
         wire = _wire(scheme.encode(NUMPY, x, words))
