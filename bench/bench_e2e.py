@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shlex
 import sys
 import time
 from pathlib import Path
@@ -207,7 +208,7 @@ def _write(runs: list[dict[str, Any]], args: argparse.Namespace, argv: Optional[
     given = list(sys.argv[1:] if argv is None else argv)
     words = [w for i, w in enumerate(given)
              if not w.startswith("--from-json") and (i == 0 or given[i - 1] != "--from-json")]
-    cmd = " ".join(["sudo .venv/bin/python bench/bench_e2e.py", *words])
+    cmd = "sudo .venv/bin/python bench/bench_e2e.py " + shlex.join(words)  # runs as printed: names have spaces
     out = Path(args.out)
     text = report(runs, args, cmd, figure(out).name)
     out.write_text(text)
