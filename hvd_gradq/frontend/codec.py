@@ -175,7 +175,7 @@ def decode_sum(
 CONFIG_BLOCK = 256
 #: the version of the configuration ranks compare (one for both frontends; bumped when a field's
 #: meaning changes, so ranks running different hvd_gradq versions refuse each other)
-CONFIG_VERSION = 4
+CONFIG_VERSION = 5
 
 
 def config_text(full_spec: str, pattern: str, seed: int, frontend: str, name: str = "") -> str:
