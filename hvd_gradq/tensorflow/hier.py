@@ -80,7 +80,7 @@ def hier_start(scheme: Scheme, x: Any, ctx: Ctx, local: int, link_gbps: float, s
         return core.hierarchical(red, t, x, hosts, cross)
 
     part = core.Part(tag, step, core.Group(ctx.rank, ctx.size, scope, local), GraphCodec(ctx.size, ctx.what, ef),
-                     ctx.slot.key if ctx.slot is not None else "", lambda t: streams.words(TF, step, t))
+                     ctx.slot.key if ctx.slot is not None else "", lambda t: streams.words(TF, step, t), ctx.what)
     ctx.flow = reduce.begin(pattern, scheme, ef, x, part, hvd.global_process_set)
 
 

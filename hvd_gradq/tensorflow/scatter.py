@@ -64,7 +64,7 @@ def scatter_start(scheme: Scheme, cid: str, x: Any, streams: Streams, step: Any,
     decoded chunks kept for the compressor, its scatter-side residual kept in phase 2)."""
     codec = GraphCodec(ctx.size, ctx.what, own, ctx.finite)
     part = core.Part(f"{key}{set_suffix(ps)}", step, core.Group(ctx.rank, ctx.size, f"{cid}."), codec,
-                     ctx.slot.key if ctx.slot is not None else "", lambda tag: streams.words(TF, step, tag))
+                     ctx.slot.key if ctx.slot is not None else "", lambda tag: streams.words(TF, step, tag), ctx.what)
     ctx.flow = reduce.begin(core.scatter, scheme, own, x, part, ps)
 
 
