@@ -10,7 +10,7 @@ by ``tc tbf`` to ``--rate`` both ways) ONE launch trains a small MLP (``scale_wo
 SGD) with each entry in turn: ``--warmup`` untimed steps, then ``--steps`` timed ones between
 two phase marks, at which the launcher reads every host's kernel counters. The entries: Horovod's
 own fp32 and ``Compression.fp16``, and for each scheme every pattern of
-``hvd_gradq.frontend.patterns.REQUESTABLE`` the scheme accepts (``summable`` only for
+``hvd_gradq.plan.pattern.REQUESTABLE`` the scheme accepts (``summable`` only for
 ``Combine.SUMMABLE`` schemes, ``hierarchical`` only with several ranks a host; the list is read
 at run time), forced, plus ``auto``. The ranks get ``HVD_GRADQ_LINK_GBPS`` = the emulated rate.
 
@@ -92,7 +92,7 @@ def _scheme(spec: str) -> Any:
 def patterns_for(spec: str, local: int, only: Optional[list[str]] = None) -> list[str]:
     """Every requestable pattern ``spec`` accepts (read from the library now), ``auto`` last;
     ``only`` keeps those named."""
-    from hvd_gradq.frontend.patterns import REQUESTABLE, Pattern
+    from hvd_gradq.plan.pattern import REQUESTABLE, Pattern
     from hvd_gradq.schemes.scheme import Combine
 
     scheme = _scheme(spec)
@@ -145,7 +145,8 @@ def _cost_per_host(spec: str, n: int, nd: int, nranks: int, local: int, p: Any) 
     """What the library's cost says one host's link carries for one tensor. ``cost(..., local=L)``
     is per host (its docstring); a library whose ``cost`` takes no ``local`` says what one rank
     moves, so the host's ranks are summed (L x)."""
-    from hvd_gradq.frontend.patterns import Pattern, cost, fp32_cost
+    from hvd_gradq.plan.decide import cost, fp32_cost
+    from hvd_gradq.plan.pattern import Pattern
 
     if p is Pattern.FP32:
         c = fp32_cost(n, nranks)  # Horovod's ring: one edge a host crosses the link each way
@@ -177,7 +178,8 @@ def baseline_model(spec: str, nranks: int, hosts: int) -> tuple[int, int]:
 def library_model(spec: str, requested: str, nranks: int, local: int) -> dict[str, Any]:
     """Per host: what ``patterns.cost`` says the host's link carries each way, over the model's
     tensors, each with the pattern ``patterns.decide`` picks (fp32: ``fp32_cost``)."""
-    from hvd_gradq.frontend.patterns import Pattern, decide
+    from hvd_gradq.plan.decide import decide
+    from hvd_gradq.plan.pattern import Pattern
 
     scheme = _scheme(spec)
     sent = recv = 0
@@ -197,7 +199,10 @@ def wire_model(spec: str, requested: str, nranks: int, local: int, host: int) ->
     r // L): ring allreduce and ring allgatherv cross once a host, alltoallv directly, with every
     chunk's own size (the library's cost takes the largest chunk for each). Patterns it does not
     know (``hierarchical``) take the library's cost."""
-    from hvd_gradq.frontend.patterns import Pattern, chunk_bounds, decide, lanes_for, reduced_scheme
+    from hvd_gradq.plan.decide import decide
+    from hvd_gradq.plan.layout import chunk_bounds, lanes_for
+    from hvd_gradq.plan.pattern import Pattern
+    from hvd_gradq.plan.second_phase import reduced_scheme
     from hvd_gradq.wire.payload import header_size
 
     scheme = _scheme(spec)
@@ -321,7 +326,7 @@ def run_topology(args: argparse.Namespace, topo: str, bar: Any, log: Any) -> dic
 
 
 def _lib_fns() -> list[Callable[..., Any]]:
-    from hvd_gradq.frontend.patterns import cost, decide, fp32_cost
+    from hvd_gradq.plan.decide import cost, decide, fp32_cost
 
     return [cost, decide, fp32_cost]
 

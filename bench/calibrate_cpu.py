@@ -1,11 +1,11 @@
 #!/usr/bin/env python3
 """Measure what encoding and decoding cost a rank, per element, and write the table the
-pattern cost model reads (``hvd_gradq/frontend/cpu_table.py``).
+pattern cost model reads (``hvd_gradq/plan/cpu_table.py``).
 
     .venv/bin/python bench/calibrate_cpu.py            # ~1 min; writes the table and prints it
     .venv/bin/python bench/calibrate_cpu.py --check    # prints, writes nothing
 
-Each spec is timed through the frontends' own host path (``frontend.codec.encode`` and
+Each spec is timed through the frontends' own host path (``reduce.codec.encode`` and
 ``api.dequantize``: kernels, framing, checksum) on float32 standard-normal tensors of one
 megabyte-sized chunk (256k elements for the slow ORQ level counts), one thread, best of a few
 runs, after a warm-up call (numba's compile is not counted). The figures are nanoseconds an
@@ -27,11 +27,11 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from hvd_gradq.cli import calibrate  # noqa: E402
-from hvd_gradq.frontend.cpu_cost import table_key  # noqa: E402
+from hvd_gradq.plan.cpu_cost import table_key  # noqa: E402
 from hvd_gradq.spec import parse_scheme  # noqa: E402
 
 SPECS = calibrate.EVERY
-OUT = ROOT / "hvd_gradq" / "frontend" / "cpu_table.py"
+OUT = ROOT / "hvd_gradq" / "plan" / "cpu_table.py"
 
 
 def measure(spec: str) -> tuple[float, float]:

@@ -32,7 +32,8 @@ from sim_reduce import SimReducer  # noqa: E402
 from study_tasks import TASKS, load_data  # noqa: E402
 
 import hvd_gradq  # noqa: E402
-from hvd_gradq.frontend.patterns import Pattern, decide  # noqa: E402
+from hvd_gradq.plan.decide import decide  # noqa: E402
+from hvd_gradq.plan.pattern import Pattern  # noqa: E402
 from hvd_gradq.schemes.scheme import Scheme  # noqa: E402
 
 

@@ -8,7 +8,7 @@ Horovod's fp16 ring, at 8, 64 and 1,024 workers and 1 Gbit/s, from the library's
 The model is GPT-2 small's parameter list (``scale_model.gpt2_small``), one rank a host, each
 tensor reduced as ``decide`` picks at the rate (fallback off: the scheme's own bytes), its
 bytes the busier direction of the host's link. ``--before`` prices the scatter pattern's old
-second phase (``scheme.refined(sqrt(N))``) instead of :func:`~hvd_gradq.frontend.patterns.reduced_scheme`,
+second phase (``scheme.refined(sqrt(N))``) instead of :func:`~hvd_gradq.plan.second_phase.reduced_scheme`,
 for the comparison. A second table takes one large tensor alone (GPT-2's 38.6M-element
 embedding), where the per-chunk overheads (a payload header, chunks cut on bucket boundaries)
 vanish: what the two phases cost an element by themselves.
@@ -21,8 +21,8 @@ from pathlib import Path
 
 from scale_model import BELOW_4_BITS, LABELS, SCHEMES, gpt2_small, host_bytes, numel, ring
 
-from hvd_gradq.frontend import patterns
-from hvd_gradq.frontend.patterns import Pattern
+from hvd_gradq.plan import decide, second_phase
+from hvd_gradq.plan.pattern import Pattern
 from hvd_gradq.schemes.scheme import Scheme
 from hvd_gradq.spec import parse_scheme
 
@@ -37,8 +37,8 @@ def old_reduced(scheme: Scheme, nranks: int) -> Scheme:
 
 
 def use_old_second_phase() -> None:
-    patterns.reduced_scheme = old_reduced  # type: ignore[assignment]
-    for f in (patterns.cost, patterns.choose, patterns.hier_cross):
+    second_phase.reduced_scheme = old_reduced  # type: ignore[assignment]
+    for f in (decide.cost, decide.choose, decide.hier_cross):
         f.cache_clear()
 
 
@@ -51,7 +51,7 @@ def table(shapes: list[tuple[int, ...]], title: str) -> list[str]:
     misses = []
     for spec in [s for s in SCHEMES if s in BELOW_4_BITS]:
         scheme = parse_scheme(spec)
-        second = patterns.reduced_scheme(scheme, NS[0])
+        second = second_phase.reduced_scheme(scheme, NS[0])
         name = "its own" if second == scheme else second.spec.split(":")[0] + ":" + ",".join(
             p for p in second.spec.split(":")[1].split(",") if p.startswith(("bits", "levels", "rounding")))
         cells = []

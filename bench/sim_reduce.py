@@ -5,7 +5,7 @@ Every rank of a Horovod job computes the same reduced bits (the tests check it),
 of the workers' gradients, the scheme, the seed and the step. :class:`SimReducer` computes that
 function by running the very patterns the PyTorch frontend drives, one generator a simulated
 worker (:func:`hvd_gradq.reduce.lockstep`): the pattern and warm-up rule
-(:func:`hvd_gradq.frontend.patterns.decide`), the payloads (PyTorch's codec: the compiled
+(:func:`hvd_gradq.plan.decide.decide`), the payloads (PyTorch's codec: the compiled
 kernels and wire format), each worker's error feedback (:class:`hvd_gradq.feedback.Memory` with
 the torch frontend's store) and rounding seeds (worker r draws what rank r would draw). What it
 leaves out is timing and the summation order inside Horovod's fp32 ring allreduce (tiny tensors,
@@ -27,10 +27,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
 from hvd_gradq import reduce as core
 from hvd_gradq.feedback import Memory
-from hvd_gradq.frontend.names import words
-from hvd_gradq.frontend.patterns import Pattern, decide, in_warmup, parse_pattern
-from hvd_gradq.frontend.stats import Stats
+from hvd_gradq.plan.decide import decide
+from hvd_gradq.plan.pattern import Pattern, in_warmup, parse_pattern
 from hvd_gradq.policy import Policy
+from hvd_gradq.reduce.names import words
+from hvd_gradq.reduce.stats import Stats
 from hvd_gradq.schemes.scheme import Scheme
 from hvd_gradq.spec import Config, as_config
 from hvd_gradq.torch.feedback import TensorStore

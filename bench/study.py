@@ -13,7 +13,7 @@ small machine). A row whose best rate is at the edge of the grid gets the rates 
     .venv/bin/python bench/study.py --plan second_phase  # issue 24's rerun: results/quality_second_phase.md
 
 ``--plan second_phase`` reruns the schemes whose scatter/hierarchical second phase changed (now
-stochastic uniform, :func:`hvd_gradq.frontend.patterns.reduced_scheme`) with the fp32 and fp16
+stochastic uniform, :func:`hvd_gradq.plan.second_phase.reduced_scheme`) with the fp32 and fp16
 baselines, MNIST-1D at 4 and 8 workers, 5 seeds, each at the rate that was best for it in the
 main study's saved runs (no grid); its runs go to ``results/study_runs/second_phase.jsonl.gz``
 and its report to ``results/quality_second_phase.md``, beside the main study's figures.

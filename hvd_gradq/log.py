@@ -20,8 +20,8 @@ import sys
 from typing import Any
 
 from .errors import GradqError
-from .frontend.patterns import duration
-from .frontend.stats import tally
+from .plan.pattern import duration
+from .reduce.stats import tally
 from .spec import parse
 
 NAME = "hvd_gradq"
@@ -73,7 +73,7 @@ def configure(rank: int) -> logging.Logger:
 
 
 def first_step(summary: dict[str, Any], rank: int) -> None:
-    """Log the line that sums up a compressor's first step (:meth:`~.frontend.stats.Stats.summary`)."""
+    """Log the line that sums up a compressor's first step (:meth:`~.reduce.stats.Stats.summary`)."""
     log = configure(rank)
     if log.isEnabledFor(logging.INFO):
         log.info(describe(summary, "first step") + " (with any one-time kernel compiling)")
@@ -91,7 +91,7 @@ def wants_steps(rank: int) -> bool:
     return configure(rank).isEnabledFor(logging.DEBUG)
 
 
-#: How the log names each kind of time (:data:`hvd_gradq.frontend.stats.KINDS`).
+#: How the log names each kind of time (:data:`hvd_gradq.reduce.stats.KINDS`).
 TIME_LABELS = {"encode_s": "encode", "wait_s": "wait", "decode_s": "decode", "compressor_s": "in compress/decompress"}
 
 

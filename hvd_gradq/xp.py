@@ -263,7 +263,7 @@ def step_words(ops: Ops, seed: int, step: Array) -> tuple[Array, Array]:
     """The two 32-bit seed words of the draws of one tensor at ``step`` (an int64 scalar array of
     ``ops``, e.g. a ``tf.Variable``'s value inside the graph).
 
-    ``seed`` (a Python int: the tensor's stream, :func:`hvd_gradq.frontend.names.stream`) is split
+    ``seed`` (a Python int: the tensor's stream, :func:`hvd_gradq.reduce.names.stream`) is split
     by :func:`~hvd_gradq.xp.seed_words`; the step is then mixed in with the same 32-bit hash as the
     draws themselves, so the words can be computed inside a TF graph from a step counter and, for
     tests, in NumPy: ``uniforms(ops, step_words(ops, seed, step), start, n)``.

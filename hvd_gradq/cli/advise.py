@@ -20,7 +20,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GradqError
-from ..frontend.patterns import Pattern, cost, decide_why, fp16_cost, fp32_cost, seconds
+from ..plan.decide import cost, decide_why, fp16_cost, fp32_cost, seconds
+from ..plan.pattern import Pattern
 from ..spec import parse
 from . import study
 

@@ -1,14 +1,14 @@
 """Time the codec on this CPU: encode and decode nanoseconds an element, per scheme, one thread.
 
-Each spec is timed through the frontends' own host path (:func:`hvd_gradq.frontend.codec.encode`
+Each spec is timed through the frontends' own host path (:func:`hvd_gradq.reduce.codec.encode`
 and :func:`hvd_gradq.dequantize`: kernels, framing, checksum) on standard-normal float32 tensors,
 best of a few runs after a warm-up call (a compile is not counted). The cost model that picks
-patterns under ``pattern=auto`` reads such a table (``hvd_gradq/frontend/cpu_table.py``, written
+patterns under ``pattern=auto`` reads such a table (``hvd_gradq/plan/cpu_table.py``, written
 by ``bench/calibrate_cpu.py`` on the project's machine, through :func:`measure` and
 :func:`table_source` here); this command shows how far your CPU is from it, and ``--write FILE``
 writes its figures in that module's form. Every rank must read the same table (each rank picks a
 tensor's pattern from it, and ranks that pick differently split a collective), so a table of
-your own replaces ``hvd_gradq/frontend/cpu_table.py`` in the package every host runs. Run it on
+your own replaces ``hvd_gradq/plan/cpu_table.py`` in the package every host runs. Run it on
 a quiet machine: the load average is printed.
 """
 from __future__ import annotations
@@ -20,7 +20,7 @@ from pathlib import Path
 
 from ..errors import GradqError
 from ..frontend import probe
-from ..frontend.cpu_cost import ns_per_element, table_key
+from ..plan.cpu_cost import ns_per_element, table_key
 from ..spec import parse
 
 #: what the project's table holds (bench/calibrate_cpu.py --all)
@@ -74,7 +74,7 @@ def run(args: argparse.Namespace) -> int:
         rows[table_key(parse(s).scheme)] = (e, d)
         te, td = ns_per_element(parse(s).scheme)
         print(f"{s:22s} {e:13.2f} {d:13.2f} {te:13.2f} {td:13.2f}", flush=True)
-    print("table: the cost model's figures (hvd_gradq/frontend/cpu_table.py, the project's machine; "
+    print("table: the cost model's figures (hvd_gradq/plan/cpu_table.py, the project's machine; "
           f"keys such as {table_key(parse(specs[0]).scheme)!r})")
     if args.write is not None:
         try:

@@ -4,7 +4,7 @@ The bits are the payload's size for a 1-D float32 tensor of ``--elements`` value
 format (:func:`hvd_gradq.wire.payload.header_size`: header, dimensions and the canonical spec)
 and the scheme's own sections (per-bucket levels or scales, packed codes): what
 :func:`hvd_gradq.quantize` lays down, byte for byte, without compiling or running a kernel.
-Patterns are asked of the library's own policy (:func:`hvd_gradq.frontend.patterns.choose`) at
+Patterns are asked of the library's own policy (:func:`hvd_gradq.plan.decide.choose`) at
 ``--ranks`` ranks: a pattern the scheme cannot use prints the error a compressor would raise.
 """
 from __future__ import annotations
@@ -12,7 +12,8 @@ from __future__ import annotations
 import argparse
 
 from ..errors import SpecError
-from ..frontend.patterns import REQUESTABLE, Pattern, choose, decide_why
+from ..plan.decide import choose, decide_why
+from ..plan.pattern import REQUESTABLE, Pattern
 from ..schemes.options import NonFinite
 from ..spec import parse
 from ..wire.payload import header_size

@@ -9,7 +9,7 @@ tracing and call-site reading, and hands everything else here, so that the two c
   ``threads``, ``check_ranks``, ``process_set``, each checked with a GradqError that says what to
   write; a pattern the scheme or the frontend cannot serve is refused here, not at the first step;
 * **the configuration** every rank must agree on (:meth:`~CompressorCore.config`, one text
-  format, :func:`hvd_gradq.frontend.codec.config_text`) and its :meth:`~CompressorCore.digest`;
+  format, :func:`hvd_gradq.reduce.handshake.config_text`) and its :meth:`~CompressorCore.digest`;
 * **the handshake** (:meth:`~CompressorCore.handshake`): once a process set, the configuration
   and cluster layout compared across its ranks, and the CPU figures the cost model prices with
   agreed (:mod:`.probe`), through the frontend's allgather;
@@ -37,24 +37,17 @@ from numpy.typing import NDArray
 
 from .. import log
 from ..errors import GradqError
+from ..plan import hosts
+from ..plan.cpu_cost import Figures
+from ..plan.decide import choose, decide_why
+from ..plan.pattern import EVERY, ONE_RANK_WHY, REQUESTABLE, Pattern, in_warmup, parse_pattern, warmup_why
 from ..policy import Policy
+from ..reduce import handshake, stop
+from ..reduce.names import Kind
+from ..reduce.stats import KINDS, Reports, Stats
 from ..schemes.scheme import Scheme
 from ..spec import Config, SchemeLike, as_config
-from . import codec, hosts, probe, workers
-from .cpu_cost import Figures
-from .names import Kind
-from .patterns import (
-    EVERY,
-    ONE_RANK_WHY,
-    REQUESTABLE,
-    Pattern,
-    choose,
-    decide_why,
-    in_warmup,
-    parse_pattern,
-    warmup_why,
-)
-from .stats import KINDS, Reports, Stats
+from . import probe, workers
 
 #: A frontend's allgather for the handshake: (this rank's row, what it is) -> every rank's rows.
 Gather = Callable[[NDArray[Any], Kind], NDArray[Any]]
@@ -128,7 +121,7 @@ class CompressorCore(Reports):
     #: the frontend as ``stats()['world']`` and the compared configuration name it
     WORLD_NAME: ClassVar[str] = ""
     CONFIG_TAG: ClassVar[str] = ""
-    #: kinds of time its telemetry measures (:data:`hvd_gradq.frontend.stats.KINDS`)
+    #: kinds of time its telemetry measures (:data:`hvd_gradq.reduce.stats.KINDS`)
     TIME_KINDS: ClassVar[tuple[str, ...]] = KINDS
     #: whether a reduction over one rank goes through untouched (Horovod's fp32 pass-through)
     PASSES_ONE_RANK: ClassVar[bool] = False
@@ -163,7 +156,7 @@ class CompressorCore(Reports):
         self.process_set = check_process_set(process_set)
         if self.pattern is Pattern.SUMMABLE:
             choose(self.scheme, 1, 1, 2, Pattern.SUMMABLE)  # refuse now, not at the first step
-        stops = codec.stops_on_values(self.settings)
+        stops = stop.stops_on_values(self.settings)
         if stops and self.pattern in self.UNPOISONABLE:
             raise GradqError(
                 f"{stops} with pattern={self.pattern.value} is not supported by {self.FRONTEND}: "
@@ -181,7 +174,7 @@ class CompressorCore(Reports):
 
     def config(self) -> str:
         """What every rank must agree on."""
-        return codec.config_text(self.settings.full_spec, self.pattern.value, self.seed, self.CONFIG_TAG,
+        return handshake.config_text(self.settings.full_spec, self.pattern.value, self.seed, self.CONFIG_TAG,
                                  self._scope())
 
     def digest(self) -> str:
@@ -221,7 +214,7 @@ class CompressorCore(Reports):
             return
         if self.check_ranks:
             text = self.config() + hosts.layout(size, local, self.link_gbps, self.fallback)
-            codec.check_config_blocks(gather(codec.config_block(text), Kind.CONFIG))
+            handshake.check_config_blocks(gather(handshake.config_block(text), Kind.CONFIG))
         if probe.priced(self.pattern):
             self._agreement.figures[key] = probe.agreed(self.scheme, size, local, cast,
                                                         lambda row: gather(row, Kind.CPU))
@@ -245,7 +238,7 @@ class CompressorCore(Reports):
     # -- the decision and the warm-up -----------------------------------------------------------------
     def offered(self) -> frozenset[Pattern]:
         """The patterns ``auto`` may take: all but those this frontend cannot run with this policy."""
-        return EVERY - self.UNPOISONABLE if codec.stops_on_values(self.settings) else EVERY
+        return EVERY - self.UNPOISONABLE if stop.stops_on_values(self.settings) else EVERY
 
     def decide(self, n: int, ndim: int, size: int, local: int, figures: Figures | None) -> tuple[Pattern, str]:
         """How a tensor of ``n`` elements (``ndim`` dimensions) is reduced over ``size`` ranks,

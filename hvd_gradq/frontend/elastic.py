@@ -52,7 +52,7 @@ def active() -> bool:
 @dataclass(frozen=True)
 class World:
     """What a compressor's decisions and owner residuals depend on: the ranks, this rank's place
-    and the ranks a host (:func:`hvd_gradq.frontend.hosts.ranks_per_host`'s inputs)."""
+    and the ranks a host (:func:`hvd_gradq.plan.hosts.ranks_per_host`'s inputs)."""
 
     size: int
     rank: int

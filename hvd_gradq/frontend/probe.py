@@ -23,10 +23,11 @@ from numpy.typing import NDArray
 
 from ..api import dequantize, split
 from ..errors import GradqError, RankMismatchError
+from ..plan.cpu_cost import CAST, CAST_NS, Figures, ns_per_element
+from ..plan.pattern import Pattern
+from ..plan.second_phase import reduced_scheme
+from ..reduce import codec
 from ..schemes.scheme import Scheme
-from . import codec
-from .cpu_cost import CAST, CAST_NS, Figures, ns_per_element
-from .patterns import Pattern, reduced_scheme
 
 #: Elements of the synthetic tensor: large enough that per-call overhead (framing, checksum,
 #: dispatch) is a small share, small enough that the slowest scheme costs milliseconds.

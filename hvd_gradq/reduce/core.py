@@ -37,10 +37,10 @@ from typing import Any, Literal, Protocol
 import numpy as np
 
 from ..feedback import Memory
-from ..frontend.names import Kind, collective, words
-from ..frontend.stats import Stats
 from ..spec import Config, SchemeLike
 from ..xp import Array, Ops, Seed
+from .names import Kind, collective, words
+from .stats import Stats
 
 
 @dataclass(frozen=True)
@@ -153,7 +153,7 @@ def join(ops: Ops, parts: Sequence[Any]) -> Any:
 @dataclass(frozen=True)
 class Group:
     """The ranks a tensor is reduced over: this rank's place, their count, the collectives'
-    scope (:func:`hvd_gradq.frontend.names.collective`) and the ranks a host."""
+    scope (:func:`hvd_gradq.reduce.names.collective`) and the ranks a host."""
 
     rank: int
     size: int
@@ -191,7 +191,7 @@ class Graph(Protocol):
 @dataclass
 class Reduction:
     """One rank's side of every reduction of a compressor: the scheme and its policy, the base
-    seed and this rank's global rank (the seeds' host rule, :mod:`hvd_gradq.frontend.names`),
+    seed and this rank's global rank (the seeds' host rule, :mod:`hvd_gradq.reduce.names`),
     error feedback's memory, the byte and time figures, and the Ops of host arrays.
 
     A driver that runs the patterns while a graph is built (TensorFlow) hands in its
@@ -213,7 +213,7 @@ class Reduction:
 
     def words(self, t: Part, tag: str = "") -> Seed:
         """The seed of part ``tag`` of ``t`` (``""``, ``"#j"``, ``"#reduce"``, ``"#host"``...):
-        the part's own rule, else :func:`~hvd_gradq.frontend.names.words` of ``<name><tag>``."""
+        the part's own rule, else :func:`~hvd_gradq.reduce.names.words` of ``<name><tag>``."""
         return t.draws(tag) if t.draws is not None else words(self.seed, self.rank, t.name + tag, t.step)
 
     def sent(self, t: Part, x: Array, decoded: Array) -> None:

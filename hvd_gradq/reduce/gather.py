@@ -11,13 +11,13 @@ what they sent themselves (:meth:`~.core.Reduction.sent` for this rank's gradien
 the scheme's float32 range) still sends, in place of its payload, the poison
 (:func:`hvd_gradq.wire.poison.poison`) that says why, so that the collective every rank waits
 for goes out and every rank learns of it from the same bytes; this rank raises its own error
-once the collective is done, the others the error naming it (:func:`hvd_gradq.frontend.codec.stopped`).
+once the collective is done, the others the error naming it (:func:`hvd_gradq.reduce.stop.stopped`).
 In the scatter pattern such a rank poisons *every* chunk: each rank owns one and must learn of
 it in the first phase, since the second is then started by nobody.
 
 *Draws*: gather from the stream of ``<name>``, scatter chunk j from ``<name>#j``, the reduced
 chunk from ``<name>#reduce`` (:meth:`~.core.Reduction.words`: the tags of the part's own rule,
-or :func:`hvd_gradq.frontend.names.words` of rank and step).
+or :func:`hvd_gradq.reduce.names.words` of rank and step).
 """
 from __future__ import annotations
 
@@ -28,11 +28,13 @@ import numpy as np
 
 from ..errors import GradqError, NonFiniteError, RankMismatchError
 from ..feedback import REDUCED, keeps_owner_residuals, reduced_key
-from ..frontend import codec as fcodec
-from ..frontend.names import Kind, collective
-from ..frontend.patterns import chunk_bounds, reduced_scheme
+from ..plan.layout import chunk_bounds
+from ..plan.second_phase import reduced_scheme
+from ..wire.poison import Stop, poison
 from ..xp import Array
 from .core import Allgather, Alltoall, Part, Phases, Reduction, halt
+from .names import Kind, collective
+from .stop import stop_of, stops_of
 
 
 def gather(red: Reduction, t: Part, x: Array) -> Phases:
@@ -44,7 +46,7 @@ def gather(red: Reduction, t: Part, x: Array) -> Phases:
     try:
         buf, own = t.codec.encode(red.config, x, red.words(t), t.what)
     except GradqError as e:  # tell the other ranks, so that they raise too
-        error, buf = e, fcodec.poison(fcodec.stop_of(e))
+        error, buf = e, poison(stop_of(e))
     red.took("encode", t0)
     if error is None and red.ef:
         red.sent(t, x, t.codec.values(own))
@@ -55,7 +57,7 @@ def gather(red: Reduction, t: Part, x: Array) -> Phases:
         with red.timed("decode"):
             total, count = t.codec.sum(gathered, g.rank, own, t.name)
     except GradqError as e:
-        if not fcodec.stops_of(e):  # only a poison received is a stop every member meets alike
+        if not stops_of(e):  # only a poison received is a stop every member meets alike
             raise
         yield from halt(t, e)
     if count != g.size:
@@ -68,7 +70,7 @@ def gather(red: Reduction, t: Part, x: Array) -> Phases:
 
 def scatter(red: Reduction, t: Part, x: Array) -> Phases:
     """Alltoall of per-chunk payloads; the owner of chunk j sums it, re-quantizes it with
-    :func:`~hvd_gradq.frontend.patterns.reduced_scheme` and allgathers it."""
+    :func:`~hvd_gradq.plan.second_phase.reduced_scheme` and allgathers it."""
     g = t.group
     bounds = chunk_bounds(int(red.ops.shape(x)[0]), red.config.scheme.bucket, g.size)
     t0 = time.perf_counter()
@@ -78,11 +80,11 @@ def scatter(red: Reduction, t: Part, x: Array) -> Phases:
         buf, lens, owns = t.codec.encode_chunks(red.config, x, bounds, [red.words(t, f"#{j}") for j in range(g.size)],
                                                 t.what)
     except GradqError as e:
-        why = fcodec.stop_of(e)
-        bufs = [fcodec.poison(why)] * len(bounds)
+        why = stop_of(e)
+        bufs = [poison(why)] * len(bounds)
         buf, lens = np.concatenate(bufs), tuple(int(b.shape[0]) for b in bufs)
         error = e
-        if why is fcodec.Stop.NONFINITE:  # the chunk's count of NaN/Inf would mislead: say it plainly
+        if why is Stop.NONFINITE:  # the chunk's count of NaN/Inf would mislead: say it plainly
             error = NonFiniteError(
                 f"{t.what}: this rank had non-finite values (NaN/Inf) in this gradient (nonfinite=raise); "
                 "the default nonfinite=propagate carries them through as Horovod does")
@@ -96,7 +98,7 @@ def scatter(red: Reduction, t: Part, x: Array) -> Phases:
         with red.timed("decode"):  # where the chunks were encoded
             part, _count = t.codec.sum(recv, g.rank, owns[g.rank], t.name)
     except GradqError as e:
-        if not fcodec.stops_of(e):  # only a poison received is a stop every member meets alike
+        if not stops_of(e):  # only a poison received is a stop every member meets alike
             raise
         yield from halt(t, e)
     key, owner = reduced_key(t.key), keeps_owner_residuals(red.ef, second_phase=True)

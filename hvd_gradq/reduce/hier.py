@@ -1,5 +1,5 @@
 """The hierarchical pattern, written once (what it is and when it wins:
-:mod:`hvd_gradq.frontend.patterns`).
+:mod:`hvd_gradq.plan.decide`).
 
 Every collective is an alltoall on the reduction's (global) process set with split sizes that
 are zero for every rank outside the group a phase runs in: the host's ranks, or the ranks that
@@ -17,7 +17,7 @@ Phases, for the piece this rank owns (``m`` elements, 1/local of the tensor on b
    (cross ``scatter``), whose owner sums them, re-quantizes with the second-phase scheme
    (``reduced_scheme(scheme, hosts)``, residual ``#host#reduce``) and sends it back (``h3``).
 3. last (``h3``/``h4``): the owner hands the reduced piece, fp32 plus one flag element, to the
-   host's ranks; the flag (:func:`hvd_gradq.frontend.codec.stop_flag`) says which rank stopped
+   host's ranks; the flag (:func:`hvd_gradq.reduce.stop.stop_flag`) says which rank stopped
    on this gradient and why (NaN/Inf under ``nonfinite=raise``, a value beyond the scheme's
    range: it sent a poison payload, or this owner could not encode its piece), so that every
    rank raises, and none waits for a collective another rank never joined.
@@ -33,13 +33,16 @@ from typing import Any
 
 from ..errors import GradqError, NonFiniteError, RangeError
 from ..feedback import HOST, REDUCED, host_key, keeps_owner_residuals, reduced_key
-from ..frontend import codec as fcodec
-from ..frontend.hosts import Hosts
-from ..frontend.names import Kind, collective
-from ..frontend.patterns import Pattern, chunk_bounds, reduced_scheme
+from ..plan.hosts import Hosts
+from ..plan.layout import chunk_bounds
+from ..plan.pattern import Pattern
+from ..plan.second_phase import reduced_scheme
 from ..spec import Config, SchemeLike
+from ..wire.poison import Stop, poison
 from ..xp import Array
 from .core import Alltoall, Part, Phases, Reduction, join
+from .names import Kind, collective
+from .stop import flag_stop, peer_message, stop_flag, stop_of, stops_of
 
 
 @dataclass
@@ -48,14 +51,14 @@ class _State:
     naming the peers that stopped) and the flag's facts, and the bytes to and from other hosts."""
 
     error: GradqError | None = None
-    stop: tuple[fcodec.Stop, int] | None = None
+    stop: tuple[Stop, int] | None = None
     sent: int = 0
     received: int = 0
 
     def halt(self, error: GradqError, rank: int) -> None:
         self.error = error
-        peers = fcodec.stops_of(error)
-        self.stop = min((why, r) for r, why in peers.items()) if peers else (fcodec.stop_of(error), rank)
+        peers = stops_of(error)
+        self.stop = min((why, r) for r, why in peers.items()) if peers else (stop_of(error), rank)
 
 
 def hierarchical(red: Reduction, t: Part, x: Array, hosts: Hosts, cross: Pattern) -> Phases:
@@ -96,7 +99,7 @@ def hierarchical(red: Reduction, t: Part, x: Array, hosts: Hosts, cross: Pattern
             red.update(rkey, mine, t.codec.values(rown))
         got = yield _to_cross(red, t, 3, [buf] * h.count, h, st)
         piece = _concat(red, t, st, got, rown, [e - s for s, e in subs], h)
-    flag = ops.full((1,), 0.0 if st.stop is None else fcodec.stop_flag(*st.stop))
+    flag = ops.full((1,), 0.0 if st.stop is None else stop_flag(*st.stop))
     out = ops.concat([piece, flag], 0)
     last = 4 if cross is Pattern.SCATTER else 3
     got = yield _send(t, last, ops.concat([out] * h.local, 0), {r: m + 1 for r in h.local_peers()}, h, True)
@@ -104,7 +107,7 @@ def hierarchical(red: Reduction, t: Part, x: Array, hosts: Hosts, cross: Pattern
     for s, e in pieces:
         res.append(got[at:at + e - s])
         if red.graph is None:  # a graph's errors are its host functions' (Reduction)
-            stops.append(fcodec.flag_stop(float(got[at + e - s])))
+            stops.append(flag_stop(float(got[at + e - s])))
         at += e - s + 1
     if red.stats is not None:
         red.stats.record(t.name, st.sent, st.received)
@@ -113,8 +116,8 @@ def hierarchical(red: Reduction, t: Part, x: Array, hosts: Hosts, cross: Pattern
     for stop in stops:
         if stop is not None:
             why, who = stop
-            cls = {fcodec.Stop.NONFINITE: NonFiniteError, fcodec.Stop.RANGE: RangeError}.get(why, GradqError)
-            raise cls(f"{t.what}: rank {who} {fcodec.peer_message(why)}")
+            cls = {Stop.NONFINITE: NonFiniteError, Stop.RANGE: RangeError}.get(why, GradqError)
+            raise cls(f"{t.what}: rank {who} {peer_message(why)}")
     return ops.concat(res, 0)
 
 
@@ -146,7 +149,7 @@ def _encode(red: Reduction, t: Part, st: _State, scheme: SchemeLike, x: Array, t
         except GradqError as e:
             st.halt(e, h.rank)
     assert st.stop is not None
-    return fcodec.poison(*st.stop), None
+    return poison(*st.stop), None
 
 
 def _sum(red: Reduction, t: Part, st: _State, got: Any, own: Any, part: int, h: Hosts) -> Array:
@@ -171,7 +174,7 @@ def _concat(red: Reduction, t: Part, st: _State, got: Any, own: Any, sizes: list
             with red.timed("decode"):
                 return t.codec.concat(got, h.host, own, sizes, t.what, h.cross_peers())
         except GradqError as e:
-            if not fcodec.stops_of(e):  # not a peer's poison: a payload that cannot be read
+            if not stops_of(e):  # not a peer's poison: a payload that cannot be read
                 raise
             st.halt(e, h.rank)
     return red.ops.zeros((sum(sizes),), "float32")

@@ -3,7 +3,7 @@
 Phase 1 Max-allreduces each bucket's statistics (:func:`hvd_gradq.schemes.summable.local_stats`);
 phase 2 encodes against the shared table they fix (``encode_shared``) and Sum-allreduces the
 codes packed into integer lanes (:func:`hvd_gradq.wire.packing.pack_lanes`, laid out by
-:func:`hvd_gradq.frontend.patterns.lanes_for` so that the sum over the group cannot carry into
+:func:`hvd_gradq.plan.layout.lanes_for` so that the sum over the group cannot carry into
 the next field). Every step is ``Ops`` arithmetic on the tensor's own device: only the
 statistics and the lanes cross. The arithmetic is four pure functions (:func:`_local`,
 :func:`_verdict`, :func:`_encode`, :func:`_decode`) that a graph builds once and runs exactly as
@@ -11,7 +11,7 @@ written (:meth:`~.core.Reduction.pure`); between them the pattern only yields it
 
 *Values it cannot take.* The statistics carry the news, so nobody waits: a rank with NaN/Inf
 under ``nonfinite=raise`` sends +inf in every bucket; a rank with a finite value beyond the
-scheme's float32 range sends :func:`hvd_gradq.frontend.codec.range_stat` (the max names the
+scheme's float32 range sends :func:`hvd_gradq.reduce.stop.range_stat` (the max names the
 lowest such rank); under ``propagate`` the buckets holding NaN/Inf send +inf and decode as NaN
 everywhere. A rank that must stop still sends its lanes (zeros) and waits for them: a rank that
 raised later must not leave the others waiting, and one that raised first must not end Horovod
@@ -29,15 +29,18 @@ from typing import Any
 import numpy as np
 
 from ..errors import GradqError, NonFiniteError, RangeError
-from ..frontend import codec as fcodec
-from ..frontend.names import Kind, collective
-from ..frontend.patterns import Pattern, cost, lanes_for
+from ..plan.decide import cost
+from ..plan.layout import lanes_for
+from ..plan.pattern import Pattern
 from ..schemes.level import EvenLevelScheme
 from ..schemes.options import NonFinite
 from ..schemes.summable import decode_codes, encode_shared, local_stats
 from ..wire.packing import pack_lanes, unpack_lanes
+from ..wire.poison import Stop
 from ..xp import Array, Ops, Seed
 from .core import Allreduce, Part, Phases, Reduction, halt
+from .names import Kind, collective
+from .stop import names_a_rank, peer_message, range_rank, range_stat
 
 _NONFINITE = ("had non-finite values (NaN/Inf) in this gradient (nonfinite=raise); the default "
               "nonfinite=propagate carries them through as Horovod does")
@@ -128,7 +131,7 @@ def _local(scheme: EvenLevelScheme, raise_: bool, rank: int, ops: Ops, x: Array)
         # value beyond the range beside them), zeros sent in them
         stats = ops.where(ops.reshape(_row_min(ops, inside, scheme.bucket, n) < 1.0, (rows, 1)), inf, stats)
     # finite, too large: every rank stops (quantize raises here)
-    stats = ops.where(ops.reshape(beyond > 0.0, (1, 1)), ops.full((rows, width), fcodec.range_stat(rank)), stats)
+    stats = ops.where(ops.reshape(beyond > 0.0, (1, 1)), ops.full((rows, width), range_stat(rank)), stats)
     return stats, x, ops.concat([_one(ops, beyond), _one(ops, bad), _one(ops, top)], 0)
 
 
@@ -138,7 +141,7 @@ def _verdict(raise_: bool, ops: Ops, x: Array, stats: Array, mine: Array) -> tup
     those buckets; the group's facts f32[3]: 0.0 go on, 1.0 this rank stops alone, 2.0 every rank
     stops (they read the same statistics); 1.0 if a bucket was non-finite somewhere; the largest
     finite statistic, which names the lowest rank beyond the range
-    (:func:`hvd_gradq.frontend.codec.range_rank`) unless another rank's NaN/Inf hid it)."""
+    (:func:`hvd_gradq.reduce.stop.range_rank`) unless another rank's NaN/Inf hid it)."""
     rows = int(ops.shape(stats)[0])
     finite = ops.isfinite(stats)
     row_ok = ops.reshape(ops.amin(ops.f32(finite), 1), (rows,))
@@ -146,7 +149,7 @@ def _verdict(raise_: bool, ops: Ops, x: Array, stats: Array, mine: Array) -> tup
     zeros = ops.zeros(ops.shape(stats), "float32")
     top = ops.amax(ops.reshape(ops.concat([ops.where(finite, stats, zeros), ops.zeros((1, ops.shape(stats)[1]),
                                                                                        "float32")], 0), (-1,)), 0)
-    every = ops.f32(fcodec.names_a_rank(top))
+    every = ops.f32(names_a_rank(top))
     if raise_:
         every = ops.maximum(every, nonfinite)
     stop = ops.maximum(2.0 * every, mine[0])  # a rank beyond the range whose statistic another's NaN hid
@@ -197,5 +200,5 @@ def _stop(t: Part, scheme: EvenLevelScheme, nonfinite: NonFinite, mine: np.ndarr
             "loss scale), or use nonfinite=skip to send such tensors uncompressed")
     if nonfinite is NonFinite.RAISE and ours[1] > 0.0:
         return NonFiniteError(f"{t.what}: {'this rank' if mine[1] > 0.0 else 'another rank'} {_NONFINITE}")
-    peer = fcodec.range_rank(float(ours[2]))
-    return RangeError(f"{t.what}: rank {peer} {fcodec.peer_message(fcodec.Stop.RANGE)}")
+    peer = range_rank(float(ours[2]))
+    return RangeError(f"{t.what}: rank {peer} {peer_message(Stop.RANGE)}")

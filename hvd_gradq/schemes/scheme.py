@@ -127,7 +127,7 @@ class Scheme:
         """This scheme with about ``factor`` times as many quantization intervals (never fewer,
         capped at what it accepts); itself where it has no finer form (two-level and sign
         schemes, Top-K, TernGrad's ternary). Whether it has one decides the scatter pattern's
-        second phase (:func:`hvd_gradq.frontend.patterns.reduced_scheme`): a stochastic uniform
+        second phase (:func:`hvd_gradq.plan.second_phase.reduced_scheme`): a stochastic uniform
         re-quantization of the sum where it does, the scheme itself where it does not."""
         return self
 

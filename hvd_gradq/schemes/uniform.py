@@ -2,7 +2,7 @@
 levels. ``rounding=nearest`` (default) is deterministic and biased, its error at most step/2;
 ``rounding=stochastic`` rounds up with probability the fraction of the step, so it is unbiased
 with a variance of at most step^2/4 an element and needs no sort and no table: the scatter
-pattern's second phase (:func:`hvd_gradq.frontend.patterns.reduced_scheme`)."""
+pattern's second phase (:func:`hvd_gradq.plan.second_phase.reduced_scheme`)."""
 from __future__ import annotations
 
 import dataclasses

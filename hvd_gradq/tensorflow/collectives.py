@@ -24,7 +24,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from .. import reduce as core
-from ..frontend.patterns import Pattern
+from ..plan.pattern import Pattern
 from ..schemes.scheme import Scheme
 from . import reduce
 from .callsite import set_suffix

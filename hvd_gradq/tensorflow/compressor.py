@@ -13,7 +13,7 @@ sum or an average of decoded payloads is served), the pre/post scale factors, th
 agree) and the variable of the gradient. **State** is keyed by that variable (see
 :mod:`.state`: per slot a step counter, and with ``ef`` a residual and the rank that owns it,
 ``tf.Variable`` s tracked by this ``tf.Module`` for ``tf.train.Checkpoint``). Collective names
-are ``hvd_gradq.<name>.<kind>.<i>[.p<set>]`` (:mod:`hvd_gradq.frontend.names`), ``i`` the slot's
+are ``hvd_gradq.<name>.<kind>.<i>[.p<set>]`` (:mod:`hvd_gradq.reduce.names`), ``i`` the slot's
 creation order, identical on every rank; ``<name>`` is ``name=`` or ``c<k>`` for the k-th compressor this process built,
 which the one-time configuration check (an eager allgather on the process set) compares.
 
@@ -23,7 +23,7 @@ payloads ``hvd.allgather`` ed, each decoded in rank order, :mod:`.collectives`),
 (per-chunk payloads alltoall'ed, each rank's chunk summed, re-encoded finer with its residual
 ``<key>#reduce`` and allgathered, :mod:`.scatter`), ``hierarchical`` (fp32 sums inside a host,
 each owner's piece reduced among hosts, :mod:`.hier`); ``auto`` weighs bytes at ``link_gbps``
-against CPU (:func:`hvd_gradq.frontend.patterns.decide`) and hands a tensor whose compressed
+against CPU (:func:`hvd_gradq.plan.decide.decide`) and hands a tensor whose compressed
 traffic would not beat an fp32 ring (a bias), or whose shape is not static, to Horovod's own
 allreduce (whose fusion makes a sum's bits beyond 2 ranks depend on what it fused: set
 ``HOROVOD_FUSION_THRESHOLD=0`` or ``pattern=gather`` to reproduce runs bit for bit). Horovod's
@@ -58,13 +58,14 @@ import tensorflow as tf
 
 from ..errors import GradqError
 from ..feedback import Memory, keeps_owner_residuals
-from ..frontend import names
 from ..frontend.compressor import CompressorCore, ranks_on_host
 from ..frontend.guards import check_tensor, instance_only
 from ..frontend.membership import membership
-from ..frontend.names import Kind, Streams
-from ..frontend.patterns import Pattern, fp32_cost
-from ..frontend.rank_cost import rank_cost
+from ..plan.decide import fp32_cost
+from ..plan.pattern import Pattern
+from ..plan.rank_cost import rank_cost
+from ..reduce import names
+from ..reduce.names import Kind, Streams
 from ..schemes.level import LevelScheme
 from ..schemes.options import NonFinite
 from ..schemes.plain import FP16Scheme, NoneScheme
@@ -260,7 +261,7 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
             slot = self._slot(shape, dtype, site.variable, size, hier.ranks_per_host_of(ps), key)
             key, n, pattern, index = f"{slot.index}", slot.n, slot.pattern, slot.index
             step = slot.step.assign_add(1, read_value=True) - 1
-            stream = Streams(self.seed, hvd.rank(), key)  # the seeds' one rule (frontend/names.py)
+            stream = Streams(self.seed, hvd.rank(), key)  # the seeds' one rule (reduce/names.py)
         ctx = Ctx(index, shape, tensor.dtype, n, pattern, size, prank, slot=slot, step=step)
         with self._telemetry.recording(step):  # counts the step; the host functions' time (stats)
             if pattern is None or pattern is Pattern.FP16:  # Horovod's own allreduce: fp32, or fp16 as stock

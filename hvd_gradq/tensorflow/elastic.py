@@ -39,10 +39,11 @@ import numpy as np
 import tensorflow as tf
 
 from ..errors import GradqError
-from ..frontend import elastic, names
+from ..frontend import elastic
 from ..frontend.elastic import Generation, World
 from ..frontend.membership import membership
-from ..frontend.names import Kind
+from ..reduce import names
+from ..reduce.names import Kind
 from .state import SlotStore
 
 if TYPE_CHECKING:

@@ -6,7 +6,7 @@ handshake runs on, once a process set, before the first collective (:func:`gathe
 The handshake runs eagerly (``tf.init_scope``), even while a graph is being traced; in a
 TF1-style graph no eager collective can run, and the check is skipped (:func:`gatherer` is then
 None): every rank compares its configuration and agrees on the CPU figures as the PyTorch
-frontend does, with the same block (:func:`hvd_gradq.frontend.codec.config_block`).
+frontend does, with the same block (:func:`hvd_gradq.reduce.handshake.config_block`).
 """
 from __future__ import annotations
 
@@ -18,10 +18,10 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from ..errors import GradqError
-from ..frontend import names
 from ..frontend.compressor import Gather
 from ..frontend.guards import check_initialized
-from ..frontend.names import Kind
+from ..reduce import names
+from ..reduce.names import Kind
 from ..schemes.options import NonFinite
 from ..spec import Config
 from .callsite import set_suffix

@@ -30,9 +30,11 @@ import tensorflow as tf
 
 from .. import reduce as core
 from ..feedback import Memory, host_key, reduced_key
-from ..frontend.hosts import Hosts, ranks_per_host
-from ..frontend.names import Streams
-from ..frontend.patterns import Pattern, chunk_bounds, hier_cross
+from ..plan.decide import hier_cross
+from ..plan.hosts import Hosts, ranks_per_host
+from ..plan.layout import chunk_bounds
+from ..plan.pattern import Pattern
+from ..reduce.names import Streams
 from ..schemes.scheme import Scheme
 from . import reduce
 from .collectives import Ctx
@@ -49,7 +51,7 @@ def widths(n: int, bucket: int, hosts: Hosts) -> tuple[int, int]:
 
 
 def ranks_per_host_of(ps: Any) -> int:
-    """Ranks a host for the cost model and this pattern (:mod:`hvd_gradq.frontend.hosts`), asked of
+    """Ranks a host for the cost model and this pattern (:mod:`hvd_gradq.plan.hosts`), asked of
     Horovod; 1 for any process set but the global one."""
     if ps.process_set_id != hvd.global_process_set.process_set_id:
         return 1

@@ -49,9 +49,10 @@ from numpy.typing import NDArray
 from .. import kernels
 from ..api import Payload, decode_flat, parse_one, payload_of, split
 from ..errors import RangeError, RankMismatchError
-from ..frontend import codec
+from ..reduce import stop
 from ..schemes.level import LevelScheme
 from ..schemes.scheme import Scheme
+from ..wire import poison
 from ..wire.payload import header_size
 from ..wire.poison import poisons
 from ..xp import NUMPY
@@ -140,7 +141,7 @@ def chunk_encoder(scheme: Scheme, bounds: tuple[tuple[int, int], ...], own: bool
             ps = [_payload(scheme, header[0] if header else (hi - lo,), header[1] if header else "float32",
                            flat[lo:hi], int(a[j]), int(b[j])) for j, (lo, hi) in enumerate(bounds)]
         except RangeError:
-            return poisons(sizes, codec.Stop.RANGE), np.zeros(n, np.float32)
+            return poisons(sizes, poison.Stop.RANGE), np.zeros(n, np.float32)
         mine = np.concatenate([decode_flat(p) for p in ps]) if own else np.zeros(0, np.float32)
         return np.concatenate([p.to_array() for p in ps]), np.ascontiguousarray(mine, np.float32)
 
@@ -161,9 +162,9 @@ def rows_decoder(rank: int, what: str = "", ranks: tuple[int, ...] | None = None
 
     def host(rows: NDArray[np.uint8], *mine: NDArray[np.float32]) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
         rows = np.ascontiguousarray(rows)
-        stops = codec.stops_in(rows, ranks)
+        stops = stop.stops_in(rows, ranks)
         if stops:
-            raise codec.stopped(f"hvd_gradq: {what}", stops)
+            raise stop.stopped(f"hvd_gradq: {what}", stops)
         total: NDArray[np.float32] | None = None
         keep: NDArray[np.float32] | None = None
         for r, row in enumerate(rows):
@@ -191,9 +192,9 @@ def chunks_decoder(sizes: tuple[int, ...], rank: int, what: str = "", ranks: tup
 
     def host(buf: NDArray[np.uint8], *mine: NDArray[np.float32]) -> NDArray[np.float32]:
         flat = np.ascontiguousarray(buf).reshape(-1)
-        stops = codec.stops_in(flat, ranks) if ranks is not None else None
+        stops = stop.stops_in(flat, ranks) if ranks is not None else None
         if stops:
-            raise codec.stopped(f"hvd_gradq: {what}", stops)
+            raise stop.stopped(f"hvd_gradq: {what}", stops)
         payloads = split(flat)
         got = tuple(p.n for p in payloads)
         if got != sizes:

@@ -11,7 +11,7 @@ What the graph does differently from an eager driver, and where it went:
 
 * *seeds*: the words come from the slot's step counter in the graph (:class:`Flow` hands the
   core's :class:`~hvd_gradq.reduce.core.Part` a ``draws`` of
-  :meth:`hvd_gradq.frontend.names.Streams.words`);
+  :meth:`hvd_gradq.reduce.names.Streams.words`);
 * *this rank's residual*: the compressor writes it with the step's keep mask once the result's
   finiteness is known, so the core hands it over (:attr:`Flow.own`) instead of writing it;
   the owner residuals (``#reduce``, ``#host``...) the core writes through the compressor's

@@ -3,17 +3,17 @@
 with PyTorch's bytes.
 
 ``compress()`` starts phase 1 (:func:`scatter_start`): the flat input, error feedback added, is
-cut into N chunks on bucket boundaries (:func:`~hvd_gradq.frontend.patterns.chunk_bounds`), each
+cut into N chunks on bucket boundaries (:func:`~hvd_gradq.plan.layout.chunk_bounds`), each
 encoded as a payload of its own (one host function for all: :func:`.host.chunk_encoder`), and
 ``hvd.alltoall`` hands rank j every rank's payload of chunk j. ``decompress()`` runs phase 2
 (:func:`scatter_finish`): rank j decodes those N payloads and sums them in rank order, adds its
 own scatter-side residual when ``ef``, re-encodes the sum with the second-phase
-:func:`~hvd_gradq.frontend.patterns.reduced_scheme`, and ``hvd.allgather`` spreads the N reduced
+:func:`~hvd_gradq.plan.second_phase.reduced_scheme`, and ``hvd.allgather`` spreads the N reduced
 chunks; every rank decodes them in rank order and concatenates them (the same bytes and the same
 computation on every rank). Error feedback of the rank's own gradient is the gather pattern's
 (the compressor's), with this rank's own decoded chunks concatenated as what was sent.
 
-*Draws.* By the seeds' one rule (:mod:`hvd_gradq.frontend.names`), stepped in the graph: chunk j
+*Draws.* By the seeds' one rule (:mod:`hvd_gradq.reduce.names`), stepped in the graph: chunk j
 draws from the stream of ``<key>#j``, the reduced chunk from ``<key>#reduce``
 (:func:`hvd_gradq.feedback.reduced_key`), as PyTorch's.
 
@@ -35,8 +35,8 @@ from typing import Any
 
 from .. import reduce as core
 from ..feedback import Memory, reduced_key
-from ..frontend.names import Streams
-from ..frontend.patterns import chunk_bounds
+from ..plan.layout import chunk_bounds
+from ..reduce.names import Streams
 from ..schemes.scheme import Scheme
 from . import reduce
 from .callsite import set_suffix

@@ -38,8 +38,8 @@ import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
 
 from ..errors import GradqError
-from ..frontend.cpu_cost import Figures
-from ..frontend.patterns import Pattern
+from ..plan.cpu_cost import Figures
+from ..plan.pattern import Pattern
 
 
 @dataclass

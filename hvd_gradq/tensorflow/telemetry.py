@@ -29,7 +29,7 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 from .. import log
-from ..frontend.stats import Stats
+from ..reduce.stats import Stats
 from . import host
 from .callsite import function_graph
 from .state import Slot
@@ -103,7 +103,7 @@ class Telemetry:
 
     # -- reading ---------------------------------------------------------------------------------
     def summary(self, counted: bool = True, time_of: int | None = None) -> dict[str, Any]:
-        """:meth:`hvd_gradq.frontend.stats.Stats.summary` with the slots' bytes: their step
+        """:meth:`hvd_gradq.reduce.stats.Stats.summary` with the slots' bytes: their step
         counters times their bytes a step (``counted``), or each slot once (a step: what the log
         says, read without touching a variable)."""
         view = self.stats.fresh()

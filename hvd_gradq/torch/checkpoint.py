@@ -1,7 +1,7 @@
 """Checkpoints of the PyTorch compressor: its per-tensor step counters and error-feedback residuals.
 
 What a compressor must carry across a restart to resume bit for bit: each tensor's step counter
-(the position of its random stream, :mod:`hvd_gradq.frontend.names`) and, with error
+(the position of its random stream, :mod:`hvd_gradq.reduce.names`) and, with error
 feedback, each rank's residuals (:class:`.feedback.TensorStore`). A residual is one rank's own rounding
 error, so Horovod's usual recipe (save on rank 0, load on every rank) needs every rank's residuals
 in the one file: ``all_ranks=True`` allgathers them. The state is a plain dict of tensors and

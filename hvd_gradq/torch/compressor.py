@@ -48,14 +48,16 @@ import torch
 
 from ..errors import GradqError
 from ..feedback import Memory
-from ..frontend import hosts, names
 from ..frontend.compressor import CompressorCore, compresses, final_scale, ranks_on_host
 from ..frontend.guards import check_tensor, instance_only
-from ..frontend.hosts import Hosts
 from ..frontend.membership import membership
-from ..frontend.names import Kind
-from ..frontend.patterns import Pattern, fp16_cost, fp32_cost, hier_cross
 from ..frontend.workers import Workers
+from ..plan import hosts
+from ..plan.decide import fp16_cost, fp32_cost, hier_cross
+from ..plan.hosts import Hosts
+from ..plan.pattern import Pattern
+from ..reduce import names
+from ..reduce.names import Kind
 from ..schemes.scheme import Scheme
 from ..spec import Config
 from . import checkpoint
@@ -85,12 +87,12 @@ class GradqCompressor(CompressorCore):
             checkpoint against the model, and name gradients compressed outside Horovod's optimizer.
         seed: base seed of the rounding noise; draws differ across ranks, steps and tensors.
         pattern: ``auto`` (cost model), ``gather``, ``summable``, ``scatter`` or ``hierarchical``
-            (:mod:`hvd_gradq.frontend.patterns`).
+            (:mod:`hvd_gradq.plan.decide`).
         link_gbps: the link rate (Gbit/s) the cost model weighs bytes with against encoding and
             decoding time under ``auto``. Default: ``HVD_GRADQ_LINK_GBPS``, else 10.
         fallback: under ``auto``, send a tensor as Horovod's fp16 (``hvd.Compression.fp16``, bit for
             bit) where the cost model says the scheme's encode + bytes + decode would take longer
-            (:func:`hvd_gradq.frontend.patterns.decide`; the CPU figures measured at the first step
+            (:func:`hvd_gradq.plan.decide.decide`; the CPU figures measured at the first step
             on every rank, the maximum agreed, :mod:`hvd_gradq.frontend.probe`). False: never.
             Default: ``HVD_GRADQ_FALLBACK`` (1 or 0), else False (see ``probe.FALLBACK_ENV`` for why).
         check_ranks: at the first step, allgather the configuration and stop every rank with an
@@ -136,7 +138,7 @@ class GradqCompressor(CompressorCore):
     ) -> None:
         super().__init__(scheme, seed=seed, pattern=pattern, check_ranks=check_ranks, process_set=process_set,
                          link_gbps=link_gbps, threads=threads, fallback=fallback, local_size=ranks_on_host(hvd))
-        self._local: int | None = None  # ranks a host (frontend/hosts.py), asked of Horovod once
+        self._local: int | None = None  # ranks a host (plan/hosts.py), asked of Horovod once
         self._params: dict[str, torch.nn.Parameter] = {}
         seen: set[int] = set()
         for name, p in named_parameters or ():
@@ -244,7 +246,7 @@ class GradqCompressor(CompressorCore):
                 )
             name = f"noname.{next(_UNNAMED)}"
         n = tensor.numel()
-        # one-rank sets pass through exactly; otherwise the shared policy (frontend/patterns.py)
+        # one-rank sets pass through exactly; otherwise the shared policy (plan/decide.py)
         pattern, why = self.decide(n, tensor.dim(), group.size, group.local, self.agreed(group.key))
         step = self._steps.get(name, 0)
         if compresses(pattern):

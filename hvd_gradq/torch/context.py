@@ -17,7 +17,7 @@ class Group:
     rank: int
     size: int
     key: str  # part of collective names: ranks of two process sets never share a name
-    local: int = 1  # ranks a host, for the hierarchical pattern and the cost model (frontend/hosts.py)
+    local: int = 1  # ranks a host, for the hierarchical pattern and the cost model (plan/hosts.py)
 
 
 @dataclass

@@ -1,6 +1,6 @@
 """Encoding and decoding on the gradient's own device: only payload bytes cross to the host.
 
-On a GPU the host path (:mod:`hvd_gradq.frontend.codec`: the compiled kernels) would copy every
+On a GPU the host path (:mod:`hvd_gradq.reduce.codec`: the compiled kernels) would copy every
 full-size gradient to the host, and every decoded one back. Here the scheme's own mathematics
 runs on the tensor's device through :class:`~hvd_gradq.torch.ops.TorchOps` (the same source the
 NumPy reference runs, so the same bits: ``tests/parallel/test_torch_compat.py`` trains with
@@ -33,7 +33,7 @@ from numpy.typing import NDArray
 
 from ..api import Payload, decode_flat, payload_of
 from ..errors import GradqError
-from ..frontend import codec
+from ..reduce import codec
 from ..schemes.scheme import Scheme
 from ..spec import SchemeLike, as_config
 from ..xp import Seed
@@ -74,7 +74,7 @@ def decode_sum(buf: NDArray[np.uint8], own_rank: int, own: torch.Tensor, name: s
                ranks: Sequence[int] | None = None) -> tuple[torch.Tensor, int]:
     """The sum over ranks, in rank order, of the payloads in a gathered buffer, decoded on
     ``own``'s device (``own`` stands for this rank's payload); returns (sum, payload count).
-    The same checks as the host path's :func:`hvd_gradq.frontend.codec.decode_sum`."""
+    The same checks as the host path's :func:`hvd_gradq.reduce.codec.decode_sum`."""
     payloads = codec.split_checked(buf, name, ranks)
     total: torch.Tensor | None = None
     for r, p in enumerate(payloads):

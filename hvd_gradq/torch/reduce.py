@@ -2,7 +2,7 @@
 tensor's pattern runs as a generator of collective requests, started with Horovod's
 asynchronous ops (:class:`~hvd_gradq.torch.transport.HorovodTransport`).
 
-Every compressed tensor takes one pattern (chosen by :func:`hvd_gradq.frontend.patterns.decide`)
+Every compressed tensor takes one pattern (chosen by :func:`hvd_gradq.plan.decide.decide`)
 and carries one context (:class:`Flow`: its generator, the request in flight and its handle)
 from ``compress()`` to ``decompress()``. :class:`Reducer` only ever *starts* collectives inside
 ``compress()`` (see :mod:`hvd_gradq.torch.compressor` for why none may block there):
@@ -34,11 +34,11 @@ import torch
 from .. import reduce as core
 from ..errors import GradqError
 from ..feedback import Memory
-from ..frontend.hosts import Hosts
-from ..frontend.patterns import Pattern
-from ..frontend.stats import Stats
 from ..frontend.workers import Workers
+from ..plan.hosts import Hosts
+from ..plan.pattern import Pattern
 from ..policy import Policy
+from ..reduce.stats import Stats
 from ..schemes.scheme import Scheme
 from ..spec import Config
 from . import device

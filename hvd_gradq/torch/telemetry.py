@@ -20,7 +20,7 @@ from typing import Any, TypeVar
 import horovod.torch as hvd
 
 from .. import log
-from ..frontend.stats import Stats
+from ..reduce.stats import Stats
 
 T = TypeVar("T")
 

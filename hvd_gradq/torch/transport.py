@@ -23,10 +23,10 @@ import torch
 from numpy.typing import NDArray
 
 from ..api import split
-from ..frontend import codec
-from ..frontend.stats import Clock
 from ..frontend.workers import wait
+from ..reduce import stop as codec
 from ..reduce.core import Allgather, Allreduce, Alltoall, Barrier, Request
+from ..reduce.stats import Clock
 from ..spec import SchemeLike
 from ..xp import Seed
 from . import device

@@ -1,5 +1,5 @@
 """The seeds' rule, restated for the oracles from the primitives (so that an oracle does not call
-the frontends' hvd_gradq.frontend.names): a tensor's stream is stream_seed(base, rank,
+the frontends' hvd_gradq.reduce.names): a tensor's stream is stream_seed(base, rank,
 crc32(key)), key its name (``<name>#j`` for scatter chunk j, ``<name>#reduce``, ``<name>#host``...;
 TensorFlow's name is the slot's index), and the step is mixed in last by step_words."""
 import zlib

@@ -9,8 +9,9 @@ import os
 from collections.abc import Callable, Iterator
 
 from hvd_gradq.frontend import probe
-from hvd_gradq.frontend.cpu_cost import CAST, Figures
-from hvd_gradq.frontend.patterns import Pattern, decide
+from hvd_gradq.plan.cpu_cost import CAST, Figures
+from hvd_gradq.plan.decide import decide
+from hvd_gradq.plan.pattern import Pattern
 from hvd_gradq.spec import parse
 
 

@@ -32,8 +32,11 @@ from harness import digest, report, sections
 import hvd_gradq
 import hvd_gradq.tensorflow as gq
 from hvd_gradq.api import Payload
-from hvd_gradq.frontend import codec
-from hvd_gradq.frontend.patterns import Pattern, chunk_bounds, decide, hier_cross, reduced_scheme
+from hvd_gradq.plan.decide import decide, hier_cross
+from hvd_gradq.plan.layout import chunk_bounds
+from hvd_gradq.plan.pattern import Pattern
+from hvd_gradq.plan.second_phase import reduced_scheme
+from hvd_gradq.reduce import codec
 from hvd_gradq.wire.payload import header_size
 
 ap = argparse.ArgumentParser()

@@ -7,7 +7,7 @@ Sections (each reports, errors as text so that one broken section does not hide 
   (``c_r``). The reduced gradient is compared bit for bit with a NumPy simulation of all N ranks
   (:func:`simulate`) that re-implements the pattern's logic (chunking, rank-order sums, both
   error feedbacks, the finer re-quantization, the scaling) from scratch; it shares with the code
-  under test only the codec (``frontend.codec.encode`` / ``hvd_gradq.dequantize``: the same
+  under test only the codec (``reduce.codec.encode`` / ``hvd_gradq.dequantize``: the same
   payloads by construction), the seeding primitives (``stream_seed``, ``step_words``,
   ``tensor_key``) and the pattern's definitions (``chunk_bounds``, ``reduced_scheme``).
   Also: both residuals after the last step, the byte counters against ``patterns.cost``, and
@@ -40,8 +40,11 @@ from harness import digest, report, sections
 import hvd_gradq
 import hvd_gradq.tensorflow as gq
 from hvd_gradq.api import Payload
-from hvd_gradq.frontend import codec
-from hvd_gradq.frontend.patterns import Pattern, chunk_bounds, cost, decide, reduced_scheme
+from hvd_gradq.plan.decide import cost, decide
+from hvd_gradq.plan.layout import chunk_bounds
+from hvd_gradq.plan.pattern import Pattern
+from hvd_gradq.plan.second_phase import reduced_scheme
+from hvd_gradq.reduce import codec
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--only", default="")

@@ -21,7 +21,8 @@ import hvd_gradq
 import hvd_gradq.tensorflow as gq
 from hvd_gradq.api import split
 from hvd_gradq.errors import GradqError
-from hvd_gradq.frontend.patterns import EVERY, Pattern, decide_why
+from hvd_gradq.plan.decide import decide_why
+from hvd_gradq.plan.pattern import EVERY, Pattern
 
 ap = argparse.ArgumentParser()
 ap.add_argument("--only", default="")

@@ -21,7 +21,8 @@ from harness import report
 import hvd_gradq
 import hvd_gradq.torch as gq
 from hvd_gradq import kernels
-from hvd_gradq.frontend.patterns import Pattern, decide_why
+from hvd_gradq.plan.decide import decide_why
+from hvd_gradq.plan.pattern import Pattern
 from hvd_gradq.schemes.summable import decode_codes, encode_shared, local_stats
 from hvd_gradq.xp import NUMPY
 
@@ -166,7 +167,7 @@ def probe_step(comp, named, local, step: int, op) -> dict:
 
 
 def finer(scheme, nranks: int):
-    """The reduced chunk's scheme, restated from the rule (frontend/second_phase.py): stochastic
+    """The reduced chunk's scheme, restated from the rule (plan/second_phase.py): stochastic
     rounding on 2**b evenly spaced levels of each bucket, b the fewest bits with 2**b - 1 >=
     1.85 (s - 1) for a first phase of s levels (ORQ-s: s, uniform: 2**bits, QSGD-q: 2q + 1), at
     most 8, with the scheme's bucket, clip and scales; schemes without a finer form (uniform-8
@@ -188,7 +189,7 @@ def reference(scheme, used: str, allx: np.ndarray, base: int, step: int, name: s
     tensor's step counter and name."""
     n = allx.shape[1]
     if used == "scatter":
-        from hvd_gradq.frontend.patterns import chunk_bounds
+        from hvd_gradq.plan.layout import chunk_bounds
 
         pieces = []
         for j, (lo, hi) in enumerate(chunk_bounds(n, scheme.bucket, size)):

@@ -14,11 +14,11 @@ import pytest
 
 import hvd_gradq
 from hvd_gradq.errors import GradqError, RankMismatchError, SpecError
-from hvd_gradq.frontend import patterns
 from hvd_gradq.frontend.compressor import CompressorCore, compresses, final_scale, ranks_on_host
-from hvd_gradq.frontend.names import Kind
-from hvd_gradq.frontend.patterns import Pattern
 from hvd_gradq.kernels import parallel
+from hvd_gradq.plan.decide import DEFAULT_LINK_GBPS, decide, decide_why
+from hvd_gradq.plan.pattern import EVERY, ONE_RANK_WHY, Pattern, why_tag
+from hvd_gradq.reduce.names import Kind
 
 
 class Core(CompressorCore):
@@ -101,7 +101,7 @@ def test_options_are_normalised() -> None:
     assert (c.seed, c.pattern, c.link_gbps, c.fallback, c.threads, c.check_ranks) == (
         3, Pattern.SCATTER, 25.0, True, 0, False)
     assert isinstance(c.link_gbps, float) and c.process_set is None
-    assert Core(ORQ).link_gbps == patterns.DEFAULT_LINK_GBPS and Core(ORQ).fallback is False
+    assert Core(ORQ).link_gbps == DEFAULT_LINK_GBPS and Core(ORQ).fallback is False
 
 
 def test_a_pattern_the_frontend_cannot_poison_is_refused_with_the_ones_it_can() -> None:
@@ -176,7 +176,7 @@ def test_handshake_compares_the_configuration_and_layout_once_a_set(monkeypatch:
 def test_handshake_stops_on_a_rank_that_differs() -> None:
     other = Core(ORQ, seed=6, pattern="gather")
     mine = Core(ORQ, seed=5, pattern="gather")
-    from hvd_gradq.frontend.codec import config_block
+    from hvd_gradq.reduce.handshake import config_block
 
     theirs = config_block(other.config() + "|hosts=2x1|link=10.0")
     with pytest.raises(RankMismatchError, match=r"ranks disagree on the hvd_gradq configuration: ranks \[0\]"):
@@ -219,7 +219,7 @@ def test_handshake_without_a_collective_or_peers_does_nothing() -> None:
 ])
 def test_decide_is_the_cost_models_decision(n: int, size: int, local: int, pattern: str) -> None:
     c = Core(ORQ, pattern=pattern, link_gbps=1.0, fallback=True)
-    want = patterns.decide_why(ORQ, n, 1, size, Pattern(pattern), patterns.EVERY, local, 1.0, True, None)
+    want = decide_why(ORQ, n, 1, size, Pattern(pattern), EVERY, local, 1.0, True, None)
     assert c.decide(n, 1, size, local, None) == want
 
 
@@ -228,14 +228,14 @@ def test_decide_leaves_out_what_the_frontend_cannot_poison() -> None:
     g = GraphCore(raising, link_gbps=0.01)
     assert g.offered() == frozenset({Pattern.GATHER, Pattern.SUMMABLE})
     n = 1 << 22  # large over many ranks on a slow link: the model would take scatter if it could
-    assert patterns.decide(raising, n, 1, 16, Pattern.AUTO, link_gbps=0.01) is Pattern.SCATTER
+    assert decide(raising, n, 1, 16, Pattern.AUTO, link_gbps=0.01) is Pattern.SCATTER
     assert g.decide(n, 1, 16, 1, None)[0] is Pattern.GATHER
     assert Core(raising, link_gbps=0.01).decide(n, 1, 16, 1, None)[0] is Pattern.SCATTER
-    assert GraphCore(ORQ).offered() == patterns.EVERY
+    assert GraphCore(ORQ).offered() == EVERY
 
 
 def test_one_rank_passes_through_where_the_frontend_says_so() -> None:
-    assert OneRankCore(ORQ, pattern="gather").decide(1000, 1, 1, 1, None) == (Pattern.FP32, patterns.ONE_RANK_WHY)
+    assert OneRankCore(ORQ, pattern="gather").decide(1000, 1, 1, 1, None) == (Pattern.FP32, ONE_RANK_WHY)
     assert Core(ORQ, pattern="gather").decide(1000, 1, 1, 1, None)[0] is Pattern.GATHER
 
 
@@ -243,7 +243,7 @@ def test_warm_up_sends_the_first_steps_exact() -> None:
     c = Core("orq:levels=5,warmup=2", pattern="gather")
     for step in (0, 1):
         p, why = c.warm(Pattern.GATHER, "requested", step)
-        assert p is Pattern.FP32 and patterns.why_tag(why) == "warm-up", why
+        assert p is Pattern.FP32 and why_tag(why) == "warm-up", why
         assert f"step {step + 1} of 2, then gather" in why
     assert c.warm(Pattern.GATHER, "requested", 2) == (Pattern.GATHER, "requested")
     for p in (Pattern.FP32, Pattern.FP16):  # Horovod's own reductions have no warm-up

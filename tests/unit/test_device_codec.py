@@ -10,7 +10,7 @@ torch = pytest.importorskip("torch")
 
 from hvd_gradq import GradqError  # noqa: E402
 from hvd_gradq.api import split  # noqa: E402
-from hvd_gradq.frontend import codec  # noqa: E402
+from hvd_gradq.reduce import codec  # noqa: E402
 from hvd_gradq.spec import parse_scheme  # noqa: E402
 from hvd_gradq.torch import device  # noqa: E402
 

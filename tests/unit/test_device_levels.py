@@ -13,8 +13,8 @@ import pytest
 torch = pytest.importorskip("torch")
 
 from hvd_gradq import GradqError  # noqa: E402
-from hvd_gradq.frontend import codec  # noqa: E402
 from hvd_gradq.kernels.search import level_indices  # noqa: E402
+from hvd_gradq.reduce import codec  # noqa: E402
 from hvd_gradq.spec import parse_scheme  # noqa: E402
 from hvd_gradq.torch import device, device_levels  # noqa: E402
 from hvd_gradq.torch.ops import TorchOps  # noqa: E402

@@ -1,5 +1,5 @@
-"""The fp16 fallback of ``pattern=auto`` (frontend/patterns.decide) and the CPU figures it reads
-(frontend/cpu_cost.Figures, measured and agreed by frontend/probe): fp16 exactly where the model
+"""The fp16 fallback of ``pattern=auto`` (plan/decide.decide) and the CPU figures it reads
+(plan/cpu_cost.Figures, measured and agreed by frontend/probe): fp16 exactly where the model
 says the scheme is slower, never with ``fallback=False`` or an explicit pattern, and one decision
 for every rank whatever each measured. Horovod's fp16 time is written out here from its ring
 (2(N-1)/N x 2 bytes an element) and the cast figures given."""
@@ -14,19 +14,11 @@ import pytest
 from hvd_gradq import log
 from hvd_gradq.errors import GradqError, RankMismatchError
 from hvd_gradq.frontend import probe
-from hvd_gradq.frontend.cpu_cost import ADD_NS, CAST, CAST_NS, Figures, ns_per_element
-from hvd_gradq.frontend.patterns import (
-    EVERY,
-    Pattern,
-    choose,
-    cpu_seconds,
-    decide,
-    decide_why,
-    duration,
-    reduced_scheme,
-    seconds,
-)
-from hvd_gradq.frontend.stats import Stats
+from hvd_gradq.plan.cpu_cost import ADD_NS, CAST, CAST_NS, Figures, ns_per_element
+from hvd_gradq.plan.decide import choose, cpu_seconds, decide, decide_why, seconds
+from hvd_gradq.plan.pattern import EVERY, Pattern, duration
+from hvd_gradq.plan.second_phase import reduced_scheme
+from hvd_gradq.reduce.stats import Stats
 from hvd_gradq.spec import parse, parse_scheme
 
 SPECS = ["orq:levels=3", "orq:levels=5", "orq:levels=9", "qsgd:levels=4", "bingrad", "sign", "uniform:bits=4"]

@@ -1,4 +1,4 @@
-"""hvd_gradq/frontend/hosts.py: the cluster facts the ranks compare are the ones ``decide`` reads."""
+"""hvd_gradq/plan/hosts.py: the cluster facts the ranks compare are the ones ``decide`` reads."""
 from __future__ import annotations
 
 import math
@@ -7,8 +7,10 @@ import numpy as np
 import pytest
 
 from hvd_gradq import RankMismatchError
-from hvd_gradq.frontend import codec, hosts
-from hvd_gradq.frontend.patterns import Pattern, decide
+from hvd_gradq.plan import hosts
+from hvd_gradq.plan.decide import decide
+from hvd_gradq.plan.pattern import Pattern
+from hvd_gradq.reduce import handshake
 from hvd_gradq.spec import parse_scheme
 
 
@@ -36,9 +38,9 @@ def test_rates_that_decide_differently_do_not_pass_the_rank_check() -> None:
     assert f"{lo:g}" == f"{hi:g}"  # what the check compared before: the same text
     a, b = hosts.layout(8, 1, lo), hosts.layout(8, 1, hi)
     assert a != b
-    blocks = np.concatenate([codec.config_block("orq|" + a), codec.config_block("orq|" + b)])
+    blocks = np.concatenate([handshake.config_block("orq|" + a), handshake.config_block("orq|" + b)])
     with pytest.raises(RankMismatchError, match=r"ranks \[1\]"):
-        codec.check_config_blocks(blocks)
+        handshake.check_config_blocks(blocks)
 
 
 def test_layout_is_exact_and_stable() -> None:
@@ -48,5 +50,5 @@ def test_layout_is_exact_and_stable() -> None:
         assert float(text.split("link=")[1]) == gbps  # round-trips: the exact value decide uses
     assert hosts.layout(16, 4, 1.0000001) != hosts.layout(16, 4, 1.0000002)
     assert hosts.layout(8, 2, hosts.link_gbps(3.0)) == hosts.layout(8, 2, 3.0)
-    same = np.concatenate([codec.config_block("x" + hosts.layout(8, 2, 0.3))] * 2)
-    codec.check_config_blocks(same)  # equal rates pass
+    same = np.concatenate([handshake.config_block("x" + hosts.layout(8, 2, 0.3))] * 2)
+    handshake.check_config_blocks(same)  # equal rates pass

@@ -1,4 +1,4 @@
-"""hvd_gradq/frontend/names.py: the one rule for collective names and for the seeds of the draws."""
+"""hvd_gradq/reduce/names.py: the one rule for collective names and for the seeds of the draws."""
 from __future__ import annotations
 
 import re
@@ -7,8 +7,8 @@ from pathlib import Path
 
 import numpy as np
 
-from hvd_gradq.frontend import names
-from hvd_gradq.frontend.names import Kind
+from hvd_gradq.reduce import names
+from hvd_gradq.reduce.names import Kind
 from hvd_gradq.xp import NUMPY, step_words, stream_seed
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hvd_gradq"

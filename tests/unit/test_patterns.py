@@ -1,4 +1,4 @@
-"""The pattern and pass-through policy both frontends share (hvd_gradq.frontend.patterns.decide),
+"""The pattern and pass-through policy both frontends share (hvd_gradq.plan.decide.decide),
 against the byte counts written out here from the payload format's sizes."""
 from __future__ import annotations
 
@@ -6,18 +6,8 @@ import pytest
 
 import hvd_gradq
 from hvd_gradq.errors import SpecError
-from hvd_gradq.frontend.patterns import (
-    EVERY,
-    Pattern,
-    choose,
-    cost,
-    cpu_seconds,
-    decide,
-    fp32_cost,
-    hier_cross,
-    parse_pattern,
-    seconds,
-)
+from hvd_gradq.plan.decide import choose, cost, cpu_seconds, decide, fp32_cost, hier_cross, seconds
+from hvd_gradq.plan.pattern import EVERY, Pattern, parse_pattern
 from hvd_gradq.spec import parse_scheme
 
 TF = frozenset({Pattern.GATHER, Pattern.SUMMABLE})
@@ -96,7 +86,7 @@ def test_hierarchical_moves_one_piece_a_rank_across_hosts() -> None:
     """2 hosts x 2 ranks, 16 buckets a piece: each rank owns half the host's sum and sends its
     ORQ-3 payload to the one rank that owns the same half on the other host; the host's link
     carries both owners' payloads, one way each."""
-    from hvd_gradq.frontend.patterns import cost
+    from hvd_gradq.plan.decide import cost
     from hvd_gradq.wire.payload import header_size
 
     orq3 = parse_scheme("orq:levels=3")
@@ -150,7 +140,7 @@ def test_fp32_is_a_decision_not_a_request() -> None:
     ("qsgd:levels=5", 8, 5), ("uniform:bits=2", 4, 3), ("uniform:bits=4", 8, 5), ("uniform:bits=7", 8, 8),
 ])
 def test_scatter_requantizes_the_sum_with_stochastic_uniform(spec: str, nranks: int, bits: int) -> None:
-    from hvd_gradq.frontend.patterns import reduced_scheme
+    from hvd_gradq.plan.second_phase import reduced_scheme
 
     fine = reduced_scheme(parse_scheme(spec), nranks)
     assert fine == parse_scheme(f"uniform:bits={bits},rounding=stochastic")
@@ -158,7 +148,7 @@ def test_scatter_requantizes_the_sum_with_stochastic_uniform(spec: str, nranks: 
 
 
 def test_the_second_phase_keeps_the_first_phases_options() -> None:
-    from hvd_gradq.frontend.patterns import reduced_scheme
+    from hvd_gradq.plan.second_phase import reduced_scheme
 
     spec = "bucket=128,clip=2.5,scales=fp16"  # the policy (ef, warmup, nonfinite) is no scheme's option
     fine = reduced_scheme(parse_scheme(f"orq:levels=5,{spec}"), 8)
@@ -169,13 +159,13 @@ def test_the_second_phase_keeps_the_first_phases_options() -> None:
 
 @pytest.mark.parametrize("spec", ["bingrad", "bingrad:variant=pb", "sign", "topk:ratio=0.1", "terngrad", "fp16"])
 def test_schemes_without_a_finer_form_keep_their_own(spec: str) -> None:
-    from hvd_gradq.frontend.patterns import reduced_scheme
+    from hvd_gradq.plan.second_phase import reduced_scheme
 
     assert reduced_scheme(parse_scheme(spec), 16) == parse_scheme(spec)
 
 
 def test_scatter_cost_counts_the_finer_reduced_chunks() -> None:
-    from hvd_gradq.frontend.patterns import cost
+    from hvd_gradq.plan.decide import cost
     from hvd_gradq.wire.payload import header_size
 
     orq3, fine = parse_scheme("orq:levels=3"), parse_scheme("uniform:bits=3,rounding=stochastic")
@@ -213,7 +203,7 @@ def test_finer_requantization_keeps_the_sums_noise_at_gathers() -> None:
     same = np.mean([mse(orq3, k) for k in range(4)])
     finer = np.mean([mse(orq5, k) for k in range(4)])
     # what the scatter pattern sends now: stochastic uniform-3, no sort
-    from hvd_gradq.frontend.patterns import reduced_scheme
+    from hvd_gradq.plan.second_phase import reduced_scheme
 
     cheap = np.mean([mse(reduced_scheme(orq3, 4), k) for k in range(4)])
     # measured: same ~ 4.2x gather, finer ~ 1.4x, cheap ~ 1.4x; bounds at 3x and 2x leave room for the draws
@@ -227,7 +217,7 @@ def _second_over_first(spec: str, nranks: int, kind: str, seed: int) -> float:
     rank of independent Gaussian or Laplace gradients, written here with NumPy's generators."""
     import numpy as np
 
-    from hvd_gradq.frontend.patterns import reduced_scheme
+    from hvd_gradq.plan.second_phase import reduced_scheme
 
     rng = np.random.default_rng(seed)
     n = 512 * 64
@@ -265,7 +255,7 @@ def test_the_second_phases_weak_spot_is_the_heaviest_tail() -> None:
     1.0-1.1; Gaussian 0.5), never several times more; the coarser schemes stay well below."""
     import numpy as np
 
-    from hvd_gradq.frontend.patterns import reduced_scheme
+    from hvd_gradq.plan.second_phase import reduced_scheme
 
     rng = np.random.default_rng(5)
     n, nranks = 512 * 64, 4

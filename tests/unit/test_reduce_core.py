@@ -12,10 +12,12 @@ import hvd_gradq
 from hvd_gradq import reduce as core
 from hvd_gradq.errors import GradqError, NonFiniteError
 from hvd_gradq.feedback import Memory
-from hvd_gradq.frontend.hosts import Hosts
-from hvd_gradq.frontend.names import words
-from hvd_gradq.frontend.patterns import Pattern, chunk_bounds, reduced_scheme
-from hvd_gradq.frontend.stats import Stats
+from hvd_gradq.plan.hosts import Hosts
+from hvd_gradq.plan.layout import chunk_bounds
+from hvd_gradq.plan.pattern import Pattern
+from hvd_gradq.plan.second_phase import reduced_scheme
+from hvd_gradq.reduce.names import words
+from hvd_gradq.reduce.stats import Stats
 from hvd_gradq.torch.feedback import TensorStore
 from hvd_gradq.torch.ops import TorchOps
 from hvd_gradq.torch.transport import TorchCodec

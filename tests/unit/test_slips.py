@@ -23,7 +23,8 @@ import pytest
 import hvd_gradq
 from hvd_gradq.errors import GradqError, SpecError
 from hvd_gradq.frontend.factory import FRONTEND_ONLY, SCHEME_FACTORIES
-from hvd_gradq.frontend.patterns import REQUESTABLE, Pattern, choose
+from hvd_gradq.plan.decide import choose
+from hvd_gradq.plan.pattern import REQUESTABLE, Pattern
 from hvd_gradq.spec import scheme_class
 
 tf = pytest.importorskip("tensorflow")

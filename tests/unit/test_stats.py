@@ -1,5 +1,5 @@
-"""Telemetry: why each tensor takes its pattern (frontend/patterns.decide_why), the byte and time
-accounting (frontend/stats.py) against the ring-allreduce model written out here, the flat
+"""Telemetry: why each tensor takes its pattern (plan/decide.decide_why), the byte and time
+accounting (reduce/stats.py) against the ring-allreduce model written out here, the flat
 metrics, and the log (hvd_gradq/log.py): one line, on rank 0 only unless asked."""
 from __future__ import annotations
 
@@ -17,19 +17,9 @@ import pytest
 
 import hvd_gradq
 from hvd_gradq import log
-from hvd_gradq.frontend.patterns import (
-    CROSS,
-    EVERY,
-    ONE_RANK_WHY,
-    Pattern,
-    decide,
-    decide_why,
-    duration,
-    seconds,
-    warmup_why,
-    why_tag,
-)
-from hvd_gradq.frontend.stats import Clock, Reports, Stats, flat_metrics, ratio, tally
+from hvd_gradq.plan.decide import decide, decide_why, seconds
+from hvd_gradq.plan.pattern import CROSS, EVERY, ONE_RANK_WHY, Pattern, duration, warmup_why, why_tag
+from hvd_gradq.reduce.stats import Clock, Reports, Stats, flat_metrics, ratio, tally
 from hvd_gradq.spec import parse_scheme
 from hvd_gradq.wire.payload import header_size
 

@@ -128,10 +128,13 @@ def test_no_import_cycle() -> None:
     assert cycle is None, "import cycle in hvd_gradq: " + " -> ".join(cycle or [])
 
 
-#: The lower layers and what each may import (every import counts, those inside functions too):
-#: a scheme is maths on ``xp.Ops`` laid out by ``wire``; the kernels, the spec parser, the policy
-#: and the frontends sit above it. A lower layer that needs something from above offers a slot
-#: the upper one fills (``schemes/searches.py``, filled by ``kernels/search.py``).
+#: Every layer of the package, from the ground up, and what each may import (every import counts,
+#: those inside functions too): a scheme is maths on ``xp.Ops`` laid out by ``wire``; the kernels,
+#: the spec parser and the policy sit above it; the plan (the cost model and what decides) below
+#: the reduction core, which cuts tensors by the plan's layout; the frontends' shared middle
+#: above the core; the command line and the two frameworks' compressors on top. A lower layer
+#: that needs something from above offers a slot the upper one fills (``schemes/searches.py``,
+#: filled by ``kernels/search.py``).
 LAYERS: dict[str, tuple[str, ...]] = {
     "hvd_gradq.errors": (),
     "hvd_gradq.xp": ("hvd_gradq.errors",),
@@ -140,7 +143,22 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "hvd_gradq.feedback": ("hvd_gradq.errors", "hvd_gradq.xp"),
     "hvd_gradq.policy": ("hvd_gradq.errors", "hvd_gradq.feedback", "hvd_gradq.schemes.options"),
     "hvd_gradq.kernels": ("hvd_gradq.errors", "hvd_gradq.xp", "hvd_gradq.wire", "hvd_gradq.schemes"),
+    "hvd_gradq.spec": ("hvd_gradq.errors", "hvd_gradq.feedback", "hvd_gradq.policy", "hvd_gradq.schemes"),
+    "hvd_gradq.api": ("hvd_gradq.errors", "hvd_gradq.xp", "hvd_gradq.wire", "hvd_gradq.schemes",
+                      "hvd_gradq.kernels", "hvd_gradq.spec"),
+    "hvd_gradq.plan": ("hvd_gradq.errors", "hvd_gradq.wire", "hvd_gradq.schemes", "hvd_gradq.policy",
+                       "hvd_gradq.spec"),
+    "hvd_gradq.reduce": ("hvd_gradq.errors", "hvd_gradq.xp", "hvd_gradq.wire", "hvd_gradq.schemes",
+                         "hvd_gradq.feedback", "hvd_gradq.spec", "hvd_gradq.api", "hvd_gradq.plan"),
+    "hvd_gradq.log": ("hvd_gradq.errors", "hvd_gradq.spec", "hvd_gradq.plan", "hvd_gradq.reduce"),
+    "hvd_gradq.frontend": ("hvd_gradq.errors", "hvd_gradq.feedback", "hvd_gradq.schemes", "hvd_gradq.policy",
+                           "hvd_gradq.kernels", "hvd_gradq.spec", "hvd_gradq.api", "hvd_gradq.plan",
+                           "hvd_gradq.reduce", "hvd_gradq.log"),
+    "hvd_gradq.cli": ("hvd_gradq.errors", "hvd_gradq.wire", "hvd_gradq.schemes", "hvd_gradq.kernels",
+                      "hvd_gradq.spec", "hvd_gradq.api", "hvd_gradq.plan", "hvd_gradq.reduce", "hvd_gradq.frontend"),
 }
+#: The two frameworks' compressors: on top, and never importing each other.
+FRONTENDS = ("hvd_gradq.torch", "hvd_gradq.tensorflow")
 
 
 def _under(module: str, prefix: str) -> bool:
@@ -148,9 +166,13 @@ def _under(module: str, prefix: str) -> bool:
 
 
 def layer_violations(graph: dict[str, set[str]]) -> list[str]:
-    """``module -> target`` for each import a lower layer (:data:`LAYERS`) may not make."""
+    """``module -> target`` for each import a layer (:data:`LAYERS`) may not make: upward, or
+    from one framework's compressor into the other's."""
     out = []
-    for layer, allowed in LAYERS.items():
+    rules = dict(LAYERS)
+    for frontend in FRONTENDS:
+        rules[frontend] = tuple(LAYERS)  # every layer below, not the other framework
+    for layer, allowed in rules.items():
         for mod in sorted(m for m in graph if _under(m, layer)):
             for dst in sorted(graph[mod]):
                 if not _under(dst, layer) and not any(_under(dst, a) for a in allowed):
@@ -193,3 +215,35 @@ def test_module_size(path: Path) -> None:
     rel = str(path.relative_to(PKG.parent))
     lines = len(path.read_text().splitlines())
     assert lines <= MAX_LINES, f"{rel} has {lines} lines (> {MAX_LINES}): split it by responsibility"
+
+
+def test_every_module_has_a_layer() -> None:
+    # a new top-level module or package must be placed in LAYERS (or be the package's face)
+    layers = (*LAYERS, *FRONTENDS, "hvd_gradq.__main__")
+    placed = [m for m in import_graph() if m != "hvd_gradq" and not any(_under(m, lay) for lay in layers)]
+    assert placed == [], f"modules outside every layer of LAYERS: {placed}"
+
+
+def listing(graph: dict[str, set[str]]) -> str:
+    """The layers from the top down, the layers each imports, the upward imports and one cycle:
+    ``python tests/unit/test_structure.py`` prints it."""
+    order = [*FRONTENDS, *reversed(list(LAYERS))]
+
+    def layer(m: str) -> str:
+        return next((lay for lay in order if _under(m, lay)), m)
+
+    lines = []
+    for lay in order:
+        mods = [m for m in graph if _under(m, lay)]
+        deps = sorted({layer(d) for m in mods for d in graph[m]} - {lay})
+        lines.append(f"{lay.removeprefix('hvd_gradq.'):<11} {len(mods):>3} modules -> "
+                     + ", ".join(d.removeprefix("hvd_gradq.") for d in deps))
+    upward = layer_violations(graph)
+    cycle = find_cycle(graph)
+    lines.append(f"imports that run upward: {len(upward)}" + "".join(f"\n  {u}" for u in upward))
+    lines.append("cycles: " + (" -> ".join(cycle) if cycle else "0"))
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    print(listing(import_graph()))

@@ -21,7 +21,7 @@ _NAMES = re.compile(r"^_?(un)?pack")
 # Places outside wire/ and kernels/ that still lay bytes, each with what it should call instead.
 # The config handshake block is not a payload. The list may shrink; nothing may be added to it.
 KNOWN = {
-    ("frontend/codec.py", "config_block"),  # the rank handshake's fixed block, not a payload
+    ("reduce/handshake.py", "config_block"),  # the rank handshake's fixed block, not a payload
 }
 
 

@@ -3,7 +3,7 @@
 **Bytes** are what this rank sends and receives (payload sizes as laid on the wire, or the cost
 model's figure where a frontend counts nothing at run time), set against what Horovod would move
 for the same tensors at this world size: its fp32 allreduce and its ``Compression.fp16``, both
-the ring model of :func:`~hvd_gradq.frontend.patterns.ring_cost` (2(N-1)/N x bytes a rank each
+the ring model of :func:`~hvd_gradq.plan.decide.ring_cost` (2(N-1)/N x bytes a rank each
 way). A tensor Horovod reduces itself (``fp32``: tiny, warm-up, one rank) counts as that ring.
 With one rank nothing moves either way, and every ratio is 1.0.
 
@@ -19,7 +19,7 @@ host encode/decode is timed).
 **Steps.** ``last_step`` is the most recent step (complete when read between steps: after
 ``opt.step()``, after a ``tf.function`` call returns); ``total`` everything since construction.
 
-**Per tensor**: the pattern, why (:func:`~hvd_gradq.frontend.patterns.decide_why`), elements,
+**Per tensor**: the pattern, why (:func:`~hvd_gradq.plan.decide.decide_why`), elements,
 ranks and the last step's bytes. :func:`flat_metrics` flattens the last step into numbers for a
 tracker (``wandb.log``, TensorBoard's ``add_scalars``); :class:`Reports` gives both frontends'
 compressors ``stats()`` and ``metrics()``."""
@@ -34,7 +34,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any
 
-from .patterns import fp16_cost, fp32_cost, why_tag
+from ..plan.decide import fp16_cost, fp32_cost
+from ..plan.pattern import why_tag
 
 #: Every kind of time a frontend may measure (:class:`Times`), in the order reports give them.
 KINDS = ("encode", "wait", "decode", "compressor")
@@ -255,7 +256,7 @@ class Reports:
     _telemetry: Any  # the frontend's telemetry object: its summary() is stats()
 
     def stats(self) -> dict[str, Any]:
-        """What compression cost and saved on this rank (:mod:`hvd_gradq.frontend.stats`): bytes
+        """What compression cost and saved on this rank (:mod:`hvd_gradq.reduce.stats`): bytes
         sent and received, last step and in total, by pattern, against what Horovod's fp32 and
         fp16 allreduce would move; seconds encoding, waiting, decoding (and, in PyTorch, inside
         compress/decompress); per tensor the pattern and why."""

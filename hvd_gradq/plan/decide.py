@@ -1,25 +1,4 @@
-"""Communication patterns, and the cost model that picks one for a tensor.
-
-* ``gather``: every rank's payload is allgathered; each rank decodes all N payloads in rank
-  order and sums them. A rank receives (N-1) payloads. Works for every scheme.
-* ``summable``: for schemes whose levels are evenly spaced (``Combine.SUMMABLE``), the ranks
-  first agree on a shared scale per bucket (a max-allreduce of a few floats a bucket); then
-  integer codes add up exactly. Codes are packed ``fields`` to an int32 lane with enough
-  headroom that the sum over N ranks cannot carry into the next field, and summed by an
-  ordinary (ring) allreduce: about 2(N-1)/N lanes a rank, whatever N.
-* ``scatter``: scatter-reduce + allgather. Each rank's tensor is cut into N chunks on bucket
-  boundaries, each chunk compressed on its own; an alltoall hands rank j every rank's chunk j,
-  rank j decodes and sums them, re-compresses the sum (with its own error feedback when ``ef``)
-  and an allgather spreads the N reduced chunks. About 2(N-1)/N payloads a rank, whatever N, at
-  the price of a second quantization of the sum, a cheap unbiased one (:func:`reduced_scheme`:
-  stochastic rounding on evenly spaced levels) fine enough that it adds no more noise than the first.
-* ``hierarchical``: with several ranks a host (``local`` > 1, hosts alike), the way Horovod's
-  hierarchical allreduce splits the work: the host's ranks first reduce-scatter the fp32 tensor
-  among themselves (exact; over loopback or shared memory, never the host's link), each owns
-  1/local of the host's sum and reduces it with the ranks that own the same piece on the other
-  hosts by ``gather`` or ``scatter`` (:func:`hier_cross`), compressed, then hands the result to
-  the host's other ranks. Only 1/local of the tensor a rank crosses hosts, and each host's sum
-  is quantized once, not each rank's gradient.
+"""The cost model, and the decision it makes for a tensor: which pattern, and why.
 
 **Cost.** :func:`cost` is the bytes one host's link carries each way for one tensor, assuming
 Horovod's collectives as they run over Gloo and MPI: allgather and allreduce are rings in rank
@@ -28,83 +7,35 @@ alltoall is pairwise. :func:`seconds` adds what encoding and decoding cost a ran
 (:mod:`.cpu_cost`, a measured table) to that link time at an assumed rate (``link_gbps``,
 default :data:`DEFAULT_LINK_GBPS`; the frontends read ``HVD_GRADQ_LINK_GBPS``). ``auto`` takes
 the fastest pattern by that sum, or Horovod's fp16 where that is faster still (:func:`decide`),
-with the CPU figures the ranks measured at start-up and agreed on (:mod:`.probe`), else the table.
-The choice reads the scheme's declaration (``combine``) and the bytes a rank would move, never
-a scheme's name: a ring allreduce of B bytes sends about 2(N-1)/N x B a rank, an allgather of
-payloads of C bytes receives (N-1) x C, so gather beats an fp32 allreduce while C < 2B/N.
+with the CPU figures the ranks measured at start-up and agreed on
+(:mod:`hvd_gradq.frontend.probe`), else the table. The choice reads the scheme's declaration
+(``combine``) and the bytes a rank would move, never a scheme's name: a ring allreduce of B
+bytes sends about 2(N-1)/N x B a rank, an allgather of payloads of C bytes receives (N-1) x C,
+so gather beats an fp32 allreduce while C < 2B/N.
+
+The hierarchical pattern's cost depends on how its pieces cross hosts, which is itself a choice
+(:func:`hier_cross`): that is why the bytes and the decision share a module.
 """
 
 from __future__ import annotations
 
-import enum
 import functools
 import warnings
 from dataclasses import dataclass
 
 from ..errors import SpecError
-from ..policy import Policy
 from ..schemes.level import EvenLevelScheme
 from ..schemes.options import NonFinite
 from ..schemes.scheme import Combine, Scheme
 from ..spec import Config, as_config
 from ..wire.payload import header_size
 from .cpu_cost import ADD_NS, Figures, cast_ns, figures_for
-from .second_phase import reduced_scheme as reduced_scheme  # the frontends and the simulator import it from here
+from .layout import chunk_bounds, lanes_for
+from .pattern import CROSS, EVERY, HIERARCHICAL_ALONE, REQUESTABLE, Pattern, duration
+from .second_phase import reduced_scheme
 
-
-class Pattern(enum.Enum):
-    AUTO = "auto"
-    GATHER = "gather"
-    SUMMABLE = "summable"
-    SCATTER = "scatter"
-    HIERARCHICAL = "hierarchical"
-    FP32 = "fp32"  # a decision, not a request: Horovod's own allreduce of the tensor, exactly
-    FP16 = "fp16"  # a decision: Horovod's Compression.fp16 (cast, Horovod's allreduce, cast back)
-
-
-REQUESTABLE = (Pattern.AUTO, Pattern.GATHER, Pattern.SUMMABLE, Pattern.SCATTER, Pattern.HIERARCHICAL)
-EVERY = frozenset({Pattern.GATHER, Pattern.SUMMABLE, Pattern.SCATTER, Pattern.HIERARCHICAL})
-CROSS = frozenset({Pattern.GATHER, Pattern.SCATTER})  # how a hierarchical piece crosses hosts
-#: Said once when ``pattern=hierarchical`` cannot run as asked.
-HIERARCHICAL_ALONE = (
-    "pattern=hierarchical needs several hosts with several ranks each (alike, ranks numbered host by host, "
-    "Horovod's global process set); this job is not laid out so (one host, one rank a host, unlike hosts or "
-    "a process set), so each tensor runs as hierarchical's cross-host part alone: gather or scatter, as "
-    "pattern=auto would choose between them. Request gather or scatter to choose yourself")
 #: The link rate the cost model assumes when nobody says (Gbit/s): a common data-centre NIC.
 DEFAULT_LINK_GBPS = 10.0
-
-
-def parse_pattern(value: str | Pattern) -> Pattern:
-    try:
-        p = value if isinstance(value, Pattern) else Pattern(str(value).lower())
-    except ValueError:
-        p = None
-    if p not in REQUESTABLE:
-        raise SpecError(f"pattern={value!r} is not valid; valid: {', '.join(p.value for p in REQUESTABLE)}")
-    assert p is not None
-    return p
-
-
-@dataclass(frozen=True)
-class Lanes:
-    """``fields`` codes of ``field_bits`` bits in each int32 lane (31 bits used: no sign)."""
-
-    field_bits: int
-    fields: int
-
-    def lanes(self, n: int) -> int:
-        return -(-n // self.fields)
-
-
-def lanes_for(symbols: int, nranks: int) -> Lanes:
-    """The lane layout for codes in [0, symbols) summed over ``nranks`` ranks."""
-    top = (symbols - 1) * nranks
-    fb = max(1, top.bit_length())
-    if fb > 31:
-        raise SpecError(f"{symbols} symbols summed over {nranks} ranks do not fit a 31-bit lane; use pattern=gather")
-    return Lanes(fb, 31 // fb)
-
 
 @dataclass(frozen=True)
 class Cost:
@@ -113,23 +44,19 @@ class Cost:
     sent: int
     received: int
 
-
 def ring_cost(n: int, nranks: int, itemsize: int) -> Cost:
     """What a ring allreduce of ``n`` elements of ``itemsize`` bytes moves a rank: 2(N-1)/N *
     itemsize * n each way (Horovod's allreduce over Gloo, MPI and NCCL)."""
     b = round(2 * (nranks - 1) / nranks * itemsize * n)
     return Cost(b, b)
 
-
 def fp32_cost(n: int, nranks: int) -> Cost:
     """What a ring allreduce of the uncompressed fp32 tensor moves: 2(N-1)/N * 4n each way."""
     return ring_cost(n, nranks, 4)
 
-
 def fp16_cost(n: int, nranks: int) -> Cost:
     """What Horovod's ``Compression.fp16`` moves: the same ring at 2 bytes an element."""
     return ring_cost(n, nranks, 2)
-
 
 @functools.lru_cache(maxsize=8192)
 def cost(scheme: Scheme, n: int, shape_ndim: int, nranks: int, pattern: Pattern, local: int = 1,
@@ -167,7 +94,6 @@ def cost(scheme: Scheme, n: int, shape_ndim: int, nranks: int, pattern: Pattern,
         return Cost(sum(c.sent for c in parts), sum(c.received for c in parts))
     raise ValueError(pattern)
 
-
 def cpu_seconds(scheme: Scheme, n: int, nranks: int, pattern: Pattern, local: int = 1,
                 link_gbps: float = DEFAULT_LINK_GBPS, figures: Figures | None = None) -> float:
     """What encoding, decoding and summing cost one rank for one tensor (``figures``, else the table)."""
@@ -192,7 +118,6 @@ def cpu_seconds(scheme: Scheme, n: int, nranks: int, pattern: Pattern, local: in
         ns = 0.0
     return ns * 1e-9
 
-
 def seconds(scheme: Scheme, n: int, shape_ndim: int, nranks: int, pattern: Pattern, local: int = 1,
             link_gbps: float = DEFAULT_LINK_GBPS, figures: Figures | None = None) -> float:
     """The model's time for one tensor: the busier direction of the host's link at ``link_gbps``
@@ -203,7 +128,6 @@ def seconds(scheme: Scheme, n: int, shape_ndim: int, nranks: int, pattern: Patte
     cpu = cpu_seconds(scheme, n, nranks, pattern, local, link_gbps, figures)
     return max(c.sent, c.received) * 8 / (link_gbps * 1e9) + cpu
 
-
 @functools.lru_cache(maxsize=4096)
 def hier_cross(scheme: Scheme, n: int, nranks: int, local: int, link_gbps: float = DEFAULT_LINK_GBPS) -> Pattern:
     """How the hierarchical pattern reduces a host's piece among the hosts: ``gather`` or
@@ -212,18 +136,6 @@ def hier_cross(scheme: Scheme, n: int, nranks: int, local: int, link_gbps: float
     if hosts <= 1:
         return Pattern.GATHER
     return choose(scheme, -(-n // local), 1, hosts, Pattern.AUTO, CROSS, 1, link_gbps)
-
-
-def chunk_bounds(n: int, bucket: int, nranks: int) -> list[tuple[int, int]]:
-    """[lo, hi) element ranges of the N chunks of the scatter pattern, on bucket boundaries."""
-    nb = -(-n // bucket)
-    out = []
-    for j in range(nranks):
-        lo = min(n, (j * nb // nranks) * bucket)
-        hi = min(n, ((j + 1) * nb // nranks) * bucket)
-        out.append((lo, hi))
-    return out
-
 
 @functools.lru_cache(maxsize=8192)
 def choose(
@@ -237,7 +149,6 @@ def choose(
     several ranks a host; with one it is its cross-host part, which is then all of it.
     (:func:`choose_why` also says why.)"""
     return choose_why(scheme, n, shape_ndim, nranks, requested, offered, local, link_gbps, figures)[0]
-
 
 @functools.lru_cache(maxsize=8192)
 def choose_why(
@@ -291,14 +202,6 @@ def choose_why(
         why += f"; {', '.join(others)} would move no less than fp32 allreduce"
     return best, why
 
-
-def duration(seconds: float) -> str:
-    """A time, short: ``1.8 ms``, ``42 us``, ``21.2 s``."""
-    if seconds >= 1.0:
-        return f"{seconds:.3g} s"
-    return f"{seconds * 1e3:.3g} ms" if seconds >= 1e-3 else f"{seconds * 1e6:.3g} us"
-
-
 @functools.lru_cache(maxsize=8192)
 def decide(
     scheme: Config | Scheme, n: int, shape_ndim: int, nranks: int, requested: Pattern,
@@ -325,7 +228,6 @@ def decide(
     ranks, :mod:`.probe`), so every rank decides alike; None: the table (:mod:`.cpu_table`).
     """
     return decide_why(scheme, n, shape_ndim, nranks, requested, offered, local, link_gbps, fallback, figures)[0]
-
 
 @functools.lru_cache(maxsize=8192)
 def decide_why(
@@ -360,26 +262,3 @@ def decide_why(
             return Pattern.FP16, (f"fallback: modelled {p.value} {duration(mine)} vs fp16 {duration(fp16)} "
                                   f"at {link_gbps:g} Gbit/s")
     return p, why
-
-
-#: Why a tensor reduced over one rank is not compressed (the PyTorch frontend's pass-through).
-ONE_RANK_WHY = "one rank: nothing to exchange, Horovod's allreduce passes it through"
-
-
-def warmup_why(policy: Policy, step: int, then: Pattern) -> str:
-    """Why a tensor's ``step`` (0-based) goes fp32: the warm-up (:func:`in_warmup`), and what follows."""
-    return f"warm-up: step {step + 1} of {policy.warmup}, then {then.value}"
-
-
-def why_tag(why: str) -> str:
-    """The tag of a reason of :func:`decide_why`: ``auto``, ``no saving``, ``warm-up``..."""
-    return why.split(":", 1)[0]
-
-
-def in_warmup(policy: Policy, step: int) -> bool:
-    """Whether a tensor's ``step`` (0-based, counted per tensor) is still in the policy's
-    ``warmup``: sent as Horovod's exact fp32 allreduce, as PowerSGD's ``start_powerSGD_iter``
-    does, because the first steps of training (large, fast-changing gradients, momentum and
-    Adam statistics still forming) are where quantization noise costs the most accuracy for
-    the fewest bytes saved. Error feedback neither reads nor writes residuals during warm-up."""
-    return step < policy.warmup

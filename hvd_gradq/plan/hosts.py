@@ -1,5 +1,5 @@
 """Where ranks sit on hosts, and the link rate the cost model assumes: what the hierarchical
-pattern and :func:`hvd_gradq.frontend.patterns.decide` need to know about the cluster.
+pattern and :func:`hvd_gradq.plan.decide.decide` need to know about the cluster.
 
 Horovod numbers ranks host by host (``horovodrun -H a:4,b:4``: ranks 0-3 on ``a``), and its own
 hierarchical allreduce needs every host to run as many ranks (``hvd.is_homogeneous()``). Both are
@@ -15,7 +15,7 @@ import os
 from dataclasses import dataclass
 
 from ..errors import GradqError
-from .patterns import DEFAULT_LINK_GBPS
+from .decide import DEFAULT_LINK_GBPS
 
 LINK_ENV = "HVD_GRADQ_LINK_GBPS"
 
@@ -61,7 +61,7 @@ def ranks_per_host(size: int, rank: int, local_size: int, local_rank: int, cross
 
 
 def layout(nranks: int, local: int, link_gbps: float, fallback: bool = False) -> str:
-    """The cluster facts :func:`~hvd_gradq.frontend.patterns.decide` reads (and the compressor's
+    """The cluster facts :func:`~hvd_gradq.plan.decide.decide` reads (and the compressor's
     ``fallback``, which it reads too), as the text both frontends add to the configuration the
     ranks compare at their first step. The link rate is
     written exactly (``repr`` round-trips a float): rates that differ in the 7th digit pass a
@@ -72,7 +72,7 @@ def layout(nranks: int, local: int, link_gbps: float, fallback: bool = False) ->
 
 def link_gbps(value: float | None = None) -> float:
     """The link rate for the cost model: ``value``, else ``HVD_GRADQ_LINK_GBPS``, else
-    :data:`~hvd_gradq.frontend.patterns.DEFAULT_LINK_GBPS` (Gbit/s)."""
+    :data:`~hvd_gradq.plan.decide.DEFAULT_LINK_GBPS` (Gbit/s)."""
     source = "link_gbps"
     if value is None:
         raw = os.environ.get(LINK_ENV)

@@ -9,15 +9,18 @@ from __future__ import annotations
 
 from ..schemes.scheme import Scheme
 from ..wire.payload import header_size
+from .decide import Cost, cost, fp16_cost, fp32_cost, hier_cross
 from .hosts import Hosts
-from .patterns import Cost, Pattern, chunk_bounds, cost, fp16_cost, fp32_cost, hier_cross, reduced_scheme
+from .layout import chunk_bounds
+from .pattern import Pattern
+from .second_phase import reduced_scheme
 
 
 def rank_cost(scheme: Scheme, n: int, ndim: int, size: int, local: int, rank: int, pattern: Pattern | None,
               link_gbps: float) -> Cost:
     """What this rank sends and receives per step, for ``stats()``: hierarchical, the payloads of
     its own piece that cross hosts (exact, from the payload sizes, as PyTorch counts them);
-    the other patterns, :func:`~hvd_gradq.frontend.patterns.cost`."""
+    the other patterns, :func:`~hvd_gradq.plan.decide.cost`."""
     if size <= 1 or pattern is None:
         return fp32_cost(n, size)
     if pattern is Pattern.FP16:  # the cost model's fallback: Horovod's fp16 ring

@@ -1,0 +1,61 @@
+"""The host codec the reduction core's patterns and the frontends share: a flat float32 array to
+wire bytes and its own decoded values, and a gathered buffer back to its decoded sum (NumPy; the
+compiled kernels of :mod:`hvd_gradq.kernels` where they are available). A gathered poison raises
+the stop protocol's error (:mod:`.stop`)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from ..api import Payload, dequantize, quantize, split
+from ..errors import RankMismatchError
+from ..schemes.scheme import Scheme
+from ..spec import Config
+from ..xp import Seed
+from .stop import stopped, stops_in
+
+
+def encode(scheme: Scheme | Config, x: NDArray[Any], seed: Seed,
+           name: str) -> tuple[NDArray[np.uint8], NDArray[np.float32]]:
+    """Payload bytes of flat float32 ``x`` and this rank's own decoded values (for EF and for
+    summing without decoding one's own payload twice); a config's ``nonfinite`` applies."""
+    p = quantize(x, scheme, seed=seed, name=name)
+    own = dequantize(p).astype(np.float32, copy=False).reshape(-1)
+    return p.to_array(), own
+
+def split_checked(buf: NDArray[np.uint8], name: str, ranks: Sequence[int] | None = None) -> list[Payload]:
+    """The payloads of a gathered buffer, all of one size: a poison (:func:`poison`) raises the
+    error of :func:`stopped` naming the ranks that sent one (``ranks[i]`` is the rank of the
+    i-th payload; by default i), other sizes a model that differs (RankMismatchError)."""
+    peers = stops_in(buf, ranks)
+    if peers:
+        raise stopped(name, peers)
+    payloads = split(buf)
+    sizes = {p.n for p in payloads}
+    if len(sizes) > 1:
+        raise RankMismatchError(
+            f"{name}: ranks sent payloads of {sorted(sizes)} elements; the model differs across ranks"
+        )
+    return payloads
+
+def decode_sum(
+    buf: NDArray[np.uint8], own_rank: int, own: NDArray[np.float32] | None, name: str = "tensor",
+    ranks: Sequence[int] | None = None,
+) -> tuple[NDArray[np.float32], int]:
+    """Sum of every payload in a gathered buffer, in rank order; returns (sum, payload count).
+
+    ``own`` (this rank's decoded payload) is used in place of decoding it again: decoding is
+    deterministic, so the result is the same bits on every rank. ``ranks``: as in
+    :func:`split_checked`, for the errors.
+    """
+    payloads = split_checked(buf, name, ranks)
+    total: NDArray[np.float32] | None = None
+    for r, p in enumerate(payloads):
+        v = own if (r == own_rank and own is not None) else dequantize(p).astype(np.float32, copy=False).reshape(-1)
+        total = v.copy() if total is None else total + v
+    assert total is not None
+    return total, len(payloads)
