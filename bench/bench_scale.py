@@ -186,7 +186,7 @@ def library_model(spec: str, requested: str, nranks: int, local: int) -> dict[st
     used: dict[str, int] = {}
     for shape in shapes():
         n, nd = _numel(shape), len(shape)
-        p = decide(scheme, n, nd, nranks, Pattern(requested), **_kw(decide, local))
+        p = decide(scheme, n, nd, nranks, Pattern(requested), **_kw(decide, local)).pattern
         s, r = _cost_per_host(spec, n, nd, nranks, local, p)
         sent += s
         recv += r
@@ -214,7 +214,7 @@ def wire_model(spec: str, requested: str, nranks: int, local: int, host: int) ->
     sent = recv = 0
     for shape in shapes():
         n, nd = _numel(shape), len(shape)
-        p = decide(scheme, n, nd, nranks, Pattern(requested), **_kw(decide, local))
+        p = decide(scheme, n, nd, nranks, Pattern(requested), **_kw(decide, local)).pattern
         if p is Pattern.FP32:
             s = r = ring_edge(4 * n, nranks)
         elif p is Pattern.SUMMABLE:

@@ -49,7 +49,7 @@ class EF21(SimReducer):
         shape, n, w = grads[0].shape, grads[0].numel(), self.workers
         flat = [g.detach().reshape(-1).to(torch.float32) for g in grads]
         assert isinstance(self.scheme, Scheme)
-        if decide(self.scheme, n, len(shape), w, Pattern.GATHER) is Pattern.FP32:
+        if decide(self.scheme, n, len(shape), w, Pattern.GATHER).pattern is Pattern.FP32:
             return self._plain(name, flat, shape, fp16=False)
         step = self.steps.get(name, 0)
         self.steps[name] = step + 1

@@ -75,7 +75,7 @@ def host_bytes(spec: str, shapes: list[tuple[int, ...]], nranks: int, per_host: 
     total, secs, used = 0, 0.0, {}
     for shape in shapes:
         n, nd = numel(shape), len(shape)
-        p = decide(scheme, n, nd, nranks, pattern, EVERY, local, gbps, fallback=False)  # the scheme's own bytes
+        p = decide(scheme, n, nd, nranks, pattern, EVERY, local, gbps, fallback=False).pattern  # the scheme's own bytes
         c = fp32_cost(n, nranks) if p is Pattern.FP32 else cost(scheme, n, nd, nranks, p, local, gbps)
         total += max(c.sent, c.received)
         secs += seconds(scheme, n, nd, nranks, p, local, gbps)

@@ -34,8 +34,8 @@ from hvd_gradq.reduce.names import words
 from hvd_gradq.reduce.stats import Stats
 from hvd_gradq.schemes.scheme import Scheme
 from hvd_gradq.spec import Config, as_config
-from hvd_gradq.torch.feedback import TensorStore
 from hvd_gradq.torch.ops import TorchOps
+from hvd_gradq.torch.store import TensorStore
 from hvd_gradq.torch.transport import TorchCodec
 
 _CPU = TorchOps("cpu")
@@ -87,7 +87,8 @@ class SimReducer:
             return self._plain(name, flat, shape)
         assert isinstance(self.scheme, Scheme) and self.config is not None
         step = self.steps.get(name, 0)
-        pattern = decide(self.config, n, len(shape), w, self.pattern)
+        choice = decide(self.config, n, len(shape), w, self.pattern)
+        pattern = choice.pattern
         if pattern is not Pattern.FP32:
             self.steps[name] = step + 1
             if in_warmup(self.policy, step):
@@ -98,13 +99,11 @@ class SimReducer:
         if self.policy.ef:
             flat = [m.compensate(name, x) for m, x in zip(self.memory, flat)]
         codec = _SharedSums()
-        make = {Pattern.GATHER: core.gather, Pattern.SCATTER: core.scatter,
-                Pattern.SUMMABLE: lambda red, part, x: core.summable(red, part, x, _CPU)}[pattern]
         gens = []
         for r, x in enumerate(flat):
             red = core.Reduction(self.config, self.seed, r, self.memory[r], self.stats[r], _CPU)
             self.stats[r].decide(name, pattern.value, "", n, w)
-            gens.append(make(red, core.Part(name, step, core.Group(r, w), codec), x))
+            gens.append(core.phases(choice, red, core.Part(name, step, core.Group(r, w), codec), x, _CPU))
         total = core.lockstep(_CPU, gens)[0]
         self._count(pattern.value, self.stats[0].tensors[name].sent)
         return (total / w).reshape(shape)

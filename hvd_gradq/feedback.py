@@ -14,8 +14,8 @@ the one owner rule is :func:`keeps_owner_residuals`: with error feedback, every 
 Checkpoints keep them all.
 
 **Where residuals live** is the frontend's :class:`Store`: a dict of tensors in PyTorch
-(:class:`hvd_gradq.torch.feedback.TensorStore`), one ``tf.Variable`` per gradient in TensorFlow
-(:class:`hvd_gradq.tensorflow.state.SlotStore`, which also remembers which rank's residual a
+(:class:`hvd_gradq.torch.store.TensorStore`), one ``tf.Variable`` per gradient in TensorFlow
+(:class:`hvd_gradq.tensorflow.store.SlotStore`, which also remembers which rank's residual a
 restored variable holds and reads another rank's as zero).
 
 **Mixed precision.** With a loss scale S (``GradScaler``, ``LossScaleOptimizer``) the gradients

@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GradqError
-from ..plan.decide import cost, decide_why, fp16_cost, fp32_cost, seconds
+from ..plan.decide import cost, decide, fp16_cost, fp32_cost, seconds
 from ..plan.pattern import Pattern
 from ..spec import parse
 from . import study
@@ -106,7 +106,7 @@ def model(spec: str, tensors: list[tuple[int, int]], ranks: int, local: int, gbp
     total_b, total_s = 0, 0.0
     patterns: dict[str, int] = {}
     for n, ndim in tensors:
-        p, _ = decide_why(config, n, ndim, ranks, Pattern.AUTO, local=local, link_gbps=gbps)
+        p = decide(config, n, ndim, ranks, Pattern.AUTO, local=local, link_gbps=gbps).pattern
         c = (fp32_cost(n, ranks) if p is Pattern.FP32 else fp16_cost(n, ranks) if p is Pattern.FP16
              else cost(scheme, n, ndim, ranks, p, local, gbps))
         total_b += max(c.sent, c.received)

@@ -12,7 +12,7 @@ from __future__ import annotations
 import argparse
 
 from ..errors import SpecError
-from ..plan.decide import choose, decide_why
+from ..plan.decide import choose, decide
 from ..plan.pattern import REQUESTABLE, Pattern
 from ..schemes.options import NonFinite
 from ..spec import parse
@@ -60,7 +60,8 @@ def run(args: argparse.Namespace) -> int:
         note = "" if got is p else f" (runs as {got.value})"
         where = " with 2 ranks a host" if local == 2 else ""
         print(f"  {p.value:13s} ok{where}{note}")
-    got, why = decide_why(config, n, 1, args.ranks, Pattern.AUTO, link_gbps=args.link_gbps)
+    choice = decide(config, n, 1, args.ranks, Pattern.AUTO, link_gbps=args.link_gbps)
+    got, why = choice.pattern, choice.why
     print(f"  {'auto':13s} {got.value} at {args.link_gbps:g} Gbit/s for {n:,} elements ({why})")
     if policy.nonfinite is NonFinite.SKIP:
         print("frontends   nonfinite=skip is PyTorch only (hvd_gradq.tensorflow refuses it)")

@@ -13,7 +13,7 @@ tracing and call-site reading, and hands everything else here, so that the two c
 * **the handshake** (:meth:`~CompressorCore.handshake`): once a process set, the configuration
   and cluster layout compared across its ranks, and the CPU figures the cost model prices with
   agreed (:mod:`.probe`), through the frontend's allgather;
-* **the decision** (:meth:`~CompressorCore.decide`, :func:`.patterns.decide_why`) and the
+* **the decision** (:meth:`~CompressorCore.decide`, :func:`hvd_gradq.plan.decide.decide`) and the
   **warm-up** (:meth:`~CompressorCore.warm` at a known step, :meth:`~CompressorCore.warm_note`
   where a graph picks the step at run time);
 * **Horovod's final scaling** (:func:`final_scale`) and **the process set** a reduction runs on
@@ -39,7 +39,7 @@ from .. import log
 from ..errors import GradqError
 from ..plan import hosts
 from ..plan.cpu_cost import Figures
-from ..plan.decide import choose, decide_why
+from ..plan.decide import Choice, choose, decide
 from ..plan.pattern import EVERY, ONE_RANK_WHY, REQUESTABLE, Pattern, in_warmup, parse_pattern, warmup_why
 from ..policy import Policy
 from ..reduce import handshake, stop
@@ -240,27 +240,27 @@ class CompressorCore(Reports):
         """The patterns ``auto`` may take: all but those this frontend cannot run with this policy."""
         return EVERY - self.UNPOISONABLE if stop.stops_on_values(self.settings) else EVERY
 
-    def decide(self, n: int, ndim: int, size: int, local: int, figures: Figures | None) -> tuple[Pattern, str]:
+    def decide(self, n: int, ndim: int, size: int, local: int, figures: Figures | None) -> Choice:
         """How a tensor of ``n`` elements (``ndim`` dimensions) is reduced over ``size`` ranks,
-        ``local`` a host, and why (:func:`~.patterns.decide_why` with this compressor's options
-        and ``figures``, the CPU figures its ranks agreed on: :meth:`agreed`); before warm-up."""
+        ``local`` a host, and why (:func:`hvd_gradq.plan.decide.decide` with this compressor's
+        options and ``figures``, the CPU figures its ranks agreed on: :meth:`agreed`); before warm-up."""
         if size == 1 and self.PASSES_ONE_RANK:
-            return Pattern.FP32, ONE_RANK_WHY
-        return decide_why(self.settings, n, ndim, size, self.pattern, self.offered(), local, self.link_gbps,
-                          self.fallback, figures)
+            return Choice(Pattern.FP32, ONE_RANK_WHY)
+        return decide(self.settings, n, ndim, size, self.pattern, self.offered(), local, self.link_gbps,
+                      self.fallback, figures)
 
-    def warm(self, pattern: Pattern, why: str, step: int) -> tuple[Pattern, str]:
+    def warm(self, choice: Choice, step: int) -> Choice:
         """A decision at a tensor's ``step`` (0-based, counted while it compresses): Horovod's
-        exact fp32 during the policy's warm-up (:func:`~.patterns.in_warmup`), else as decided."""
-        if compresses(pattern) and in_warmup(self.policy, step):
-            return Pattern.FP32, warmup_why(self.policy, step, pattern)
-        return pattern, why
+        exact fp32 during the policy's warm-up (:func:`hvd_gradq.plan.pattern.in_warmup`), else as decided."""
+        if compresses(choice.pattern) and in_warmup(self.policy, step):
+            return Choice(Pattern.FP32, warmup_why(self.policy, step, choice.pattern))
+        return choice
 
-    def warm_note(self, pattern: Pattern | None, why: str) -> str:
+    def warm_note(self, choice: Choice) -> str:
         """The reason of a decision whose warm-up a graph picks at run time (TensorFlow's
         ``tf.cond`` on the step counter): it says once that the first steps go fp32."""
-        k = self.policy.warmup
-        if compresses(pattern) and k > 0:
+        k, why = self.policy.warmup, choice.why
+        if compresses(choice.pattern) and k > 0:
             why += f"; the first {k} step{'s' if k > 1 else ''} fp32 (warm-up)"
         return why
 

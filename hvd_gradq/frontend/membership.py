@@ -17,6 +17,7 @@ import ctypes
 from typing import Any, NamedTuple
 
 from ..errors import GradqError
+from ..plan.hosts import ranks_per_host
 
 
 class Membership(NamedTuple):
@@ -39,3 +40,14 @@ def membership(basics: Any, process_set: Any) -> Membership:
     if rank < 0:
         basics._process_set_rank(int(pid))  # raises Horovod's own message for the other codes
     return Membership(True, rank, int(size))
+
+
+def ranks_a_host(horovod: Any, basics: Any, process_set: Any) -> int:
+    """Ranks a host for the hierarchical pattern and the cost model over ``process_set``, asked of
+    one framework's Horovod module (``horovod.torch``, ``horovod.tensorflow``) and its ``basics``
+    (:func:`hvd_gradq.plan.hosts.ranks_per_host`: several alike hosts, ranks numbered host by
+    host); 1 for any process set but the global one, whose ranks may sit anywhere."""
+    if process_set.process_set_id != horovod.global_process_set.process_set_id:
+        return 1
+    return ranks_per_host(horovod.size(), horovod.rank(), horovod.local_size(), horovod.local_rank(),
+                          horovod.cross_rank(), bool(basics.is_homogeneous()))

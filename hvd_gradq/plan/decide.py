@@ -155,7 +155,7 @@ def choose_why(
     scheme: Scheme, n: int, shape_ndim: int, nranks: int, requested: Pattern, offered: frozenset[Pattern] = EVERY,
     local: int = 1, link_gbps: float = DEFAULT_LINK_GBPS, figures: Figures | None = None,
 ) -> tuple[Pattern, str]:
-    """:func:`choose`'s pattern and the reason for it, as :func:`decide_why` words it."""
+    """:func:`choose`'s pattern and the reason for it, as :func:`decide` words it."""
     can_sum = scheme.combine is Combine.SUMMABLE and isinstance(scheme, EvenLevelScheme)
     if requested is Pattern.SUMMABLE:
         if not can_sum:
@@ -202,12 +202,24 @@ def choose_why(
         why += f"; {', '.join(others)} would move no less than fp32 allreduce"
     return best, why
 
+@dataclass(frozen=True)
+class Choice:
+    """How one tensor is reduced, whole: the pattern, how a hierarchical pattern's pieces cross
+    hosts (``cross``: gather or scatter; gather for every other pattern, where it means nothing),
+    and why (:attr:`why`, a tagged reason: :func:`decide`). Every driver takes the pattern's phases
+    from the reduction core's table by :attr:`pattern` and hands them the whole choice."""
+
+    pattern: Pattern
+    why: str
+    cross: Pattern = Pattern.GATHER
+
+
 @functools.lru_cache(maxsize=8192)
 def decide(
     scheme: Config | Scheme, n: int, shape_ndim: int, nranks: int, requested: Pattern,
     offered: frozenset[Pattern] = EVERY, local: int = 1, link_gbps: float = DEFAULT_LINK_GBPS,
     fallback: bool = False, figures: Figures | None = None,
-) -> Pattern:
+) -> Choice:
     """The pattern and pass-through policy, for both frontends (as PyTorch's ``_should_compress``
     decides for its DDP hooks): how one tensor of ``n`` elements is reduced over ``nranks`` ranks,
     ``local`` of them a host, on links of ``link_gbps``.
@@ -223,27 +235,23 @@ def decide(
       rank's payload on its own, which a shared-scale sum or a host's sum cannot carry.
 
     A frontend's one-rank reductions are its own call (PyTorch passes them through exactly;
-    TensorFlow's single-process runs compress, which its unit tests rely on). :func:`decide_why`
-    gives the reason too. ``figures``: the CPU figures every rank agreed on (the maximum over
-    ranks, :mod:`.probe`), so every rank decides alike; None: the table (:mod:`.cpu_table`).
-    """
-    return decide_why(scheme, n, shape_ndim, nranks, requested, offered, local, link_gbps, fallback, figures)[0]
+    TensorFlow's single-process runs compress, which its unit tests rely on). ``figures``: the CPU
+    figures every rank agreed on (the maximum over ranks, :mod:`hvd_gradq.frontend.probe`), so
+    every rank decides alike; None: the table (:mod:`.cpu_table`). ``scheme``: a config (its
+    policy's ``nonfinite`` counts), or a scheme with its default policy.
 
-@functools.lru_cache(maxsize=8192)
-def decide_why(
-    scheme: Config | Scheme, n: int, shape_ndim: int, nranks: int, requested: Pattern,
-    offered: frozenset[Pattern] = EVERY, local: int = 1, link_gbps: float = DEFAULT_LINK_GBPS,
-    fallback: bool = False, figures: Figures | None = None,
-) -> tuple[Pattern, str]:
-    """:func:`decide`'s pattern and why, one line for ``stats()`` and the log (:mod:`.stats`). The
-    reason starts with a tag, the text before its first ``:`` (:func:`why_tag`): ``requested``;
-    ``auto`` (the modelled times at the link rate, fastest first; patterns left out for moving
-    no less than fp32); ``no saving`` (fp32: the chosen pattern's bytes against an fp32 ring
+    **Why** (:attr:`Choice.why`, one line for ``stats()`` and the log): a reason that starts with
+    a tag, the text before its first ``:`` (:func:`.pattern.why_tag`): ``requested``; ``auto``
+    (the modelled times at the link rate, fastest first; patterns left out for moving no less
+    than fp32); ``no saving`` (fp32: the chosen pattern's bytes against an fp32 ring
     allreduce's); ``fallback`` (fp16: the chosen pattern's modelled time against fp16's);
-    ``nonfinite=skip``; ``one rank a host`` (hierarchical asked for with one rank a
-    host); and, from the frontends, ``warm-up`` (:func:`warmup_why`) and ``one rank``
-    (:data:`ONE_RANK_WHY`). ``scheme``: a config (its policy's ``nonfinite`` counts), or a scheme
-    with its default policy."""
+    ``nonfinite=skip``; ``one rank a host`` (hierarchical asked for with one rank a host); and,
+    from the frontends, ``warm-up`` (:func:`.pattern.warmup_why`) and ``one rank``
+    (:data:`.pattern.ONE_RANK_WHY`).
+
+    **Cross.** A hierarchical choice carries how its pieces cross hosts (:func:`hier_cross`), so
+    that no driver computes it again.
+    """
     nonfinite = as_config(scheme).policy.nonfinite
     scheme = as_config(scheme).scheme
     p, why = choose_why(scheme, n, shape_ndim, nranks, requested, offered, local, link_gbps, figures)
@@ -251,14 +259,17 @@ def decide_why(
         moved = cost(scheme, n, shape_ndim, nranks, p, local, link_gbps).received
         fp32 = fp32_cost(n, nranks).received
         if moved >= fp32:
-            return Pattern.FP32, (f"no saving: {p.value} would move {moved} B a rank, fp32 allreduce {fp32} B "
-                                  f"({n} elements)")
+            return Choice(Pattern.FP32, f"no saving: {p.value} would move {moved} B a rank, fp32 allreduce {fp32} B "
+                                        f"({n} elements)")
     if p in (Pattern.SUMMABLE, Pattern.HIERARCHICAL) and nonfinite is NonFinite.SKIP:
-        return Pattern.GATHER, f"nonfinite=skip: a rank's uncompressed tensor cannot join a {p.value} sum, so gather"
+        return Choice(Pattern.GATHER,
+                      f"nonfinite=skip: a rank's uncompressed tensor cannot join a {p.value} sum, so gather")
     if fallback and requested is Pattern.AUTO and nranks > 1 and nonfinite is NonFinite.PROPAGATE:
         mine = seconds(scheme, n, shape_ndim, nranks, p, local, link_gbps, figures)
         fp16 = seconds(scheme, n, shape_ndim, nranks, Pattern.FP16, local, link_gbps, figures)
         if mine > fp16:
-            return Pattern.FP16, (f"fallback: modelled {p.value} {duration(mine)} vs fp16 {duration(fp16)} "
-                                  f"at {link_gbps:g} Gbit/s")
-    return p, why
+            return Choice(Pattern.FP16, f"fallback: modelled {p.value} {duration(mine)} vs fp16 {duration(fp16)} "
+                                        f"at {link_gbps:g} Gbit/s")
+    if p is Pattern.HIERARCHICAL:
+        return Choice(p, why, hier_cross(scheme, n, nranks, local, link_gbps))
+    return Choice(p, why)

@@ -76,7 +76,7 @@ def warmup_why(policy: Policy, step: int, then: Pattern) -> str:
     return f"warm-up: step {step + 1} of {policy.warmup}, then {then.value}"
 
 def why_tag(why: str) -> str:
-    """The tag of a reason of :func:`decide_why`: ``auto``, ``no saving``, ``warm-up``..."""
+    """The tag of a reason of :func:`hvd_gradq.plan.decide.decide`: ``auto``, ``no saving``, ``warm-up``..."""
     return why.split(":", 1)[0]
 
 def in_warmup(policy: Policy, step: int) -> bool:

@@ -153,12 +153,15 @@ def join(ops: Ops, parts: Sequence[Any]) -> Any:
 @dataclass(frozen=True)
 class Group:
     """The ranks a tensor is reduced over: this rank's place, their count, the collectives'
-    scope (:func:`hvd_gradq.reduce.names.collective`) and the ranks a host."""
+    scope (:func:`hvd_gradq.reduce.names.collective`: ranks of two process sets never share a
+    name), the ranks a host (the hierarchical pattern and the cost model: :mod:`hvd_gradq.plan.hosts`)
+    and the frontend's handle of the process set its collectives run on (None in the loopback)."""
 
     rank: int
     size: int
     key: str = ""
     local: int = 1
+    process_set: Any = None
 
 
 class Graph(Protocol):

@@ -19,7 +19,7 @@ host encode/decode is timed).
 **Steps.** ``last_step`` is the most recent step (complete when read between steps: after
 ``opt.step()``, after a ``tf.function`` call returns); ``total`` everything since construction.
 
-**Per tensor**: the pattern, why (:func:`~hvd_gradq.plan.decide.decide_why`), elements,
+**Per tensor**: the pattern, why (:attr:`hvd_gradq.plan.decide.Choice.why`), elements,
 ranks and the last step's bytes. :func:`flat_metrics` flattens the last step into numbers for a
 tracker (``wandb.log``, TensorBoard's ``add_scalars``); :class:`Reports` gives both frontends'
 compressors ``stats()`` and ``metrics()``."""

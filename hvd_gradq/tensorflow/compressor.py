@@ -56,28 +56,30 @@ import horovod.tensorflow.mpi_ops as mpi_ops
 import numpy as np
 import tensorflow as tf
 
+from .. import reduce as core
 from ..errors import GradqError
-from ..feedback import Memory, keeps_owner_residuals
+from ..feedback import Memory
 from ..frontend.compressor import CompressorCore, ranks_on_host
 from ..frontend.guards import check_tensor, instance_only
-from ..frontend.membership import membership
-from ..plan.decide import fp32_cost
+from ..frontend.membership import membership, ranks_a_host
+from ..plan.decide import Choice, fp32_cost
 from ..plan.pattern import Pattern
 from ..plan.rank_cost import rank_cost
-from ..reduce import names
+from ..reduce import names, table
 from ..reduce.names import Kind, Streams
 from ..schemes.level import LevelScheme
 from ..schemes.options import NonFinite
 from ..schemes.plain import FP16Scheme, NoneScheme
 from ..spec import SchemeLike
 from ..wire.payload import DTYPE_CODES, MAX_NDIM
-from . import codec, collectives, handshake, hier, telemetry
+from . import codec, handshake, reduce, telemetry
 from . import elastic as tf_elastic
 from .callsite import check_op, function_graph, horovod_call_site, set_suffix
-from .collectives import Ctx
+from .context import Ctx
 from .ops import TF
-from .scatter import scatter_finish, scatter_start, server_residual
-from .state import Bookkeeping, Slot, SlotStore, check_slot, describe, make_variables, variable_key
+from .slots import Bookkeeping, Slot, check_slot, describe, variable_key
+from .store import SlotStore, make_residual, make_variables
+from .transport import GraphCodec
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -142,18 +144,17 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         return int(hvd.size()) if hvd.is_initialized() else None
 
     def _ranks_a_host(self) -> int:
-        return hier.ranks_per_host_of(hvd.global_process_set) if hvd.is_initialized() else 1
+        return ranks_a_host(hvd, mpi_ops._basics, hvd.global_process_set) if hvd.is_initialized() else 1
 
-    def _check_ranks(self, ps: Any, size: int) -> None:
+    def _check_ranks(self, ps: Any, size: int, local: int) -> None:
         """The handshake over ``ps``, eagerly (even while a graph is being traced)."""
         with tf.init_scope():
-            self.handshake(ps.process_set_id, size, hier.ranks_per_host_of(ps), handshake.gatherer(ps),
-                           handshake.fp16_round_trip)
+            self.handshake(ps.process_set_id, size, local, handshake.gatherer(ps), handshake.fp16_round_trip)
 
-    def _pattern_for(self, n: int, ndim: int, size: int, local: int) -> tuple[Pattern | None, str]:
-        """A tensor's pattern and why (:meth:`CompressorCore.decide`); None: Horovod's fp32."""
-        p, why = self.decide(n, ndim, size, local, self._host.agreed)
-        return None if p is Pattern.FP32 else p, why
+    def _choice_for(self, n: int, ndim: int, size: int, local: int) -> Choice | None:
+        """A tensor's choice (:meth:`CompressorCore.decide`); None: Horovod's fp32."""
+        choice = self.decide(n, ndim, size, local, self._host.agreed)
+        return None if choice.pattern is Pattern.FP32 else choice
 
     def _position_key(self) -> str:
         """The key of a gradient without a known variable: its position in this trace."""
@@ -175,8 +176,10 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
             check_slot(slot, key, shape, dtype, size)
             return slot
         n = int(np.prod(shape, dtype=np.int64)) if shape else 1
-        pattern, why = self._pattern_for(n, len(shape), size, local)
-        self._stats.decide(key, pattern.value if pattern else "fp32", self.warm_note(pattern, why), n, size)
+        decided = self.decide(n, len(shape), size, local, self._host.agreed)
+        choice = None if decided.pattern is Pattern.FP32 else decided
+        self._stats.decide(key, decided.pattern.value, self.warm_note(decided), n, size)
+        pattern = None if choice is None else choice.pattern
         c = rank_cost(self.scheme, n, len(shape), size, local, hvd.rank(), pattern, self.link_gbps)
         step, residual, owner = self.steps.get(key), self.residuals.get(key), self.owners.get(key)
         if step is None:  # elastic: a new world's slot keeps its variables (tf_elastic.new_world)
@@ -187,15 +190,13 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         if residual is not None:
             self.residuals[key] = residual
             self.owners[key] = owner
-            extra = []
-            if pattern is Pattern.SCATTER:
-                extra = [server_residual(key, n, self.scheme.bucket, size, hvd.rank())]
-            elif pattern is Pattern.HIERARCHICAL:
-                extra = hier.residuals(self.scheme, key, n, size, local, self.link_gbps)
-            for rk, res, own in extra:  # the scatter side's, or the hierarchical owner's pieces
-                if rk not in self.residuals:  # kept across an elastic reset in the same world
-                    self.residuals[rk], self.owners[rk] = res, own
-        slot = Slot(len(h.slots), key, ident, shape, dtype, n, size, pattern, step, residual, owner,
+            if choice is not None and choice.pattern is not Pattern.FP16:
+                # the scatter side's, or the hierarchical owner's pieces: sized by the core's table
+                group = core.Group(hvd.rank(), size, "", local)
+                for rk, width in table.owner_residuals(choice, True, key, n, self.scheme.bucket, group):
+                    if rk not in self.residuals:  # kept across an elastic reset in the same world
+                        self.residuals[rk], self.owners[rk] = make_residual(rk, width, hvd.rank())
+        slot = Slot(len(h.slots), key, ident, shape, dtype, n, size, choice, step, residual, owner,
                     c.sent, c.received, fp32_cost(n, size).sent)
         h.slots[key] = slot
         return slot
@@ -240,8 +241,9 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         shape = TF.shape(tensor)
         if len(shape) > MAX_NDIM:
             raise GradqError(f"a gradient of {len(shape)} dimensions; at most {MAX_NDIM}")
+        local = ranks_a_host(hvd, mpi_ops._basics, ps)
         if ps.process_set_id not in self._checked:
-            self._check_ranks(ps, size)
+            self._check_ranks(ps, size, local)
         self._host.agreed = self.agreed(ps.process_set_id)  # what _pattern_for prices with
         slot = None
         if tf.executing_eagerly() and not host:
@@ -255,14 +257,15 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
             step: Any = self._host.eager_calls
             self._host.eager_calls += 1
             n = int(np.prod(shape, dtype=np.int64)) if shape else 1
-            pattern, _ = self._pattern_for(n, len(shape), size, hier.ranks_per_host_of(ps))
+            choice = self._choice_for(n, len(shape), size, local)
             index, stream = -1, Streams(self.seed, hvd.rank(), "eager")  # stepped by the call count
         else:
-            slot = self._slot(shape, dtype, site.variable, size, hier.ranks_per_host_of(ps), key)
-            key, n, pattern, index = f"{slot.index}", slot.n, slot.pattern, slot.index
+            slot = self._slot(shape, dtype, site.variable, size, local, key)
+            key, n, choice, index = f"{slot.index}", slot.n, slot.choice, slot.index
             step = slot.step.assign_add(1, read_value=True) - 1
             stream = Streams(self.seed, hvd.rank(), key)  # the seeds' one rule (reduce/names.py)
-        ctx = Ctx(index, shape, tensor.dtype, n, pattern, size, prank, slot=slot, step=step)
+        ctx = Ctx(index, shape, tensor.dtype, n, choice, size, prank, slot=slot, step=step, local=local)
+        pattern = ctx.pattern
         with self._telemetry.recording(step):  # counts the step; the host functions' time (stats)
             if pattern is None or pattern is Pattern.FP16:  # Horovod's own allreduce: fp32, or fp16 as stock
                 return codec.horovod_operand(tensor, pattern is Pattern.FP16), ctx
@@ -272,12 +275,11 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
 
     def _start(self, tensor: Any, ctx: Ctx, step: Any, stream: Streams, key: str, ps: Any) -> Any:
         """Start the pattern's collectives on ``tensor`` (+ its residual); returns Horovod's operand."""
-        n, shape, slot, pattern = ctx.n, ctx.shape, ctx.slot, ctx.pattern
+        n, shape, slot = ctx.n, ctx.shape, ctx.slot
         one = self._host.one()  # a variable's [1.0]: Grappler would fold a constant operand (see Bookkeeping.one)
         if n == 0:
             return one
         x = self._compensate(ctx, tf.reshape(tf.cast(tensor, tf.float32), (n,)))
-        words: Any = stream.words(TF, step)
         ctx.what = f"gradient {slot.key if slot is not None else '#' + key} {list(shape)}"
         raw = x  # the summable pattern decides on NaN/Inf itself (the core's summable)
         if self.policy.nonfinite is NonFinite.RAISE:
@@ -292,15 +294,15 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
             one = tf.where(finite, one, tf.fill((1,), float("nan")))
             x = tf.where(tf.math.is_finite(x), x, tf.zeros_like(x))
         ctx.x = x
-        if pattern in (Pattern.GATHER, Pattern.SUMMABLE):
-            collectives.start(self.scheme, pattern, self.cid, raw if pattern is Pattern.SUMMABLE else x, words, key,
-                              ctx, ps)
-        elif pattern is Pattern.HIERARCHICAL:
-            hier.hier_start(self.scheme, x, ctx, hier.ranks_per_host_of(ps), self.link_gbps, stream, step,
-                            f"{self.cid}.", f"{key}{set_suffix(ps)}")
-        elif pattern is Pattern.SCATTER:
-            own = ctx.slot is not None and ctx.slot.residual is not None
-            scatter_start(self.scheme, self.cid, x, stream, step, key, ctx, ps, own)
+        assert ctx.choice is not None
+        row = table.entry(ctx.choice.pattern)
+        ef = slot is not None and slot.residual is not None
+        codec = GraphCodec(ctx.size, ctx.what, ef, ctx.finite, (shape, ctx.dtype.name) if row.whole else None)
+        group = core.Group(ctx.rank, ctx.size, f"{self.cid}.", ctx.local, ps)
+        part = core.Part(f"{key}{set_suffix(ps)}", step, group, codec, slot.key if slot is not None else "",
+                         lambda tag: stream.words(TF, step, tag), ctx.what)
+        ctx.flow = reduce.begin(ctx.choice, self.scheme, ef, raw if row.raw else x, part)
+        ctx.result = ctx.flow.handle  # the first collective's result: a tensor of the graph, as callers may want it
         return one
 
     def _warm_or_compressed(self, tensor: Any, ctx: Ctx, step: Any, stream: Streams, key: str,
@@ -369,18 +371,15 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         return tf.cast(tf.reshape(out, ctx.shape), ctx.dtype)
 
     def _finish(self, ctx: Ctx) -> tuple[Any, Any]:
-        """(sum over ranks, this rank's own decoded payload, or None where it was used already)."""
-        if ctx.pattern in (Pattern.GATHER, Pattern.SUMMABLE):
-            out, own = collectives.finish(ctx)
-            return out, own
-        if ctx.pattern in (Pattern.SCATTER, Pattern.HIERARCHICAL):  # their own residuals are written here
-            server = ctx.slot is not None and keeps_owner_residuals(self.policy.ef, second_phase=True)
-            if server:
-                self.memory.begin_step(self._loss_scale())
-            if ctx.pattern is Pattern.HIERARCHICAL:
-                return hier.hier_finish(self.scheme, ctx, self.memory if server else None), None
-        assert ctx.pattern is Pattern.SCATTER, ctx.pattern
-        return scatter_finish(self.scheme, ctx, self.memory if server else None)
+        """(sum over ranks, this rank's own decoded payload, or None where it was used already).
+        The owner residuals a pattern keeps (scatter's, hierarchical's) are written here, through
+        the compressor's memory."""
+        assert ctx.flow is not None and ctx.choice is not None
+        owners = ctx.slot is not None and table.keeps_owners(ctx.choice, self.policy.ef)
+        if owners:
+            self.memory.begin_step(self._loss_scale())
+        out = tf.ensure_shape(ctx.flow.finish(self.memory if owners else None), (ctx.n,))
+        return out, ctx.flow.own
 
     # -- state and accounting ----------------------------------------------------------------------
     def slots(self) -> list[dict[str, Any]]:

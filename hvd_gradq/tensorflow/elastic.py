@@ -44,7 +44,7 @@ from ..frontend.elastic import Generation, World
 from ..frontend.membership import membership
 from ..reduce import names
 from ..reduce.names import Kind
-from .state import SlotStore
+from .store import SlotStore
 
 if TYPE_CHECKING:
     from .callsite import CallSite

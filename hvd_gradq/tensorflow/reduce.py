@@ -38,10 +38,12 @@ import tensorflow as tf
 from .. import feedback
 from .. import reduce as core
 from ..feedback import Memory
+from ..plan.decide import Choice
 from ..policy import Policy
+from ..reduce import table
 from ..schemes.scheme import Scheme
 from ..spec import Config
-from ..xp import Array, Seed
+from ..xp import Array
 from . import codec
 from .codec import host_sum
 from .ops import TF
@@ -96,28 +98,14 @@ class Flow:
             return tf.identity(value)
 
 
-Make = Callable[[core.Reduction, core.Part, Array], core.Phases]
-
-
-def begin(make: Make, scheme: Scheme, ef: bool, x: Any, part: core.Part, ps: Any) -> Flow:
-    """Start the pattern ``make`` builds on flat float32 ``x`` (its residual added) for ``part``
-    (its draws the graph's), up to its first collective on process set ``ps``; ``ef``: whether
-    this tensor keeps residuals."""
+def begin(choice: Choice, scheme: Scheme, ef: bool, x: Any, part: core.Part) -> Flow:
+    """Start the decided pattern (its phases from the core's table) on flat float32 ``x`` (its
+    residual added) for ``part`` (its draws the graph's), up to its first collective on the
+    part's process set; ``ef``: whether this tensor keeps residuals."""
     config = Config(scheme, Policy(feedback=feedback.CLASSIC if ef else feedback.NONE))
     # seed 0: the part's draws replace the host rule
     red = core.Reduction(config, 0, hvd.rank(), None, None, TF)
-    flow = Flow(make(red, part, x), GraphTransport(ps), red)
+    flow = Flow(table.phases(choice, red, part, x, TF), GraphTransport(part.group.process_set), red)
     red.graph = flow  # before the generator runs
     flow.handle = flow.transport.start(next(flow.gen))
     return flow
-
-
-def fixed(words: Any) -> Callable[[str], Seed]:
-    """The draws of a pattern that asks for the whole tensor's words only (gather)."""
-
-    def draws(tag: str) -> Seed:
-        assert tag == "", f"draws of part {tag!r} from a tensor's words"
-        out: Seed = words
-        return out
-
-    return draws

@@ -32,7 +32,7 @@ from .. import log
 from ..reduce.stats import Stats
 from . import host
 from .callsite import function_graph
-from .state import Slot
+from .slots import Slot
 
 #: What the TensorFlow frontend can time: its host functions.
 KINDS = ("encode", "decode")

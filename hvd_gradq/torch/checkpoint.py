@@ -29,7 +29,7 @@ import torch
 from ..errors import GradqError
 from ..feedback import parameter_of
 from ..wire import blocks
-from .feedback import TensorStore
+from .store import TensorStore
 
 #: Seconds ``state_dict(all_ranks=True)`` waits for every rank to join before it refuses. Long
 #: enough for ranks that reach a checkpoint apart (rank 0 evaluating first), short of "forever".

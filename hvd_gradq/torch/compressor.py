@@ -50,24 +50,21 @@ from ..errors import GradqError
 from ..feedback import Memory
 from ..frontend.compressor import CompressorCore, compresses, final_scale, ranks_on_host
 from ..frontend.guards import check_tensor, instance_only
-from ..frontend.membership import membership
+from ..frontend.membership import membership, ranks_a_host
 from ..frontend.workers import Workers
-from ..plan import hosts
-from ..plan.decide import fp16_cost, fp32_cost, hier_cross
-from ..plan.hosts import Hosts
+from ..plan.decide import fp16_cost, fp32_cost
 from ..plan.pattern import Pattern
-from ..reduce import names
-from ..reduce.names import Kind
+from ..reduce import Group
 from ..schemes.scheme import Scheme
 from ..spec import Config
-from . import checkpoint
+from . import checkpoint, handshake
 from .callsite import CallSite, inspect_call
-from .context import Ctx, Group, Pass
+from .context import Ctx, Pass
 from .device import resolve_codec
 from .elastic import Elastic, register
-from .feedback import LossScale, TensorStore, check_loss_scale, read_loss_scale
 from .ops import TorchOps
-from .reduce import GatherCtx, HierCtx, Reducer, ScatterCtx, SummableCtx
+from .reduce import Reducer
+from .store import LossScale, TensorStore, check_loss_scale, read_loss_scale
 from .telemetry import Telemetry
 
 TAG = "_hvd_gradq_name"
@@ -183,13 +180,12 @@ class GradqCompressor(CompressorCore):
         ps = self.reduction_set(site.process_set if site is not None else None, hvd.global_process_set)
         if ps is hvd.global_process_set:
             if self._local is None:
-                self._local = hosts.ranks_per_host(hvd.size(), hvd.rank(), hvd.local_size(), hvd.local_rank(),
-                                                   hvd.cross_rank(), bool(mpi_ops._basics.is_homogeneous()))
-            return Group(hvd.global_process_set, hvd.rank(), hvd.size(), self._elastic.prefix(), self._local)
+                self._local = ranks_a_host(hvd, mpi_ops._basics, ps)
+            return Group(hvd.rank(), hvd.size(), self._elastic.prefix(), self._local, hvd.global_process_set)
         member = membership(mpi_ops._basics, ps)
         if not member.included:
             raise GradqError(f"this rank ({hvd.rank()}) is not in {ps}, the process set of this reduction")
-        return Group(ps, member.rank, member.size, f"{self._elastic.prefix()}ps{ps.process_set_id}.")
+        return Group(member.rank, member.size, f"{self._elastic.prefix()}ps{ps.process_set_id}.", 1, ps)
 
     @staticmethod
     def _refuse(site: CallSite | None, tensor: torch.Tensor) -> None:
@@ -212,16 +208,9 @@ class GradqCompressor(CompressorCore):
             )
 
     def _check(self, group: Group) -> None:
-        """The handshake (:meth:`CompressorCore.handshake`), before anything depends on the
-        configuration: ranks that disagree would otherwise hand Horovod tensors of different
-        shapes (one compresses a tensor the other passes through) and Horovod would shut down
-        before our check could speak. It blocks, on the same collectives on every rank."""
-
-        def gather(row: Any, kind: Kind) -> Any:
-            return hvd.allgather(torch.from_numpy(row), name=names.collective(group.key, kind),
-                                 process_set=group.process_set).numpy()
-
-        self.handshake(group.key, group.size, group.local, gather, _fp16_round_trip)
+        """The handshake (:meth:`CompressorCore.handshake`, over :mod:`.handshake`'s allgather),
+        before anything depends on the configuration."""
+        self.handshake(group.key, group.size, group.local, handshake.gatherer(group), handshake.fp16_round_trip)
 
     # -- Horovod's interface -------------------------------------------------------------------
     @instance_only
@@ -247,12 +236,13 @@ class GradqCompressor(CompressorCore):
             name = f"noname.{next(_UNNAMED)}"
         n = tensor.numel()
         # one-rank sets pass through exactly; otherwise the shared policy (plan/decide.py)
-        pattern, why = self.decide(n, tensor.dim(), group.size, group.local, self.agreed(group.key))
+        choice = self.decide(n, tensor.dim(), group.size, group.local, self.agreed(group.key))
         step = self._steps.get(name, 0)
-        if compresses(pattern):
+        if compresses(choice.pattern):
             self._steps[name] = step + 1
-            pattern, why = self.warm(pattern, why, step)  # the recipe's first steps: exact, no residual kept
-        self._stats.decide(name, pattern.value, why, n, group.size)
+            choice = self.warm(choice, step)  # the recipe's first steps: exact, no residual kept
+        pattern = choice.pattern
+        self._stats.decide(name, pattern.value, choice.why, n, group.size)
         if pattern in (Pattern.FP32, Pattern.FP16):
             # Horovod's own fp32 allreduce, exactly (torch's allreduce has no bf16: sent as fp32), or
             # what hvd.Compression.fp16 does: cast to float16, Horovod's allreduce, cast back
@@ -264,12 +254,7 @@ class GradqCompressor(CompressorCore):
         x = tensor.detach().reshape(-1).to(torch.float32)
         if self.policy.ef:
             x = self.memory.compensate(name, x)
-        base = (name, step, tensor.shape, tensor.dtype, tensor.device, group)
-        ctx = {Pattern.GATHER: GatherCtx, Pattern.SUMMABLE: SummableCtx, Pattern.SCATTER: ScatterCtx,
-               Pattern.HIERARCHICAL: HierCtx}[pattern](*base)
-        if isinstance(ctx, HierCtx):
-            ctx.hosts = Hosts(group.size, group.local, group.rank)
-            ctx.cross = hier_cross(self.scheme, n, group.size, group.local, self.link_gbps)
+        ctx = Ctx(name, step, tensor.shape, tensor.dtype, tensor.device, group, choice)
         self._reducer.start(ctx, x)
         return self._telemetry.compressed(t0, (torch.ones(1, dtype=torch.float32), ctx))
 
@@ -317,11 +302,6 @@ class GradqCompressor(CompressorCore):
 
     def _world_extra(self) -> dict[str, Any]:
         return {"threads": self.workers.threads, "codec": self._reducer.codec}
-
-
-def _fp16_round_trip(x: Any) -> Any:
-    """Horovod's fp16 cast there and back, as :mod:`~hvd_gradq.frontend.probe` times it."""
-    return torch.from_numpy(x).to(torch.float16).to(torch.float32)
 
 
 def _tagger(name: str) -> Any:

@@ -1,28 +1,24 @@
-"""What a compressed tensor carries from ``compress()`` to ``decompress()`` in the PyTorch
-frontend, whatever its pattern (each pattern's context adds its own fields: :mod:`.reduce`,
-:mod:`.hier`), and the group of ranks it is reduced over."""
+"""What a tensor carries from ``compress()`` to ``decompress()`` in the PyTorch frontend: the
+tensor's facts, the choice it was reduced by and its pattern in flight (:class:`.reduce.Flow`);
+or, for a tensor handed to Horovod's own allreduce, what casting it back needs (:class:`Pass`).
+TensorFlow's twin is :mod:`hvd_gradq.tensorflow.context`."""
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING
 
 import torch
 
+from ..plan.decide import Choice
+from ..reduce import Group
 
-@dataclass(frozen=True)
-class Group:
-    """The ranks a reduction runs on: Horovod's process set, this rank's place and their count."""
-
-    process_set: Any
-    rank: int
-    size: int
-    key: str  # part of collective names: ranks of two process sets never share a name
-    local: int = 1  # ranks a host, for the hierarchical pattern and the cost model (plan/hosts.py)
+if TYPE_CHECKING:
+    from .reduce import Flow
 
 
 @dataclass
 class Pass:
-    """A tensor handed to Horovod's own allreduce, exactly (tiny tensors, one-rank sets)."""
+    """A tensor handed to Horovod's own allreduce, exactly (tiny tensors, one-rank sets, fp16)."""
 
     name: str
     dtype: torch.dtype
@@ -38,3 +34,5 @@ class Ctx:
     dtype: torch.dtype
     device: torch.device
     group: Group
+    choice: Choice
+    flow: Flow | None = None  # the pattern in flight, once :meth:`.reduce.Reducer.start` started it

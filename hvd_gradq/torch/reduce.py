@@ -2,15 +2,16 @@
 tensor's pattern runs as a generator of collective requests, started with Horovod's
 asynchronous ops (:class:`~hvd_gradq.torch.transport.HorovodTransport`).
 
-Every compressed tensor takes one pattern (chosen by :func:`hvd_gradq.plan.decide.decide`)
-and carries one context (:class:`Flow`: its generator, the request in flight and its handle)
-from ``compress()`` to ``decompress()``. :class:`Reducer` only ever *starts* collectives inside
-``compress()`` (see :mod:`hvd_gradq.torch.compressor` for why none may block there):
+Every compressed tensor takes one pattern (chosen by :func:`hvd_gradq.plan.decide.decide`, its
+phases looked up in the core's table: :func:`hvd_gradq.reduce.table.phases`) and carries its
+:class:`~.context.Ctx` from ``compress()`` to ``decompress()``, the pattern in flight in it
+(:class:`Flow`: its generator, the request in flight and its handle). :class:`Reducer` only
+ever *starts* collectives inside ``compress()`` (see :mod:`hvd_gradq.torch.compressor` for why none may block there):
 
 * the first segment of a pattern (up to its first collective) runs in :meth:`Reducer.start`:
-  for gather and scatter, whose first segment is the encode, on the compressor's worker thread
-  (:mod:`hvd_gradq.frontend.workers`) while backward goes on, settled in the order the tensors
-  came; summable (statistics only) and hierarchical (fp32 pieces) inline;
+  where it is the encode (the table's ``encodes_first``: gather, scatter), on the compressor's
+  worker thread (:mod:`hvd_gradq.frontend.workers`) while backward goes on, settled in the order
+  the tensors came; otherwise (summable: statistics only; hierarchical: fp32 pieces) inline;
 * :meth:`Reducer.flush`, at the first ``decompress()`` of a step, when every ``compress()`` of
   that step has run on this rank, waits for each tensor's collective and starts its next one,
   one round for all tensors before any waits on the next (so no rank waits on a phase another
@@ -26,7 +27,7 @@ from __future__ import annotations
 from concurrent import futures
 from concurrent.futures import Future
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import Any
 
 import horovod.torch as hvd
 import torch
@@ -35,9 +36,8 @@ from .. import reduce as core
 from ..errors import GradqError
 from ..feedback import Memory
 from ..frontend.workers import Workers
-from ..plan.hosts import Hosts
-from ..plan.pattern import Pattern
 from ..policy import Policy
+from ..reduce import table
 from ..reduce.stats import Stats
 from ..schemes.scheme import Scheme
 from ..spec import Config
@@ -50,38 +50,17 @@ _CPU = TorchOps("cpu")
 
 
 @dataclass
-class Flow(Ctx):
-    """A compressed tensor's pattern in flight."""
+class Flow:
+    """A compressed tensor's pattern in flight: its generator, the collective in flight and its
+    handle, and where its first and last segments run."""
 
-    gen: core.Phases | None = None
+    gen: core.Phases
+    transport: HorovodTransport
     request: core.Request | None = None  # the collective in flight
     handle: Any = None
-    transport: HorovodTransport | None = None
     job: Future[None] | None = None  # the first segment, on a worker
     result: Future[torch.Tensor] | None = None  # the last segment (decoding), on a worker
     error: GradqError | None = None  # the reduction stopped with this error earlier in the step
-
-
-@dataclass
-class GatherCtx(Flow):
-    pattern: ClassVar[Pattern] = Pattern.GATHER
-
-
-@dataclass
-class SummableCtx(Flow):
-    pattern: ClassVar[Pattern] = Pattern.SUMMABLE
-
-
-@dataclass
-class ScatterCtx(Flow):
-    pattern: ClassVar[Pattern] = Pattern.SCATTER
-
-
-@dataclass
-class HierCtx(Flow):
-    pattern: ClassVar[Pattern] = Pattern.HIERARCHICAL
-    hosts: Hosts | None = None
-    cross: Pattern = Pattern.GATHER
 
 
 @dataclass
@@ -106,40 +85,31 @@ class Reducer:
 
     def start(self, ctx: Ctx, x: torch.Tensor) -> Ctx:
         """Start ``ctx``'s pattern on ``x`` (float32, flat, error feedback already added)."""
-        assert isinstance(ctx, Flow)
-        g = ctx.group
+        row = table.entry(ctx.choice.pattern)
         red = core.Reduction(self.config, self.seed, hvd.rank(), self.memory, self.stats, _CPU)
-        on_dev = device.on_device(self.codec, x) and not isinstance(ctx, HierCtx)  # pieces: host fp32
-        part = core.Part(ctx.name, ctx.step, core.Group(g.rank, g.size, g.key, g.local),
-                         TorchCodec(on_dev, "cpu" if isinstance(ctx, HierCtx) else x.device))
-        ctx.transport = HorovodTransport(g.process_set, self.stats.clock)
-        if isinstance(ctx, GatherCtx):
-            ctx.gen = core.gather(red, part, x)
-        elif isinstance(ctx, ScatterCtx):
-            ctx.gen = core.scatter(red, part, x)
-        elif isinstance(ctx, SummableCtx):
-            ctx.gen = core.summable(red, part, x if on_dev else x.cpu(), TorchOps(x.device) if on_dev else _CPU)
-        else:
-            assert isinstance(ctx, HierCtx) and ctx.hosts is not None
-            ctx.gen = core.hierarchical(red, part, x.detach().cpu(), ctx.hosts, ctx.cross)
-        if isinstance(ctx, (GatherCtx, ScatterCtx)):
+        on_dev = device.on_device(self.codec, x) and not row.host_fp32  # host_fp32: pieces on the host
+        part = core.Part(ctx.name, ctx.step, ctx.group, TorchCodec(on_dev, "cpu" if row.host_fp32 else x.device))
+        if not on_dev and not row.encodes_first:  # the host codec's encode copies to the host itself
+            x = x.detach().cpu()
+        transport = HorovodTransport(ctx.group.process_set, self.stats.clock)
+        flow = ctx.flow = Flow(row.run(red, part, x, TorchOps(x.device) if on_dev else _CPU, ctx.choice), transport)
+        if row.encodes_first:
             # the job reads x's values; nothing writes the gradient before the step settles the job
-            ctx.job = self.workers.submit(lambda: self._advance(ctx))
-            if ctx.job.done():  # inline: an unexpected exception is raised here, in compress()
-                ctx.job.result()
-                ctx.job = None
-                self.flows.append(ctx)
+            flow.job = self.workers.submit(lambda: self._advance(flow))
+            if flow.job.done():  # inline: an unexpected exception is raised here, in compress()
+                flow.job.result()
+                flow.job = None
+                self.flows.append(flow)
             else:
-                self.encoding.append(ctx)
+                self.encoding.append(flow)
         else:
-            self._advance(ctx)
-            self.flows.append(ctx)
+            self._advance(flow)
+            self.flows.append(flow)
         return ctx
 
     def _advance(self, ctx: Flow) -> None:
         """Wait for the collective in flight (none at the start), run the pattern on to its next
         collective and start that."""
-        assert ctx.gen is not None and ctx.transport is not None
         got = None if ctx.request is None else ctx.transport.wait(ctx.handle)
         ctx.request = next(ctx.gen) if ctx.request is None else ctx.gen.send(got)
         ctx.handle = ctx.transport.start(ctx.request)
@@ -147,7 +117,6 @@ class Reducer:
     def _finish(self, ctx: Flow) -> torch.Tensor:
         """Wait for the last collective and run the pattern to its end: the group's sum (or its
         error, after the stop's barrier when it stops: :func:`hvd_gradq.reduce.core.halt`)."""
-        assert ctx.gen is not None and ctx.transport is not None
         while True:
             got = ctx.transport.wait(ctx.handle)
             try:
@@ -159,14 +128,15 @@ class Reducer:
 
     def finish(self, ctx: Ctx) -> torch.Tensor:
         """Wait for ``ctx``'s collectives and return the decoded sum over the group (float32, flat)."""
-        assert isinstance(ctx, Flow)
+        flow = ctx.flow
+        assert flow is not None, "decompress() of a tensor whose pattern never started"
         self.flush()
-        if ctx.error is not None:
-            raise ctx.error
-        if ctx.result is not None:
-            future, ctx.result = ctx.result, None
+        if flow.error is not None:
+            raise flow.error
+        if flow.result is not None:
+            future, flow.result = flow.result, None
             return future.result()
-        return self._finish(ctx)
+        return self._finish(flow)
 
     def flush(self) -> None:
         """Settle the first segments, run every tensor's phases up to its last collective (one

@@ -42,4 +42,4 @@ def alone(spec: str, n: int, rank: int, size: int, local: int, link: float) -> s
     """The pattern ``rank`` would choose for a tensor of ``n`` elements with its own figures only."""
     config = parse(spec)
     mine = figures_of(rank)(probe.schemes_for(config.scheme, size, local))
-    return decide(config, n, 1, size, Pattern.AUTO, local=local, link_gbps=link, figures=mine).value
+    return decide(config, n, 1, size, Pattern.AUTO, local=local, link_gbps=link, figures=mine).pattern.value

@@ -88,7 +88,7 @@ def check_telemetry(runs: dict, size: int) -> None:
     ring = lambda n, item: round(2 * (size - 1) * item * n / size)  # noqa: E731 (Horovod's ring allreduce a rank)
     for r, run in runs.items():
         st, t = run["stats"], run["telemetry"]
-        # each tensor's pattern and why are the shared policy's (decide_why), the same on every rank
+        # each tensor's pattern and why are the shared policy's (decide), the same on every rank
         assert {k: [v["pattern"], v["why"]] for k, v in st["tensors"].items()} == t["decided"], (r, st["tensors"])
         # every rank decides alike; a gather payload is the same size on every rank, a scatter
         # rank's bytes depend on the size of the chunk it owns (the cheap second phase makes ORQ-5

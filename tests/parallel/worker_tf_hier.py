@@ -207,7 +207,7 @@ def _auto():
     g = step(tf.constant(grad_of(rank, 0, (60000,))))
     # the model with what the compressor decides by: its fallback setting and the agreed CPU figures
     want = decide(hvd_gradq.parse(spec), 60000, 1, size, Pattern.AUTO, local=L, link_gbps=args.link,
-                  fallback=comp.fallback, figures=comp._figures[0])
+                  fallback=comp.fallback, figures=comp._figures[0]).pattern
     return {"want": want.value, "got": [s["pattern"] for s in comp.slots()], "digest": digest([g.numpy()])}
 
 

@@ -321,7 +321,7 @@ def _auto():
         step = var_step(comp, tf.Variable(tf.zeros((300, 200)), name=f"au{i}"))
         g = step(tf.constant(grad_of(rank, 0, (300, 200)))).numpy()
         want = decide(hvd_gradq.parse(spec), 60000, 2, size, Pattern.AUTO, fallback=comp.fallback,
-                      figures=comp._figures[0]).value  # the compressor's fallback and agreed CPU figures
+                      figures=comp._figures[0]).pattern.value  # the compressor's fallback and agreed CPU figures
         res[spec] = {"picked": comp.slots()[0]["pattern"], "decide": want, "digest": digest([g]),
                      "finite": bool(np.isfinite(g).all())}
     return res

@@ -21,7 +21,7 @@ import hvd_gradq
 import hvd_gradq.tensorflow as gq
 from hvd_gradq.api import split
 from hvd_gradq.errors import GradqError
-from hvd_gradq.plan.decide import decide_why
+from hvd_gradq.plan.decide import decide
 from hvd_gradq.plan.pattern import EVERY, Pattern
 
 ap = argparse.ArgumentParser()
@@ -254,9 +254,10 @@ if want("telemetry"):
     with contextlib.redirect_stderr(err):  # the line comes from a host callback of step 2
         for i in range(3):
             step(*batch(i))
-    decided = {v.name: decide_why(hvd_gradq.parse(spec), int(np.prod(v.shape)), len(v.shape), size, Pattern.AUTO,
-                                  EVERY, 1, link, comp.fallback, comp._figures[0])  # as the compressor decides
+    choices = {v.name: decide(hvd_gradq.parse(spec), int(np.prod(v.shape)), len(v.shape), size, Pattern.AUTO,
+                              EVERY, 1, link, comp.fallback, comp._figures[0])  # as the compressor decides
                for v in model.trainable_variables}
+    decided = {k: (c.pattern, c.why) for k, c in choices.items()}
     out["telemetry"] = {"stats": comp.stats(), "metrics": comp.metrics(), "stderr": err.getvalue(),
                         "decided": {k: [p.value, why] for k, (p, why) in decided.items()}}
     done("telemetry")

@@ -172,7 +172,7 @@ def auto_case() -> dict:
     h = hashlib.sha256(b"".join(p.detach().numpy().tobytes() for p in params)).hexdigest()[:16]
     # the model with what the compressor decides by: its fallback setting and the agreed CPU figures
     want = decide(hvd_gradq.parse("orq:levels=5,ef=true"), 64 * 300, 2, size, Pattern.AUTO, local=L,
-                  link_gbps=args.link, fallback=comp.fallback, figures=comp._figures[""])
+                  link_gbps=args.link, fallback=comp.fallback, figures=comp._figures[""]).pattern
     patterns = sorted(k for k in comp.stats()["last_step"] if k != "all")
     return {"digest": h, "want": want.value, "patterns": patterns}
 

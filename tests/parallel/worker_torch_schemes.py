@@ -21,7 +21,7 @@ from harness import report
 import hvd_gradq
 import hvd_gradq.torch as gq
 from hvd_gradq import kernels
-from hvd_gradq.plan.decide import decide_why
+from hvd_gradq.plan.decide import decide
 from hvd_gradq.plan.pattern import Pattern
 from hvd_gradq.schemes.summable import decode_codes, encode_shared, local_stats
 from hvd_gradq.xp import NUMPY
@@ -128,9 +128,10 @@ def train(spec: str, steps: int, probe: bool = False, **opt_kw):
     st = comp.stats() if hasattr(comp, "stats") else None
     out = {"digest": h.hexdigest(), "loss0": loss0, "loss": loss, "curve": curve, "stats": st}
     if spec == TELEMETRY:
-        decided = {name: decide_why(comp.scheme, p.numel(), p.dim(), size, Pattern.AUTO, local=1,
-                                    link_gbps=comp.link_gbps, fallback=comp.fallback, figures=comp._figures[""])
+        choices = {name: decide(comp.scheme, p.numel(), p.dim(), size, Pattern.AUTO, local=1,
+                                link_gbps=comp.link_gbps, fallback=comp.fallback, figures=comp._figures[""])
                    for name, p in named}  # as the compressor decides: its fallback, the ranks' agreed CPU figures
+        decided = {name: (c.pattern, c.why) for name, c in choices.items()}
         out["telemetry"] = {"stderr": log_text.getvalue(), "metrics": comp.metrics(),
                             "decided": {k: [p.value, why] for k, (p, why) in decided.items()}}
     if probe:

@@ -16,7 +16,7 @@ import hvd_gradq
 from hvd_gradq.errors import GradqError, RankMismatchError, SpecError
 from hvd_gradq.frontend.compressor import CompressorCore, compresses, final_scale, ranks_on_host
 from hvd_gradq.kernels import parallel
-from hvd_gradq.plan.decide import DEFAULT_LINK_GBPS, decide, decide_why
+from hvd_gradq.plan.decide import DEFAULT_LINK_GBPS, Choice, decide
 from hvd_gradq.plan.pattern import EVERY, ONE_RANK_WHY, Pattern, why_tag
 from hvd_gradq.reduce.names import Kind
 
@@ -219,7 +219,7 @@ def test_handshake_without_a_collective_or_peers_does_nothing() -> None:
 ])
 def test_decide_is_the_cost_models_decision(n: int, size: int, local: int, pattern: str) -> None:
     c = Core(ORQ, pattern=pattern, link_gbps=1.0, fallback=True)
-    want = decide_why(ORQ, n, 1, size, Pattern(pattern), EVERY, local, 1.0, True, None)
+    want = decide(ORQ, n, 1, size, Pattern(pattern), EVERY, local, 1.0, True, None)
     assert c.decide(n, 1, size, local, None) == want
 
 
@@ -228,30 +228,31 @@ def test_decide_leaves_out_what_the_frontend_cannot_poison() -> None:
     g = GraphCore(raising, link_gbps=0.01)
     assert g.offered() == frozenset({Pattern.GATHER, Pattern.SUMMABLE})
     n = 1 << 22  # large over many ranks on a slow link: the model would take scatter if it could
-    assert decide(raising, n, 1, 16, Pattern.AUTO, link_gbps=0.01) is Pattern.SCATTER
-    assert g.decide(n, 1, 16, 1, None)[0] is Pattern.GATHER
-    assert Core(raising, link_gbps=0.01).decide(n, 1, 16, 1, None)[0] is Pattern.SCATTER
+    assert decide(raising, n, 1, 16, Pattern.AUTO, link_gbps=0.01).pattern is Pattern.SCATTER
+    assert g.decide(n, 1, 16, 1, None).pattern is Pattern.GATHER
+    assert Core(raising, link_gbps=0.01).decide(n, 1, 16, 1, None).pattern is Pattern.SCATTER
     assert GraphCore(ORQ).offered() == EVERY
 
 
 def test_one_rank_passes_through_where_the_frontend_says_so() -> None:
-    assert OneRankCore(ORQ, pattern="gather").decide(1000, 1, 1, 1, None) == (Pattern.FP32, ONE_RANK_WHY)
-    assert Core(ORQ, pattern="gather").decide(1000, 1, 1, 1, None)[0] is Pattern.GATHER
+    assert OneRankCore(ORQ, pattern="gather").decide(1000, 1, 1, 1, None) == Choice(Pattern.FP32, ONE_RANK_WHY)
+    assert Core(ORQ, pattern="gather").decide(1000, 1, 1, 1, None).pattern is Pattern.GATHER
 
 
 def test_warm_up_sends_the_first_steps_exact() -> None:
     c = Core("orq:levels=5,warmup=2", pattern="gather")
     for step in (0, 1):
-        p, why = c.warm(Pattern.GATHER, "requested", step)
-        assert p is Pattern.FP32 and why_tag(why) == "warm-up", why
-        assert f"step {step + 1} of 2, then gather" in why
-    assert c.warm(Pattern.GATHER, "requested", 2) == (Pattern.GATHER, "requested")
+        got = c.warm(Choice(Pattern.GATHER, "requested"), step)
+        assert got.pattern is Pattern.FP32 and why_tag(got.why) == "warm-up", got.why
+        assert f"step {step + 1} of 2, then gather" in got.why
+    assert c.warm(Choice(Pattern.GATHER, "requested"), 2) == Choice(Pattern.GATHER, "requested")
     for p in (Pattern.FP32, Pattern.FP16):  # Horovod's own reductions have no warm-up
-        assert c.warm(p, "no saving", 0) == (p, "no saving")
-    assert Core(ORQ).warm(Pattern.GATHER, "x", 0) == (Pattern.GATHER, "x")
-    assert c.warm_note(Pattern.SCATTER, "auto") == "auto; the first 2 steps fp32 (warm-up)"
-    assert c.warm_note(None, "no saving") == "no saving" and c.warm_note(Pattern.FP16, "f") == "f"
-    assert Core("orq:levels=5,warmup=1").warm_note(Pattern.GATHER, "r") == "r; the first 1 step fp32 (warm-up)"
+        assert c.warm(Choice(p, "no saving"), 0) == Choice(p, "no saving")
+    assert Core(ORQ).warm(Choice(Pattern.GATHER, "x"), 0) == Choice(Pattern.GATHER, "x")
+    assert c.warm_note(Choice(Pattern.SCATTER, "auto")) == "auto; the first 2 steps fp32 (warm-up)"
+    assert c.warm_note(Choice(Pattern.FP32, "no saving")) == "no saving"
+    assert c.warm_note(Choice(Pattern.FP16, "f")) == "f"
+    assert Core("orq:levels=5,warmup=1").warm_note(Choice(Pattern.GATHER, "r")) == "r; the first 1 step fp32 (warm-up)"
     assert [compresses(p) for p in (None, Pattern.FP32, Pattern.FP16, Pattern.GATHER)] == [False, False, False, True]
 
 

@@ -15,7 +15,7 @@ from hvd_gradq import log
 from hvd_gradq.errors import GradqError, RankMismatchError
 from hvd_gradq.frontend import probe
 from hvd_gradq.plan.cpu_cost import ADD_NS, CAST, CAST_NS, Figures, ns_per_element
-from hvd_gradq.plan.decide import choose, cpu_seconds, decide, decide_why, seconds
+from hvd_gradq.plan.decide import choose, cpu_seconds, decide, seconds
 from hvd_gradq.plan.pattern import EVERY, Pattern, duration
 from hvd_gradq.plan.second_phase import reduced_scheme
 from hvd_gradq.reduce.stats import Stats
@@ -45,8 +45,9 @@ def test_fp16_exactly_where_the_model_says_the_scheme_is_slower(spec: str, nrank
     scheme = parse_scheme(spec)
     fig = figures(spec, enc, dec)
     n = 1 << 20
-    kept = decide(scheme, n, 2, nranks, Pattern.AUTO, EVERY, local, gbps, False, fig)
-    got, why = decide_why(scheme, n, 2, nranks, Pattern.AUTO, EVERY, local, gbps, True, fig)
+    kept = decide(scheme, n, 2, nranks, Pattern.AUTO, EVERY, local, gbps, False, fig).pattern
+    choice = decide(scheme, n, 2, nranks, Pattern.AUTO, EVERY, local, gbps, True, fig)
+    got, why = choice.pattern, choice.why
     assert kept is not Pattern.FP16  # fallback=False: never
     if kept is Pattern.FP32:  # no saving in bytes: Horovod's fp32, before any question of time
         assert got is Pattern.FP32
@@ -68,9 +69,9 @@ def test_the_figures_decide_both_ways() -> None:
     orq = parse_scheme("orq:levels=5")
     n = 1 << 22
     slow, fast = figures(orq.spec, 300.0, 10.0), figures(orq.spec, 0.1, 0.05)
-    assert decide(orq, n, 2, 8, Pattern.AUTO, fallback=True, link_gbps=10.0, figures=slow) is Pattern.FP16
-    assert decide(orq, n, 2, 8, Pattern.AUTO, fallback=True, link_gbps=10.0, figures=fast) in (Pattern.GATHER, Pattern.SCATTER)
-    assert decide(orq, n, 2, 8, Pattern.AUTO, fallback=True, link_gbps=0.01, figures=slow) in (Pattern.GATHER, Pattern.SCATTER)
+    assert decide(orq, n, 2, 8, Pattern.AUTO, fallback=True, link_gbps=10.0, figures=slow).pattern is Pattern.FP16
+    assert decide(orq, n, 2, 8, Pattern.AUTO, fallback=True, link_gbps=10.0, figures=fast).pattern in (Pattern.GATHER, Pattern.SCATTER)
+    assert decide(orq, n, 2, 8, Pattern.AUTO, fallback=True, link_gbps=0.01, figures=slow).pattern in (Pattern.GATHER, Pattern.SCATTER)
 
 
 @pytest.mark.filterwarnings("ignore:pattern=hierarchical needs")
@@ -79,7 +80,7 @@ def test_an_explicit_pattern_never_falls_back(requested: Pattern) -> None:
     q = parse_scheme("qsgd:levels=4")
     slow = figures(q.spec, 1000.0, 100.0)
     for nranks, local, gbps in ((8, 1, 1000.0), (8, 2, 1000.0), (2, 1, 100.0)):
-        p = decide(q, 1 << 20, 2, nranks, requested, EVERY, local, gbps, True, slow)
+        p = decide(q, 1 << 20, 2, nranks, requested, EVERY, local, gbps, True, slow).pattern
         assert p is not Pattern.FP16 and p is choose(q, 1 << 20, 2, nranks, requested, EVERY, local, gbps, slow)
 
 
@@ -90,9 +91,9 @@ def test_only_propagate_falls_back_and_one_rank_never() -> None:
                        ("orq:levels=5,nonfinite=skip", False)):
         s = parse(spec)  # the scheme and its nonfinite policy
         fig = Figures(((s.scheme.spec, *slow), (CAST, 0.5, 0.5)))
-        assert (decide(s, 1 << 20, 2, 8, Pattern.AUTO, fallback=True, link_gbps=100.0, figures=fig) is Pattern.FP16) is want, spec
+        assert (decide(s, 1 << 20, 2, 8, Pattern.AUTO, fallback=True, link_gbps=100.0, figures=fig).pattern is Pattern.FP16) is want, spec
     s = parse_scheme("orq:levels=5")
-    assert decide(s, 1 << 20, 2, 1, Pattern.AUTO, fallback=True, figures=Figures(((s.spec, *slow),))) is not Pattern.FP16
+    assert decide(s, 1 << 20, 2, 1, Pattern.AUTO, fallback=True, figures=Figures(((s.spec, *slow),))).pattern is not Pattern.FP16
 
 
 def test_measured_figures_replace_the_table_and_the_rest_stays() -> None:
@@ -140,12 +141,12 @@ def test_ranks_with_different_figures_decide_alike_once_agreed() -> None:
     orq = parse_scheme("orq:levels=5")
     n, nranks, gbps = 1 << 22, 3, 10.0
     own = [figures(orq.spec, e, d) for e, d in ((0.5, 0.1), (40.0, 2.0), (5.0, 0.5))]
-    alone = {decide(orq, n, 2, nranks, Pattern.AUTO, fallback=True, link_gbps=gbps, figures=f) for f in own}
+    alone = {decide(orq, n, 2, nranks, Pattern.AUTO, fallback=True, link_gbps=gbps, figures=f).pattern for f in own}
     assert len(alone) > 1, alone  # the test needs ranks that would disagree
     gathered = np.concatenate([probe.to_row(f) for f in own])
     agreed = [probe.agree(f, gathered) for f in own]
     assert len(set(agreed)) == 1
-    assert {decide(orq, n, 2, nranks, Pattern.AUTO, fallback=True, link_gbps=gbps, figures=f) for f in agreed} == {Pattern.FP16}
+    assert {decide(orq, n, 2, nranks, Pattern.AUTO, fallback=True, link_gbps=gbps, figures=f).pattern for f in agreed} == {Pattern.FP16}
 
 
 def test_agree_refuses_rows_of_another_width() -> None:
@@ -171,7 +172,8 @@ def test_measure_times_each_scheme_and_the_cast() -> None:
 
 def test_the_fallback_reason_parses() -> None:
     orq = parse_scheme("orq:levels=9")
-    p, why = decide_why(orq, 1 << 20, 2, 8, Pattern.AUTO, fallback=True, link_gbps=100.0)
+    choice = decide(orq, 1 << 20, 2, 8, Pattern.AUTO, fallback=True, link_gbps=100.0)
+    p, why = choice.pattern, choice.why
     assert p is Pattern.FP16
     m = re.fullmatch(r"fallback: modelled (\w+) (.+) vs fp16 (.+) at 100 Gbit/s", why)
     assert m is not None, why
@@ -182,7 +184,8 @@ def test_stats_and_the_first_step_line_name_the_fallback() -> None:
     """A tensor sent as fp16 counts Horovod's fp16 ring (x1.00 against fp16) under pattern fp16,
     with its reason; the log line groups it as ``fp16 1 (fallback)``."""
     orq, n, nranks = parse_scheme("orq:levels=9"), 1 << 20, 8
-    p, why = decide_why(orq, n, 2, nranks, Pattern.AUTO, fallback=True, link_gbps=100.0)
+    choice = decide(orq, n, 2, nranks, Pattern.AUTO, fallback=True, link_gbps=100.0)
+    p, why = choice.pattern, choice.why
     ring16 = round(2 * (nranks - 1) / nranks * 2 * n)
     st = Stats()
     st.begin_step()

@@ -9,8 +9,8 @@ from stores import DictStore
 
 from hvd_gradq.errors import GradqError
 from hvd_gradq.feedback import Memory, parameter_of, reduced_key
-from hvd_gradq.torch.feedback import TensorStore, read_loss_scale
 from hvd_gradq.torch.ops import TorchOps
+from hvd_gradq.torch.store import TensorStore, read_loss_scale
 from hvd_gradq.xp import NUMPY
 
 

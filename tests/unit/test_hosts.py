@@ -20,7 +20,7 @@ def _crossover() -> tuple[float, float]:
     orq = parse_scheme("orq:levels=9")
 
     def pick(gbps: float) -> Pattern:
-        return decide(orq, 1 << 22, 2, 8, Pattern.AUTO, link_gbps=gbps)
+        return decide(orq, 1 << 22, 2, 8, Pattern.AUTO, link_gbps=gbps).pattern
 
     lo, hi = 0.1, 1000.0
     assert pick(lo) is not pick(hi)

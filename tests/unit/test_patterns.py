@@ -18,10 +18,10 @@ def test_tiny_tensors_go_fp32_only_under_auto() -> None:
     # a bias of 4 floats: an fp32 ring allreduce moves 2*(N-1)/N*16 = 16 B at N=2; a payload
     # header alone is larger than that
     assert fp32_cost(4, 2).received == 16
-    assert decide(orq, 4, 1, 2, Pattern.AUTO) is Pattern.FP32
-    assert decide(orq, 4, 1, 2, Pattern.GATHER) is Pattern.GATHER  # an explicit request is honoured
+    assert decide(orq, 4, 1, 2, Pattern.AUTO).pattern is Pattern.FP32
+    assert decide(orq, 4, 1, 2, Pattern.GATHER).pattern is Pattern.GATHER  # an explicit request is honoured
     # ~1.6 bits vs 32: compress (the fp16 fallback, a question of time, not bytes, left out here)
-    assert decide(orq, 1 << 20, 2, 2, Pattern.AUTO, fallback=False) is Pattern.GATHER
+    assert decide(orq, 1 << 20, 2, 2, Pattern.AUTO, fallback=False).pattern is Pattern.GATHER
 
 
 def test_offered_patterns_bound_the_choice() -> None:
@@ -30,13 +30,13 @@ def test_offered_patterns_bound_the_choice() -> None:
     q = parse_scheme("qsgd:levels=4")
     n = 1 << 20
     slow = {"link_gbps": 0.1}
-    assert decide(q, n, 1, 64, Pattern.AUTO, EVERY, **slow) in (Pattern.SCATTER, Pattern.SUMMABLE)
-    assert decide(q, n, 1, 64, Pattern.AUTO, TF, **slow) is Pattern.SUMMABLE
+    assert decide(q, n, 1, 64, Pattern.AUTO, EVERY, **slow).pattern in (Pattern.SCATTER, Pattern.SUMMABLE)
+    assert decide(q, n, 1, 64, Pattern.AUTO, TF, **slow).pattern is Pattern.SUMMABLE
     orq = parse_scheme("orq:levels=3")  # not summable: with scatter gone, gather is left
-    assert decide(orq, n, 1, 8, Pattern.AUTO, EVERY, **slow) is Pattern.SCATTER
-    assert decide(orq, n, 1, 8, Pattern.AUTO, TF, **slow) is Pattern.GATHER  # 7 x 1.6 bits < 2 x 7/8 x 32
+    assert decide(orq, n, 1, 8, Pattern.AUTO, EVERY, **slow).pattern is Pattern.SCATTER
+    assert decide(orq, n, 1, 8, Pattern.AUTO, TF, **slow).pattern is Pattern.GATHER  # 7 x 1.6 bits < 2 x 7/8 x 32
     # at 64 ranks gather would receive 63 x 1.6 bits an element, more than fp32's 2 x 63/64 x 32
-    assert decide(orq, n, 1, 64, Pattern.AUTO, TF, **slow) is Pattern.FP32
+    assert decide(orq, n, 1, 64, Pattern.AUTO, TF, **slow).pattern is Pattern.FP32
 
 
 @pytest.mark.parametrize("spec", ["orq:levels=3", "orq:levels=5", "orq:levels=9", "qsgd:levels=4", "bingrad", "sign",
@@ -73,12 +73,12 @@ def test_cpu_decides_on_fast_links_and_bytes_on_slow_ones() -> None:
     1,000 Gbit/s sends them as fp16 (test_fp16_fallback_*)."""
     pb = parse_scheme("bingrad:variant=pb")
     n = 1 << 22
-    assert decide(pb, n, 2, 8, Pattern.AUTO, link_gbps=0.1) is Pattern.SCATTER
-    assert decide(pb, n, 2, 8, Pattern.AUTO, link_gbps=1000.0, fallback=False) is Pattern.GATHER
+    assert decide(pb, n, 2, 8, Pattern.AUTO, link_gbps=0.1).pattern is Pattern.SCATTER
+    assert decide(pb, n, 2, 8, Pattern.AUTO, link_gbps=1000.0, fallback=False).pattern is Pattern.GATHER
     assert cpu_seconds(pb, n, 8, Pattern.SCATTER) > cpu_seconds(pb, n, 8, Pattern.GATHER)
     orq = parse_scheme("orq:levels=5")
-    assert decide(orq, n, 2, 8, Pattern.AUTO, link_gbps=0.1) is Pattern.SCATTER
-    assert decide(orq, n, 2, 8, Pattern.AUTO, link_gbps=1000.0, fallback=False) is Pattern.SCATTER
+    assert decide(orq, n, 2, 8, Pattern.AUTO, link_gbps=0.1).pattern is Pattern.SCATTER
+    assert decide(orq, n, 2, 8, Pattern.AUTO, link_gbps=1000.0, fallback=False).pattern is Pattern.SCATTER
     assert cpu_seconds(orq, n, 8, Pattern.SCATTER) < cpu_seconds(orq, n, 8, Pattern.GATHER)
 
 
@@ -104,13 +104,13 @@ def test_hierarchical_moves_one_piece_a_rank_across_hosts() -> None:
 def test_hierarchical_wins_with_several_ranks_a_host_and_means_its_cross_part_without() -> None:
     orq = parse_scheme("orq:levels=3")
     n = 1 << 22
-    assert decide(orq, n, 2, 64, Pattern.AUTO, local=8, link_gbps=1.0) is Pattern.HIERARCHICAL
-    assert decide(orq, n, 2, 8, Pattern.HIERARCHICAL, local=1) in (Pattern.GATHER, Pattern.SCATTER)
-    assert decide(orq, n, 2, 8, Pattern.AUTO, local=1) is not Pattern.HIERARCHICAL
+    assert decide(orq, n, 2, 64, Pattern.AUTO, local=8, link_gbps=1.0).pattern is Pattern.HIERARCHICAL
+    assert decide(orq, n, 2, 8, Pattern.HIERARCHICAL, local=1).pattern in (Pattern.GATHER, Pattern.SCATTER)
+    assert decide(orq, n, 2, 8, Pattern.AUTO, local=1).pattern is not Pattern.HIERARCHICAL
     # the cross-host part is what auto would choose for the piece among the hosts
     for nranks, local, gbps in ((4, 2, 0.01), (4, 2, 100.0), (1024, 8, 10.0), (64, 4, 1.0)):
         want = decide(orq, n // local, 1, nranks // local, Pattern.AUTO, frozenset({Pattern.GATHER, Pattern.SCATTER}),
-                      link_gbps=gbps, fallback=False)  # a piece never goes fp16 on its own: the whole tensor may
+                      link_gbps=gbps, fallback=False).pattern  # a piece never goes fp16 on its own: the whole tensor may
         assert hier_cross(orq, n, nranks, local, gbps) is want
     assert hier_cross(orq, n, 4, 2, 0.01) is Pattern.GATHER  # 2 hosts: the finer second pass costs more
     assert hier_cross(orq, n, 8, 2, 0.01) is Pattern.SCATTER  # 4 hosts, a slow link: bytes decide
@@ -119,7 +119,7 @@ def test_hierarchical_wins_with_several_ranks_a_host_and_means_its_cross_part_wi
 
 def test_skip_never_sums_and_summable_needs_even_levels() -> None:
     skip = hvd_gradq.parse("qsgd:levels=4,nonfinite=skip")
-    assert decide(skip, 1 << 20, 1, 4, Pattern.SUMMABLE) is Pattern.GATHER
+    assert decide(skip, 1 << 20, 1, 4, Pattern.SUMMABLE).pattern is Pattern.GATHER
     with pytest.raises(SpecError, match="summable"):
         decide(parse_scheme("orq:levels=3"), 1 << 20, 1, 4, Pattern.SUMMABLE)
 

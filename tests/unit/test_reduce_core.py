@@ -12,14 +12,15 @@ import hvd_gradq
 from hvd_gradq import reduce as core
 from hvd_gradq.errors import GradqError, NonFiniteError
 from hvd_gradq.feedback import Memory
-from hvd_gradq.plan.hosts import Hosts
+from hvd_gradq.plan.decide import Choice
 from hvd_gradq.plan.layout import chunk_bounds
 from hvd_gradq.plan.pattern import Pattern
 from hvd_gradq.plan.second_phase import reduced_scheme
 from hvd_gradq.reduce.names import words
 from hvd_gradq.reduce.stats import Stats
-from hvd_gradq.torch.feedback import TensorStore
+from hvd_gradq.reduce.table import owner_residuals, phases
 from hvd_gradq.torch.ops import TorchOps
+from hvd_gradq.torch.store import TensorStore
 from hvd_gradq.torch.transport import TorchCodec
 
 CPU = TorchOps("cpu")
@@ -37,6 +38,11 @@ def run(spec: str, xs: list[torch.Tensor], make, step: int = 0, local: int = 1, 
     return core.lockstep(CPU, gens)
 
 
+def via(pattern: Pattern, cross: Pattern = Pattern.GATHER):
+    """The pattern's phases as every driver starts them: through the core's one table."""
+    return lambda red, part, x: phases(Choice(pattern, "", cross), red, part, x, CPU)
+
+
 def payload_values(scheme, x: np.ndarray, rank: int, key: str, step: int = 0) -> np.ndarray:
     """What rank ``rank`` sends for ``x`` under the seeds' rule, decoded: the public API."""
     p = hvd_gradq.quantize(x, scheme, seed=words(SEED, rank, key, step))
@@ -51,7 +57,7 @@ def grads(w: int, n: int, seed: int = 0) -> list[torch.Tensor]:
 @pytest.mark.parametrize("spec", ["orq:levels=5", "qsgd:levels=4", "terngrad", "bingrad", "topk:ratio=0.1"])
 def test_gather_is_the_sum_of_every_ranks_payload_in_rank_order(spec: str) -> None:
     xs = grads(3, 3000)
-    outs = run(spec, xs, core.gather, step=2)
+    outs = run(spec, xs, via(Pattern.GATHER), step=2)
     scheme = hvd_gradq.parse(spec).scheme
     expect = payload_values(scheme, xs[0].numpy(), 0, "t", 2)
     for r in (1, 2):
@@ -64,7 +70,7 @@ def test_gather_is_the_sum_of_every_ranks_payload_in_rank_order(spec: str) -> No
 def test_scatter_reduces_each_chunk_then_sends_it_by_the_second_phase_scheme(spec: str, w: int) -> None:
     xs = grads(w, 5000, seed=1)
     scheme = hvd_gradq.parse(spec).scheme
-    outs = run(spec, xs, core.scatter, step=1)
+    outs = run(spec, xs, via(Pattern.SCATTER), step=1)
     pieces = []
     for j, (lo, hi) in enumerate(chunk_bounds(5000, scheme.bucket, w)):
         part = payload_values(scheme, xs[0].numpy()[lo:hi], 0, f"t#{j}", 1)
@@ -78,7 +84,7 @@ def test_scatter_reduces_each_chunk_then_sends_it_by_the_second_phase_scheme(spe
 
 def test_summable_is_unbiased_within_one_step_a_rank_and_equal_everywhere() -> None:
     xs = grads(3, 4096, seed=2)
-    outs = run("qsgd:levels=4", xs, lambda red, part, x: core.summable(red, part, x, CPU))
+    outs = run("qsgd:levels=4", xs, via(Pattern.SUMMABLE))
     exact = sum(x.numpy().astype(np.float64) for x in xs)
     scheme = hvd_gradq.parse("qsgd:levels=4").scheme
     for out in outs[1:]:
@@ -96,8 +102,7 @@ def test_hierarchical_sums_inside_hosts_exactly_then_gathers_across_them() -> No
     xs = grads(w, n, seed=3)
     spec = "orq:levels=5"
     scheme = hvd_gradq.parse(spec).scheme
-    outs = run(spec, xs, lambda red, part, x: core.hierarchical(red, part, x, Hosts(w, local, part.group.rank),
-                                                                 Pattern.GATHER), local=local)
+    outs = run(spec, xs, via(Pattern.HIERARCHICAL, Pattern.GATHER), local=local)
     pieces = chunk_bounds(n, scheme.bucket, local)
     expect = []
     for i, (lo, hi) in enumerate(pieces):  # piece i: owned by local rank i on each host
@@ -117,7 +122,25 @@ def test_a_rank_with_nan_under_raise_stops_every_rank_after_the_collective() -> 
     xs = grads(2, 2000)
     xs[1][5] = float("nan")
     with pytest.raises(NonFiniteError, match=r"rank\(s\) \[1\]"):
-        run("orq:levels=5,nonfinite=raise", xs, core.gather)
+        run("orq:levels=5,nonfinite=raise", xs, via(Pattern.GATHER))
+
+
+def test_owner_residuals_are_as_wide_as_the_widest_part_on_any_rank() -> None:
+    # 10 buckets of 512 over 4 ranks: chunks of 2, 3, 2, 3 buckets (the last one short)
+    n, b = 9 * 512 + 100, 512
+    g = core.Group(1, 4, "", 1)
+    widest = max(hi - lo for lo, hi in chunk_bounds(n, b, 4))
+    assert widest == 3 * 512
+    assert owner_residuals(Choice(Pattern.SCATTER, ""), True, "w", n, b, g) == [("w#reduce", widest)]
+    assert owner_residuals(Choice(Pattern.SCATTER, ""), False, "w", n, b, g) == []
+    assert owner_residuals(Choice(Pattern.GATHER, ""), True, "w", n, b, g) == []
+    assert owner_residuals(Choice(Pattern.SUMMABLE, ""), True, "w", n, b, g) == []
+    # hierarchical, 2 hosts of 2: pieces of 5 buckets (the second short); sub-pieces of 3 buckets
+    h = core.Group(3, 4, "", 2)
+    assert owner_residuals(Choice(Pattern.HIERARCHICAL, "", Pattern.GATHER), True, "w", n, b, h) == [
+        ("w#host", 5 * 512)]
+    assert owner_residuals(Choice(Pattern.HIERARCHICAL, "", Pattern.SCATTER), True, "w", n, b, h) == [
+        ("w#host", 5 * 512), ("w#host#reduce", 3 * 512)]
 
 
 def test_loopback_collectives_follow_their_definitions() -> None:

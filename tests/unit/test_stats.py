@@ -1,4 +1,4 @@
-"""Telemetry: why each tensor takes its pattern (plan/decide.decide_why), the byte and time
+"""Telemetry: why each tensor takes its pattern (plan/decide.decide), the byte and time
 accounting (reduce/stats.py) against the ring-allreduce model written out here, the flat
 metrics, and the log (hvd_gradq/log.py): one line, on rank 0 only unless asked."""
 from __future__ import annotations
@@ -17,7 +17,7 @@ import pytest
 
 import hvd_gradq
 from hvd_gradq import log
-from hvd_gradq.plan.decide import decide, decide_why, seconds
+from hvd_gradq.plan.decide import Choice, decide, seconds
 from hvd_gradq.plan.pattern import CROSS, EVERY, ONE_RANK_WHY, Pattern, duration, warmup_why, why_tag
 from hvd_gradq.reduce.stats import Clock, Reports, Stats, flat_metrics, ratio, tally
 from hvd_gradq.spec import parse_scheme
@@ -44,8 +44,8 @@ GRID = [(spec, n, nranks, local, gbps)
 def test_the_reason_goes_with_the_pattern_decide_picks(requested: Pattern) -> None:
     for spec, n, nranks, local, gbps in GRID:
         scheme = parse_scheme(spec)
-        p, why = decide_why(scheme, n, 2, nranks, requested, EVERY, local, gbps)
-        assert p is decide(scheme, n, 2, nranks, requested, EVERY, local, gbps), (spec, n, nranks, why)
+        choice = decide(scheme, n, 2, nranks, requested, EVERY, local, gbps)
+        why = choice.why
         assert why_tag(why) in TAGS, why
         if requested is not Pattern.AUTO:
             assert why_tag(why) in ("requested", "one rank a host"), why
@@ -58,7 +58,8 @@ def test_auto_reasons_state_the_model_times_at_the_link_rate() -> None:
     kept = 0
     for spec, n, nranks, local, gbps in GRID:
         scheme = parse_scheme(spec)
-        p, why = decide_why(scheme, n, 2, nranks, Pattern.AUTO, EVERY, local, gbps)
+        choice = decide(scheme, n, 2, nranks, Pattern.AUTO, EVERY, local, gbps)
+        p, why = choice.pattern, choice.why
         if why_tag(why) != "auto":
             continue
         assert f" at {gbps:g} Gbit/s" in why, why
@@ -83,13 +84,15 @@ def test_auto_reasons_state_the_model_times_at_the_link_rate() -> None:
 def test_the_other_reasons_say_what_happened() -> None:
     orq = parse_scheme("orq:levels=3")
     payload = header_size(orq.spec, 1) + orq.nbytes(4)
-    assert decide_why(orq, 4, 1, 2, Pattern.AUTO) == (
+    assert decide(orq, 4, 1, 2, Pattern.AUTO) == Choice(
         Pattern.FP32, f"no saving: gather would move {payload} B a rank, fp32 allreduce {ring(4, 2, 4)} B (4 elements)")
-    assert decide_why(orq, 1 << 20, 2, 8, Pattern.SCATTER) == (Pattern.SCATTER, "requested")
-    p, why = decide_why(orq, 1 << 20, 2, 8, Pattern.HIERARCHICAL, EVERY, 1, 1.0)
+    assert decide(orq, 1 << 20, 2, 8, Pattern.SCATTER) == Choice(Pattern.SCATTER, "requested")
+    choice = decide(orq, 1 << 20, 2, 8, Pattern.HIERARCHICAL, EVERY, 1, 1.0)
+    p, why = choice.pattern, choice.why
     assert why.startswith("one rank a host: hierarchical is its cross-host part; auto: ") and p in CROSS
     skip = hvd_gradq.parse("orq:levels=3,nonfinite=skip")
-    p, why = decide_why(skip, 1 << 20, 2, 8, Pattern.HIERARCHICAL, EVERY, 2, 1.0)
+    choice = decide(skip, 1 << 20, 2, 8, Pattern.HIERARCHICAL, EVERY, 2, 1.0)
+    p, why = choice.pattern, choice.why
     assert (p, why_tag(why)) == (Pattern.GATHER, "nonfinite=skip") and "hierarchical sum, so gather" in why
     assert warmup_why(hvd_gradq.parse("orq:warmup=3").policy, 0, Pattern.GATHER) == "warm-up: step 1 of 3, then gather"
     assert why_tag(ONE_RANK_WHY) == "one rank"

@@ -1,0 +1,94 @@
+"""The TensorFlow compressor's residual store: the ``tf.Variable`` s a slot holds (:mod:`.slots`)
+and :class:`SlotStore`, error feedback's :class:`hvd_gradq.feedback.Store` over them. PyTorch's
+twin is :mod:`hvd_gradq.torch.store`.
+
+**Variables.** Per slot, created once under ``tf.init_scope`` (so a slot first reached in a
+later trace, a new training function after ``compile()``, still works): ``steps[key]`` (int64,
+the random stream's position), and with ``ef`` ``residuals[key]`` (float32, in *unscaled* units
+when the compressor has a ``loss_scale``) and ``owners[key]`` (int64, the rank whose residual it
+is), under the scatter pattern also those two for its reduced chunk (``<key>#reduce``). They
+live in dicts tracked by the ``tf.Module``, so ``tf.train.Checkpoint`` saves them under the
+variable's name and restores them when the slot is created (restore before the first trace) or
+at once (restore later).
+
+**Checkpoints and ranks.** Horovod's recipe saves on rank 0 and restores on every rank. A
+residual is one rank's own rounding error: a rank that restores another rank's residual (its
+``owners`` entry differs from its rank) uses zero in its place at the next step (a one-step
+bias, as a fresh start has) and keeps its step counter; a rank that restores its own file
+resumes exactly.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+import tensorflow as tf
+from tensorflow.python.ops import resource_variable_ops
+
+from ..errors import GradqError
+
+
+def variable(initial: Any, name: str) -> Any:
+    """A variable created eagerly from a NumPy value (a tensor made in the trace cannot be lifted),
+    once per slot, even while a later trace of a ``tf.function`` runs: Horovod caches its
+    reduction function on the compressor, so a compressor reused for a new model (or new
+    trainable variables) meets them in a retrace, where ``tf.Variable(...)``
+    refuses ("only supports singleton tf.Variables created on the first call"). The guard is a
+    variable-creator scope that only ``tf.Variable`` itself consults; a ``ResourceVariable`` built
+    directly under ``init_scope`` is the same kind of variable, made once and captured by reference."""
+    with tf.init_scope():
+        return resource_variable_ops.ResourceVariable(initial, trainable=False, name=name)
+
+
+class SlotStore:
+    """Residuals in the slots' ``tf.Variable`` s: a :class:`hvd_gradq.feedback.Store` for graphs.
+
+    ``read`` gives zero where another rank owns the variable (it was restored from that rank's
+    checkpoint, see the module docstring); ``write`` makes this rank its owner. There is no
+    ``forget``: a graph cannot undo a step (:class:`~hvd_gradq.feedback.Memory` ``undo=False``).
+
+    An owner residual's variable is as wide as the widest chunk or piece on any rank
+    (:func:`make_residual`): ``read`` gives its first elements, as many as ``like`` has, and
+    ``write`` zero-pads this rank's to the variable's width."""
+
+    def __init__(self, residuals: dict[str, Any], owners: dict[str, Any], rank: int) -> None:
+        self.residuals, self.owners, self.rank = residuals, owners, rank
+
+    def read(self, key: str, like: Any) -> Any:
+        var = self.residuals.get(key)
+        if var is None:
+            return None
+        mine = tf.equal(self.owners[key].read_value(), self.rank)
+        value = var.read_value()
+        n = int(like.shape[0])
+        if n < int(var.shape[0]):
+            value = value[:n]
+        return tf.where(mine, value, tf.zeros_like(like))
+
+    def write(self, key: str, value: Any) -> None:
+        var = self.residuals[key]
+        pad = int(var.shape[0]) - int(value.shape[0])
+        var.assign(tf.pad(value, [[0, pad]]) if pad > 0 else value)
+        self.owners[key].assign(tf.constant(self.rank, tf.int64))
+
+    def forget(self, key: str) -> None:
+        raise GradqError("a TensorFlow graph cannot undo a residual; Memory(undo=False) never asks")
+
+
+def _safe(key: str) -> str:
+    return "".join(c if c.isalnum() or c in "_.-" else "_" for c in key)
+
+
+def make_variables(key: str, n: int, ef: bool, rank: int) -> tuple[Any, Any, Any]:
+    """(step, residual, owner) for a new slot, created outside any graph being traced."""
+    step = variable(np.int64(0), f"hvd_gradq_step_{_safe(key)}")
+    if not ef:
+        return step, None, None
+    return (step, *make_residual(key, n, rank))
+
+
+def make_residual(key: str, n: int, rank: int) -> tuple[Any, Any]:
+    """(residual, owner) of ``n`` elements: a slot's, or the scatter pattern's reduced chunk's
+    (key ``<key>#reduce``, :func:`hvd_gradq.feedback.reduced_key`)."""
+    residual = variable(np.zeros((n,), np.float32), f"hvd_gradq_residual_{_safe(key)}")
+    return residual, variable(np.int64(rank), f"hvd_gradq_owner_{_safe(key)}")
