@@ -6,7 +6,7 @@ a fixed synthetic tensor, through the same host codec it runs: :func:`measure`, 
 milliseconds a scheme once the kernels are compiled (the warm-up call compiles or loads them,
 as the first step would anyway). The ranks then allgather their figures (:func:`to_row`, one
 small float64 collective beside the configuration check) and every rank takes the elementwise
-maximum (:func:`agree`): a decision (:func:`~.patterns.decide`) reads only agreed values, so
+maximum (:func:`agree`): a decision (:func:`hvd_gradq.plan.decide.decide`) reads only agreed values, so
 no two ranks can choose differently, and the slowest rank, which the others wait for in every
 collective, is the one the model prices. The result is :class:`~.cpu_cost.Figures`; callers
 without a job (``advise``, the benchmarks' models) keep the shipped table.

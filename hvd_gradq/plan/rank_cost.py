@@ -1,8 +1,8 @@
 """What one rank sends and receives a step for one tensor, by the pattern it takes: the one cost
-function of the model (:func:`~.patterns.cost` prices a host's link for ``decide``; this prices a
+function of the model (:func:`~.decide.cost` prices a host's link for ``decide``; this prices a
 rank, for ``stats()``). TensorFlow's ``stats()`` reads it, since its graph fixes every size when it
 is traced; PyTorch counts the payloads it sends as it goes. Gather, summable and scatter are
-:func:`~.patterns.cost` (one rank a host); hierarchical is exact per rank, from the payload sizes
+:func:`~.decide.cost` (one rank a host); hierarchical is exact per rank, from the payload sizes
 of the piece this rank owns.
 """
 from __future__ import annotations

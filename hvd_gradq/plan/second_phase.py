@@ -1,7 +1,7 @@
 """The scatter pattern's second phase: what a reduced chunk (the sum of N first-phase payloads)
-is re-quantized with before the allgather spreads it (:mod:`.patterns`' ``scatter`` and
-``hierarchical``; the frontends, the cost model and the quality study's simulator all take it
-from :func:`reduced_scheme`, so they agree bit for bit)."""
+is re-quantized with before the allgather spreads it (the reduction core's ``scatter`` and
+``hierarchical`` patterns, :mod:`hvd_gradq.reduce`; the cost model, :mod:`.decide`, prices it;
+all take it from :func:`reduced_scheme`, so they agree bit for bit)."""
 
 from __future__ import annotations
 

@@ -295,7 +295,7 @@ def flat_metrics(summary: dict[str, Any], prefix: str = "hvd_gradq/") -> dict[st
 
 
 def tally(tensors: dict[str, dict[str, Any]]) -> dict[str, dict[str, int]]:
-    """Tensors by pattern, then by the tag of their reason (:func:`~.patterns.why_tag`)."""
+    """Tensors by pattern, then by the tag of their reason (:func:`hvd_gradq.plan.pattern.why_tag`)."""
     out: dict[str, dict[str, int]] = {}
     for t in tensors.values():
         tags = out.setdefault(t["pattern"], {})

@@ -11,18 +11,19 @@ Horovod's calling frames: ``op`` (``Adasum``, ``Min``, ``Max``, ``Product`` are 
 sum or an average of decoded payloads is served), the pre/post scale factors, the process set
 (every collective here runs on it, with its rank and size; a constructor ``process_set=`` must
 agree) and the variable of the gradient. **State** is keyed by that variable (see
-:mod:`.state`: per slot a step counter, and with ``ef`` a residual and the rank that owns it,
+:mod:`.slots` and :mod:`.store`: per slot a step counter, and with ``ef`` a residual and the rank that owns it,
 ``tf.Variable`` s tracked by this ``tf.Module`` for ``tf.train.Checkpoint``). Collective names
 are ``hvd_gradq.<name>.<kind>.<i>[.p<set>]`` (:mod:`hvd_gradq.reduce.names`), ``i`` the slot's
 creation order, identical on every rank; ``<name>`` is ``name=`` or ``c<k>`` for the k-th compressor this process built,
 which the one-time configuration check (an eager allgather on the process set) compares.
 
-**Patterns** (started in ``compress``, finished in ``decompress``): ``gather`` (host-made
-payloads ``hvd.allgather`` ed, each decoded in rank order, :mod:`.collectives`), ``summable``
-(a shared table agreed by a Max-allreduce, int32 code lanes Sum-allreduced), ``scatter``
-(per-chunk payloads alltoall'ed, each rank's chunk summed, re-encoded finer with its residual
-``<key>#reduce`` and allgathered, :mod:`.scatter`), ``hierarchical`` (fp32 sums inside a host,
-each owner's piece reduced among hosts, :mod:`.hier`); ``auto`` weighs bytes at ``link_gbps``
+**Patterns** (the reduction core's, looked up in its table: :mod:`hvd_gradq.reduce.table`;
+started in ``compress``, finished in ``decompress`` by :mod:`.reduce`): ``gather`` (host-made
+payloads ``hvd.allgather`` ed, each decoded in rank order), ``summable`` (a shared table agreed
+by a Max-allreduce, int32 code lanes Sum-allreduced), ``scatter`` (per-chunk payloads
+alltoall'ed, each rank's chunk summed, re-encoded finer with its residual ``<key>#reduce`` and
+allgathered), ``hierarchical`` (fp32 sums inside a host, each owner's piece reduced among
+hosts; the residual variables of the owned parts sized by the table); ``auto`` weighs bytes at ``link_gbps``
 against CPU (:func:`hvd_gradq.plan.decide.decide`) and hands a tensor whose compressed
 traffic would not beat an fp32 ring (a bias), or whose shape is not static, to Horovod's own
 allreduce (whose fusion makes a sum's bits beyond 2 ranks depend on what it fused: set

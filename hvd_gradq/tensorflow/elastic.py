@@ -31,7 +31,7 @@ from __future__ import annotations
 
 import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, Protocol
 
 import horovod.tensorflow as hvd
 import horovod.tensorflow.mpi_ops as mpi_ops
@@ -39,16 +39,39 @@ import numpy as np
 import tensorflow as tf
 
 from ..errors import GradqError
+from ..feedback import Memory
 from ..frontend import elastic
 from ..frontend.elastic import Generation, World
 from ..frontend.membership import membership
 from ..reduce import names
 from ..reduce.names import Kind
+from .slots import Bookkeeping
 from .store import SlotStore
 
 if TYPE_CHECKING:
     from .callsite import CallSite
-    from .compressor import GradqCompressor
+
+class Host(Protocol):
+    """What the elastic side reads and resets of its compressor (:class:`.compressor.GradqCompressor`
+    is one; this module names no compressor class, so the two modules do not import each other)."""
+
+    cid: str
+    seed: int
+    memory: Memory
+    steps: dict[str, Any]
+    residuals: dict[str, Any]
+    owners: dict[str, Any]
+    _host: Bookkeeping
+
+    def forget_handshakes(self) -> None: ...
+
+    def decompress(self, tensor: Any, ctx: Any) -> Any: ...
+
+    def _position_key(self) -> str: ...
+
+    def _compress_at(self, tensor: Any, site: Any, ps: Any, member: Any, key: str | None = None,
+                     host: bool = False) -> tuple[Any, Any]: ...
+
 
 _LIVE: weakref.WeakSet[Any] = weakref.WeakSet()  # the Elastic of every compressor of this process
 _WRAPPED: list[type] = []
@@ -85,7 +108,7 @@ class Saved:
 class Elastic:
     """One TensorFlow compressor's elastic side (see the module docstring)."""
 
-    c: GradqCompressor
+    c: Host
     base: str  # the compressor's name without a generation
     generation: Generation = field(default_factory=Generation)
     made_in: World | None = None
@@ -202,7 +225,7 @@ class Elastic:
         return self.synced_steps.get(key)
 
 
-def attach(c: GradqCompressor, base: str) -> Elastic | None:
+def attach(c: Host, base: str) -> Elastic | None:
     """The compressor's elastic side in an elastic job (None elsewhere); wraps Horovod's TF states once."""
     if not elastic.active():
         return None

@@ -255,7 +255,7 @@ class GradqCompressor(CompressorCore):
         if self.policy.ef:
             x = self.memory.compensate(name, x)
         ctx = Ctx(name, step, tensor.shape, tensor.dtype, tensor.device, group, choice)
-        self._reducer.start(ctx, x)
+        ctx.flow = self._reducer.start(choice, name, step, group, x)
         return self._telemetry.compressed(t0, (torch.ones(1, dtype=torch.float32), ctx))
 
     def decompress(self, tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
@@ -267,10 +267,10 @@ class GradqCompressor(CompressorCore):
             out = tensor.to(ctx.dtype)
             self._check_output(out)
             return self._telemetry.decompressed(t0, out)
-        if not isinstance(ctx, Ctx):
+        if not isinstance(ctx, Ctx) or ctx.flow is None:
             raise GradqError("decompress() got a context hvd_gradq did not make")
         # Horovod reduced our [1.0] with this call's op and scale factors (frontend/compressor.py)
-        total: torch.Tensor = final_scale(self._reducer.finish(ctx), float(tensor.reshape(-1)[0]), ctx.group.size)
+        total: torch.Tensor = final_scale(self._reducer.finish(ctx.flow), float(tensor.reshape(-1)[0]), ctx.group.size)
         out = total.reshape(ctx.shape).to(device=ctx.device, dtype=ctx.dtype)
         self._check_output(out)
         return self._telemetry.decompressed(t0, out)

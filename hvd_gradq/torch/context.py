@@ -35,4 +35,4 @@ class Ctx:
     device: torch.device
     group: Group
     choice: Choice
-    flow: Flow | None = None  # the pattern in flight, once :meth:`.reduce.Reducer.start` started it
+    flow: Flow | None = None  # the pattern in flight (:meth:`.reduce.Reducer.start`)

@@ -26,18 +26,35 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import horovod.torch as hvd
 import torch
 from horovod.torch.elastic import state as hvd_state
 
 from ..errors import GradqError
+from ..feedback import Memory
 from ..frontend import elastic
 from ..frontend.elastic import Generation, World
+from .reduce import Reducer
+from .store import TensorStore
 
-if TYPE_CHECKING:
-    from .compressor import GradqCompressor
+
+class Host(Protocol):
+    """What the elastic side reads and resets of its compressor (:class:`.compressor.GradqCompressor`
+    is one; this module names no compressor class, so the two modules do not import each other:
+    the compressor class registers itself, :func:`register`)."""
+
+    seed: int
+    memory: Memory
+    _store: TensorStore
+    _steps: dict[str, int]
+    _reducer: Reducer
+    _decompressing: bool
+    _local: int | None
+    _elastic: Elastic
+
+    def forget_handshakes(self) -> None: ...
 
 logger = logging.getLogger("hvd_gradq")
 
@@ -63,7 +80,7 @@ class Elastic:
     """One compressor's elastic side: its generation, the world its residuals were made in, the
     last commit, and the handler of the state that holds it."""
 
-    c: GradqCompressor
+    c: Host
     generation: Generation = field(default_factory=Generation)
     made_in: World | None = None  # the world the residuals were made in (None: no residuals yet)
     saved: Saved | None = None
@@ -158,7 +175,7 @@ class Elastic:
         c.seed = c._reducer.seed = seed
 
 
-def of(c: GradqCompressor) -> Elastic:
+def of(c: Host) -> Elastic:
     """The compressor's elastic side."""
     e: Elastic = c._elastic
     return e
@@ -169,7 +186,7 @@ class CompressorStateHandler(hvd_state.StateHandler):  # type: ignore[misc]
     last handler made for a compressor owns it; earlier ones (the same compressor passed to the
     state directly and inside its optimizer) do nothing, so a reset counts once."""
 
-    def __init__(self, compressor: GradqCompressor) -> None:
+    def __init__(self, compressor: Host) -> None:
         super().__init__(compressor)
         of(compressor).handler = self
         self.save()

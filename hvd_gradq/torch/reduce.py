@@ -36,13 +36,13 @@ from .. import reduce as core
 from ..errors import GradqError
 from ..feedback import Memory
 from ..frontend.workers import Workers
+from ..plan.decide import Choice
 from ..policy import Policy
 from ..reduce import table
 from ..reduce.stats import Stats
 from ..schemes.scheme import Scheme
 from ..spec import Config
 from . import device
-from .context import Ctx
 from .ops import TorchOps
 from .transport import HorovodTransport, TorchCodec
 
@@ -83,16 +83,17 @@ class Reducer:
     def __post_init__(self) -> None:  # the patterns encode with the policy: its nonfinite=raise applies
         self.config = Config(self.scheme, self.policy)
 
-    def start(self, ctx: Ctx, x: torch.Tensor) -> Ctx:
-        """Start ``ctx``'s pattern on ``x`` (float32, flat, error feedback already added)."""
-        row = table.entry(ctx.choice.pattern)
+    def start(self, choice: Choice, name: str, step: int, group: core.Group, x: torch.Tensor) -> Flow:
+        """Start the chosen pattern for tensor ``name`` at ``step`` over ``group`` on ``x`` (float32,
+        flat, error feedback already added): its first segment, up to its first collective."""
+        row = table.entry(choice.pattern)
         red = core.Reduction(self.config, self.seed, hvd.rank(), self.memory, self.stats, _CPU)
         on_dev = device.on_device(self.codec, x) and not row.host_fp32  # host_fp32: pieces on the host
-        part = core.Part(ctx.name, ctx.step, ctx.group, TorchCodec(on_dev, "cpu" if row.host_fp32 else x.device))
+        part = core.Part(name, step, group, TorchCodec(on_dev, "cpu" if row.host_fp32 else x.device))
         if not on_dev and not row.encodes_first:  # the host codec's encode copies to the host itself
             x = x.detach().cpu()
-        transport = HorovodTransport(ctx.group.process_set, self.stats.clock)
-        flow = ctx.flow = Flow(row.run(red, part, x, TorchOps(x.device) if on_dev else _CPU, ctx.choice), transport)
+        transport = HorovodTransport(group.process_set, self.stats.clock)
+        flow = Flow(row.run(red, part, x, TorchOps(x.device) if on_dev else _CPU, choice), transport)
         if row.encodes_first:
             # the job reads x's values; nothing writes the gradient before the step settles the job
             flow.job = self.workers.submit(lambda: self._advance(flow))
@@ -105,7 +106,7 @@ class Reducer:
         else:
             self._advance(flow)
             self.flows.append(flow)
-        return ctx
+        return flow
 
     def _advance(self, ctx: Flow) -> None:
         """Wait for the collective in flight (none at the start), run the pattern on to its next
@@ -126,10 +127,8 @@ class Reducer:
                 return out
             ctx.handle = ctx.transport.start(ctx.request)
 
-    def finish(self, ctx: Ctx) -> torch.Tensor:
-        """Wait for ``ctx``'s collectives and return the decoded sum over the group (float32, flat)."""
-        flow = ctx.flow
-        assert flow is not None, "decompress() of a tensor whose pattern never started"
+    def finish(self, flow: Flow) -> torch.Tensor:
+        """Wait for the flow's collectives and return the decoded sum over the group (float32, flat)."""
         self.flush()
         if flow.error is not None:
             raise flow.error

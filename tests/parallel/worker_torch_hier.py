@@ -117,9 +117,9 @@ def oracle_case(spec: str, n: int, op=hvd.Sum) -> dict:
     for step in range(3):
         g = torch.from_numpy(np.random.default_rng(1000 * step + rank).standard_t(3, n).astype(np.float32))
         got, ctx = reduce_once(comp, name, g, op)
-        used.add(type(ctx).__name__)
         allg = hvd.allgather(g[None], name=f"x.{name}.{step}").numpy()
         want, cross = oracle(scheme, policy, name, allg, step, res)
+        used.add(f"{ctx.choice.pattern.value}/{ctx.choice.cross.value}/{cross.value}")  # taken / its cross / the oracle's
         if op == hvd.Average:
             want = want / size
         if not np.array_equal(got.numpy(), want.astype(np.float32)):
