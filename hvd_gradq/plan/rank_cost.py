@@ -9,19 +9,20 @@ from __future__ import annotations
 
 from ..schemes.scheme import Scheme
 from ..wire.payload import header_size
-from .decide import Cost, cost, fp16_cost, fp32_cost, hier_cross
+from .decide import Choice, Cost, cost, fp16_cost, fp32_cost
 from .hosts import Hosts
 from .layout import chunk_bounds
 from .pattern import Pattern
 from .second_phase import reduced_scheme
 
 
-def rank_cost(scheme: Scheme, n: int, ndim: int, size: int, local: int, rank: int, pattern: Pattern | None,
-              link_gbps: float) -> Cost:
-    """What this rank sends and receives per step, for ``stats()``: hierarchical, the payloads of
-    its own piece that cross hosts (exact, from the payload sizes, as PyTorch counts them);
-    the other patterns, :func:`~hvd_gradq.plan.decide.cost`."""
-    if size <= 1 or pattern is None:
+def rank_cost(scheme: Scheme, n: int, ndim: int, size: int, local: int, rank: int, choice: Choice | None) -> Cost:
+    """What this rank sends and receives per step under ``choice`` (None: Horovod's fp32), for
+    ``stats()``: hierarchical, the payloads of its own piece that cross hosts as the choice's
+    cross part sends them (exact, from the payload sizes, as PyTorch counts them); the other
+    patterns, :func:`~hvd_gradq.plan.decide.cost`."""
+    pattern = None if choice is None else choice.pattern
+    if size <= 1 or choice is None or pattern is Pattern.FP32:
         return fp32_cost(n, size)
     if pattern is Pattern.FP16:  # the cost model's fallback: Horovod's fp16 ring
         return fp16_cost(n, size)
@@ -30,7 +31,7 @@ def rank_cost(scheme: Scheme, n: int, ndim: int, size: int, local: int, rank: in
     h = Hosts(size, local, rank)
     lo, hi = chunk_bounds(n, scheme.bucket, local)[h.local_rank]
     others = h.count - 1
-    if hier_cross(scheme, n, size, local, link_gbps) is Pattern.GATHER:
+    if choice.cross is Pattern.GATHER:
         c = header_size(scheme.spec, 1) + scheme.nbytes(hi - lo)
         return Cost(others * c, others * c)
     fine = reduced_scheme(scheme, h.count)

@@ -180,8 +180,7 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         decided = self.decide(n, len(shape), size, local, self._host.agreed)
         choice = None if decided.pattern is Pattern.FP32 else decided
         self._stats.decide(key, decided.pattern.value, self.warm_note(decided), n, size)
-        pattern = None if choice is None else choice.pattern
-        c = rank_cost(self.scheme, n, len(shape), size, local, hvd.rank(), pattern, self.link_gbps)
+        c = rank_cost(self.scheme, n, len(shape), size, local, hvd.rank(), choice)
         step, residual, owner = self.steps.get(key), self.residuals.get(key), self.owners.get(key)
         if step is None:  # elastic: a new world's slot keeps its variables (tf_elastic.new_world)
             step, residual, owner = make_variables(key, n, self.policy.ef, hvd.rank())
