@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING
 import torch
 
 from ..plan.decide import Choice
+from ..plan.pattern import Pattern
 from ..reduce import Group
 
 if TYPE_CHECKING:
@@ -36,3 +37,8 @@ class Ctx:
     group: Group
     choice: Choice
     flow: Flow | None = None  # the pattern in flight (:meth:`.reduce.Reducer.start`)
+
+    @property
+    def pattern(self) -> Pattern:
+        """The decided pattern."""
+        return self.choice.pattern

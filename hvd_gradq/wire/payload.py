@@ -41,6 +41,7 @@ elements), so a scheme is handed in by whoever turns spec text into a scheme
 
 from __future__ import annotations
 
+import math
 import struct
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
@@ -149,10 +150,7 @@ class Payload(Generic[S]):
 
     @property
     def n(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
@@ -194,10 +192,7 @@ class Header:
 
     @property
     def n(self) -> int:
-        n = 1
-        for d in self.shape:
-            n *= d
-        return n
+        return math.prod(self.shape)
 
     @property
     def end(self) -> int:
