@@ -35,6 +35,7 @@ from typing import Any, Generic, TypeVar
 from ..errors import GradqError, SpecError
 from ..policy import KEYS, Policy
 from ..spec import Config, build, parse, scheme_class
+from .frameworks import FRONTENDS
 
 C = TypeVar("C")
 
@@ -64,7 +65,6 @@ FRONTEND_ONLY: dict[str, str] = {
     "codec": "hvd_gradq.torch",
     "name": "hvd_gradq.tensorflow",
 }
-_FRAMEWORK = {"hvd_gradq.torch": "PyTorch", "hvd_gradq.tensorflow": "TensorFlow"}
 _SCALARS = (str, bytes, int, float, bool)  # never a compressor's positional argument (named_parameters)
 
 
@@ -163,7 +163,8 @@ def check_keywords(given: Iterable[str], valid: list[str], frontend: str, who: s
             continue
         owner = FRONTEND_ONLY.get(key)
         if owner is not None and owner != frontend:
-            raise SpecError(f"{key}= is {_FRAMEWORK[owner]} only ({owner}); {who} of {frontend} does not take it")
+            framework = FRONTENDS[owner].framework
+            raise SpecError(f"{key}= is {framework} only ({owner}); {who} of {frontend} does not take it")
         close = difflib.get_close_matches(key, valid, n=1)
         hint = f" (did you mean {close[0]}=?)" if close else ""
         raise SpecError(f"{who}: unknown keyword {key}={hint}; valid: {', '.join(valid)}")
