@@ -30,7 +30,6 @@ from hvd_gradq.cli import calibrate  # noqa: E402
 from hvd_gradq.plan.cpu_cost import table_key  # noqa: E402
 from hvd_gradq.spec import parse_scheme  # noqa: E402
 
-SPECS = calibrate.EVERY
 OUT = ROOT / "hvd_gradq" / "plan" / "cpu_table.py"
 
 
@@ -48,10 +47,11 @@ def main() -> None:
     args = ap.parse_args()
     load = os.getloadavg()
     rows: dict[str, tuple[float, float]] = {}
-    for i, spec in enumerate(SPECS):
+    specs = calibrate.every()  # what each scheme declares for the table (@register(..., calibrate=...))
+    for i, spec in enumerate(specs):
         e, d = measure(spec)
         rows[table_key(parse_scheme(spec))] = (e, d)
-        print(f"[{i + 1}/{len(SPECS)}] {spec:22s} encode {e:8.2f} ns/el  decode {d:6.2f} ns/el", flush=True)
+        print(f"[{i + 1}/{len(specs)}] {spec:22s} encode {e:8.2f} ns/el  decode {d:6.2f} ns/el", flush=True)
     load2 = os.getloadavg()
     print(f"load average {load[0]:.1f} at start, {load2[0]:.1f} at end")
     if args.check:

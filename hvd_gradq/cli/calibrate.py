@@ -21,12 +21,17 @@ from pathlib import Path
 from ..errors import GradqError
 from ..frontend import probe
 from ..plan.cpu_cost import ns_per_element, table_key
+from ..schemes.registry import declarations
 from ..spec import parse
 
-#: what the project's table holds (bench/calibrate_cpu.py --all)
-EVERY = ["none", "fp16", "uniform:bits=2", "uniform:bits=4", "uniform:bits=8", "sign", "qsgd:levels=1",
-         "qsgd:levels=4", "qsgd:levels=16", "qsgd:levels=64", "terngrad", "topk", "bingrad",
-         "bingrad:variant=pb"] + [f"orq:levels={s}" for s in (2, 3, 4, 5, 6, 9, 17, 33, 65)]
+
+def every() -> list[str]:
+    """What the project's table holds (``bench/calibrate_cpu.py`` measures these): the specs
+    each registered scheme declares for it (``@register(..., calibrate=...)``), in registration
+    order. Read when asked, so that a scheme registered after this module loaded is in it."""
+    return [spec for d in declarations() for spec in d.calibrate]
+
+
 #: the command's default: the schemes the README's table and `advise` compare
 DEFAULT = ["fp16", "uniform:bits=4", "qsgd:levels=4", "terngrad", "sign", "bingrad", "orq:levels=3",
            "orq:levels=5"]

@@ -1,6 +1,11 @@
 """The public constructors both frontends export: ``ORQ(levels=5, ...)``, one a scheme, and the
 checks ``from_spec`` and ``from_env`` share with them.
 
+**One list of factories.** Which factories exist, and their names and first doc lines, is what
+each scheme declares in its own file (``@register("orq", export="ORQ", doc=...)``,
+:mod:`hvd_gradq.schemes.registry`); :func:`install_factories` binds them in each frontend
+module, so neither frontend spells out a factory, and a new scheme reaches both by itself.
+
 **One source for every keyword.** A factory's signature is made, not written: the scheme's
 parameters come from its class (the dataclass fields :func:`hvd_gradq.schemes.options.param`
 declares, with their kinds, defaults and doc lines), then the policy's (``ef``, ``nonfinite``,
@@ -34,27 +39,14 @@ from typing import Any, Generic, TypeVar
 
 from ..errors import GradqError, SpecError
 from ..policy import KEYS, Policy
+from ..schemes.registry import Declaration, declarations
 from ..spec import Config, build, parse, scheme_class
+from .frameworks import FRONTENDS
 
 C = TypeVar("C")
 
 #: The environment variable ``from_env`` reads.
 ENV = "HVD_GRADQ"
-
-#: (exported name, scheme name, docstring) of every per-scheme factory, in export order.
-SCHEME_FACTORIES: tuple[tuple[str, str, str], ...] = (
-    ("NoCompression", "none", "fp32 payloads through hvd_gradq's own collectives (a baseline)."),
-    ("FP16", "fp16", "Half precision, 2x."),
-    ("Uniform", "uniform", "Deterministic uniform quantization, 2^bits levels a bucket."),
-    ("QSGD", "qsgd", "QSGD (Alistarh et al. 2017): unbiased stochastic rounding onto evenly spaced levels."),
-    ("TernGrad", "terngrad", "TernGrad (Wen et al. 2017): {-s, 0, s} with Bernoulli draws."),
-    ("Sign", "sign", "Scaled sign (EF-signSGD with ``ef=True``)."),
-    ("TopK", "topk", "Top-K: the ``ratio`` share of largest magnitudes, values coded by ``values``."),
-    ("BinGrad", "bingrad", "BinGrad (Xu et al. 2020): error feedback is on by default (it is biased; "
-     "``ef=False`` is the paper's plain form). results/quality.md."),
-    ("ORQ", "orq", "ORQ (Xu et al. 2020): levels at the exact minimum of the rounding variance; the default "
-     "ORQ-5 kept fp32's accuracy in results/quality.md."),
-)
 
 #: Compressor options one frontend has and the other has not: option -> the frontend that has it.
 #: Each frontend's options are its compressor constructor's keywords; tests/unit/test_slips.py
@@ -64,7 +56,6 @@ FRONTEND_ONLY: dict[str, str] = {
     "codec": "hvd_gradq.torch",
     "name": "hvd_gradq.tensorflow",
 }
-_FRAMEWORK = {"hvd_gradq.torch": "PyTorch", "hvd_gradq.tensorflow": "TensorFlow"}
 _SCALARS = (str, bytes, int, float, bool)  # never a compressor's positional argument (named_parameters)
 
 
@@ -163,7 +154,8 @@ def check_keywords(given: Iterable[str], valid: list[str], frontend: str, who: s
             continue
         owner = FRONTEND_ONLY.get(key)
         if owner is not None and owner != frontend:
-            raise SpecError(f"{key}= is {_FRAMEWORK[owner]} only ({owner}); {who} of {frontend} does not take it")
+            framework = FRONTENDS[owner].framework
+            raise SpecError(f"{key}= is {framework} only ({owner}); {who} of {frontend} does not take it")
         close = difflib.get_close_matches(key, valid, n=1)
         hint = f" (did you mean {close[0]}=?)" if close else ""
         raise SpecError(f"{who}: unknown keyword {key}={hint}; valid: {', '.join(valid)}")
@@ -278,10 +270,45 @@ class SchemeFactory(Generic[C]):
         raise self.uncalled()
 
 
+@functools.cache
+def _factory(export: str, declared: Declaration, construct: Callable[..., C], frontend: str) -> SchemeFactory[C]:
+    # one object a declaration and frontend: the module's attribute and its __getattr__ agree
+    # (gq.ORQ is gq.ORQ); a scheme registered again is a new declaration, so a new factory
+    return SchemeFactory(export, declared.name, declared.doc, construct, frontend)
+
+
 def scheme_factories(construct: Callable[..., C], frontend: str) -> dict[str, SchemeFactory[C]]:
-    """Every factory of :data:`SCHEME_FACTORIES` for ``frontend`` (its module name), keyed by
-    its exported name."""
-    return {export: SchemeFactory(export, name, doc, construct, frontend) for export, name, doc in SCHEME_FACTORIES}
+    """The factory of every registered scheme that declares an export name, for ``frontend``
+    (its module name), keyed by that name, in registration order."""
+    return {d.export: _factory(d.export, d, construct, frontend) for d in declarations() if d.export is not None}
+
+
+def install_factories(namespace: dict[str, Any], construct: Callable[..., C]) -> list[str]:
+    """Bind every scheme's factory in a frontend module (``namespace``: its ``globals()``, whose
+    ``__name__`` names the frontend) and return their names, sorted, for the module's
+    ``__all__``. Real module attributes, so ``help(gq)``, ``dir(gq)`` and ``from ... import *``
+    see them; a scheme registered later is reached through :func:`late_factory`.
+    An export name the module already binds (``from_spec``, or an import) is refused, since the
+    factory would hide it."""
+    frontend = namespace["__name__"]
+    factories = scheme_factories(construct, frontend)
+    taken = sorted(set(factories) & set(namespace))
+    if taken:
+        owners = ", ".join(f"{e} (scheme {factories[e].scheme!r})" for e in taken)
+        raise SpecError(f"{frontend} already has a name a scheme declares as its export: {owners}; "
+                        "choose another export= in the scheme's @register")
+    namespace.update(factories)
+    return sorted(factories)
+
+
+def late_factory(frontend: str, name: str, construct: Callable[..., C]) -> SchemeFactory[C]:
+    """The factory exported as ``name`` by a scheme registered after ``frontend`` loaded (a
+    plugin's, a test's): the frontend module's ``__getattr__``, which Python asks only for names
+    the module lacks. Any other name raises AttributeError, as a module does."""
+    declared = next((d for d in declarations() if d.export == name), None)
+    if declared is None:
+        raise AttributeError(f"module {frontend!r} has no attribute {name!r}")
+    return _factory(name, declared, construct, frontend)
 
 
 def with_options(fn: Callable[..., C], construct: Callable[..., Any]) -> Callable[..., C]:

@@ -22,36 +22,28 @@ from collections.abc import Callable
 from typing import Any, Generic, TypeVar
 
 from ..errors import GradqError
+from .frameworks import FRONTENDS, other
 
 R = TypeVar("R")
-
-#: What each frontend is called in messages, and the top-level module of its tensors.
-FRONTENDS = {"hvd_gradq.torch": ("PyTorch", "torch"), "hvd_gradq.tensorflow": ("TensorFlow", "tensorflow")}
-#: The Horovod module each frontend's compressor talks to.
-HOROVOD = {"hvd_gradq.torch": "horovod.torch", "hvd_gradq.tensorflow": "horovod.tensorflow"}
-
-
-def _other(frontend: str) -> str:
-    return next(f for f in FRONTENDS if f != frontend)
 
 
 def mixed_frontends(frontend: str, why: str) -> GradqError:
     """The error for a compressor of ``frontend`` used with the other framework (``why``: what
     showed it)."""
-    other = _other(frontend)
+    them = other(frontend)
     return GradqError(
-        f"this is {frontend}'s compressor, and {why}: build the compressor with {other} "
-        f"(import {other} as gq) in a {FRONTENDS[other][0]} script; each framework has its own Horovod "
-        f"({HOROVOD[other]}), which {frontend}'s compressor cannot use")
+        f"this is {frontend}'s compressor, and {why}: build the compressor with {them.module} "
+        f"(import {them.module} as gq) in a {them.framework} script; each framework has its own Horovod "
+        f"({them.horovod}), which {frontend}'s compressor cannot use")
 
 
 def check_tensor(tensor: Any, frontend: str) -> None:
     """Raise if ``tensor`` belongs to the other framework than ``frontend`` (``hvd_gradq.torch``
     or ``hvd_gradq.tensorflow``). Cheap: the module name of the tensor's type, nothing imported."""
     root = type(tensor).__module__.partition(".")[0]
-    other = _other(frontend)
-    if root == FRONTENDS[other][1]:
-        raise mixed_frontends(frontend, f"Horovod handed it a {FRONTENDS[other][0]} tensor ({type(tensor).__name__})")
+    them = other(frontend)
+    if root == them.tensors:
+        raise mixed_frontends(frontend, f"Horovod handed it a {them.framework} tensor ({type(tensor).__name__})")
 
 
 def check_initialized(frontend: str, initialized: bool) -> None:
@@ -60,15 +52,15 @@ def check_initialized(frontend: str, initialized: bool) -> None:
     only modules already imported."""
     if initialized:
         return
-    other = sys.modules.get(HOROVOD[_other(frontend)])
-    probe = getattr(other, "is_initialized", None)
+    them = other(frontend)
+    probe = getattr(sys.modules.get(them.horovod), "is_initialized", None)
     try:
         other_up = bool(probe()) if callable(probe) else False
     except Exception:  # a half-loaded Horovod says nothing either way
         other_up = False
     if other_up:
-        raise mixed_frontends(frontend, f"this process initialized {HOROVOD[_other(frontend)]}, not "
-                                        f"{HOROVOD[frontend]}")
+        raise mixed_frontends(frontend, f"this process initialized {them.horovod}, not "
+                                        f"{FRONTENDS[frontend].horovod}")
 
 
 class instance_only(Generic[R]):  # lower case: a decorator, like ``property``

@@ -65,7 +65,10 @@ def two_means(ops: Ops, ys: Array, pre: Array) -> tuple[Array, Array]:
     return pj / kk, (total - pj) / (np.float64(w) - kk)
 
 
-@register("bingrad")
+@register("bingrad", export="BinGrad",
+          doc="BinGrad (Xu et al. 2020): error feedback is on by default (it is biased; ``ef=False`` is the "
+              "paper's plain form). results/quality.md.",
+          speed="variant", calibrate=["bingrad", "bingrad:variant=pb"])
 @dataclass(frozen=True, kw_only=True)
 class BinGrad(LevelScheme):
     variant: Variant = param(Variant.B, Variant, "b (minimum error) | pb (partially biased, wider)")

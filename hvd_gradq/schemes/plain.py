@@ -16,7 +16,8 @@ FP16_MAX = 65504.0
 OVERFLOW = ("inf", "raise", "saturate")
 
 
-@register("none")
+@register("none", export="NoCompression",
+          doc="fp32 payloads through hvd_gradq's own collectives (a baseline).")
 @dataclass(frozen=True, kw_only=True)
 class NoneScheme(Scheme):
     """No compression: the float32 values themselves."""
@@ -36,7 +37,7 @@ class NoneScheme(Scheme):
         return ops.f32(parts["values"])
 
 
-@register("fp16")
+@register("fp16", export="FP16", doc="Half precision, 2x.")
 @dataclass(frozen=True, kw_only=True)
 class FP16Scheme(Scheme):
     """IEEE half precision. Values beyond fp16's range (|x| > 65504):

@@ -28,7 +28,9 @@ class Norm(enum.Enum):
     L2 = "l2"
 
 
-@register("qsgd")
+@register("qsgd", export="QSGD",
+          doc="QSGD (Alistarh et al. 2017): unbiased stochastic rounding onto evenly spaced levels.",
+          speed="levels", calibrate=[f"qsgd:levels={q}" for q in (1, 4, 16, 64)])
 @dataclass(frozen=True, kw_only=True)
 class QSGD(EvenLevelScheme):
     unbiased_rounding: ClassVar[bool] = True

@@ -25,7 +25,7 @@ from numpy.typing import NDArray
 
 from ..errors import SpecError
 from ..xp import Array, Ops, Seed
-from .options import changed, param
+from .options import changed, param, text
 
 
 class Combine(enum.Enum):
@@ -61,6 +61,9 @@ class Scheme:
     #: whether a user who says nothing of ``ef`` gets error feedback with this scheme (a policy
     #: default, :mod:`hvd_gradq.policy`; not a parameter of the scheme, never on the wire)
     default_ef: ClassVar[bool] = False
+    #: the parameter that changes this scheme's CPU cost (``levels`` for ORQ), declared with
+    #: ``@register(..., speed=...)``; None when the name alone decides it (:attr:`speed_key`)
+    speed_param: ClassVar[str | None] = None
     bucket: int = param(512, int, "elements per bucket")
 
     def __post_init__(self) -> None:
@@ -98,6 +101,17 @@ class Scheme:
 
     def __str__(self) -> str:
         return self.spec
+
+    @property
+    def speed_key(self) -> str:
+        """What the cost model's CPU table keys this scheme by (:mod:`hvd_gradq.plan.cpu_cost`):
+        the name, then the value of :attr:`speed_param` as a spec spells it (``orq:5``,
+        ``bingrad:pb``, ``topk``). Only that one parameter: the table is measured for a few
+        values of it, and the cost model interpolates between numeric ones. A scheme whose cost
+        hangs on more than one parameter overrides this."""
+        if self.speed_param is None:
+            return self.name
+        return f"{self.name}:{text(getattr(self, self.speed_param))}"
 
     def replace(self, **changes: Any) -> Scheme:
         """This scheme with some parameters changed (Python values), validated again."""

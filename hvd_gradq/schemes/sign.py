@@ -12,7 +12,7 @@ from .level import RANGE_LIMIT, LevelScheme, pow2_at_least
 from .registry import register
 
 
-@register("sign")
+@register("sign", export="Sign", doc="Scaled sign (EF-signSGD with ``ef=True``).")
 @dataclass(frozen=True, kw_only=True)
 class Sign(LevelScheme):
     @property

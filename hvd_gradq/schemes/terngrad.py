@@ -17,7 +17,7 @@ from .options import param
 from .registry import register
 
 
-@register("terngrad")
+@register("terngrad", export="TernGrad", doc="TernGrad (Wen et al. 2017): {-s, 0, s} with Bernoulli draws.")
 @dataclass(frozen=True, kw_only=True)
 class TernGrad(EvenLevelScheme):
     unbiased_rounding: ClassVar[bool] = True

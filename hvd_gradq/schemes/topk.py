@@ -32,7 +32,8 @@ def index_bits(n: int) -> int:
     return max(1, math.ceil(math.log2(max(n, 2))))
 
 
-@register("topk")
+@register("topk", export="TopK",
+          doc="Top-K: the ``ratio`` share of largest magnitudes, values coded by ``values``.")
 @dataclass(frozen=True, kw_only=True)
 class TopK(Scheme):
     ratio: float = param(0.01, float, "share of elements kept, in (0, 1]")

@@ -19,7 +19,8 @@ from .options import Rounding, param
 from .registry import register
 
 
-@register("uniform")
+@register("uniform", export="Uniform", doc="Deterministic uniform quantization, 2^bits levels a bucket.",
+          speed="bits", calibrate=[f"uniform:bits={b}" for b in (2, 4, 8)])
 @dataclass(frozen=True, kw_only=True)
 class Uniform(EvenLevelScheme):
     """``uniform:bits=8``: 2**bits levels from the bucket's min to its max, nearest rounding

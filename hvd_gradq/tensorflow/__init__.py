@@ -22,7 +22,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..frontend.factory import ENV, SchemeFactory, check_options, env_scheme, scheme_factories, with_options
+from ..frontend.factory import (
+    ENV,
+    SchemeFactory,
+    check_options,
+    env_scheme,
+    install_factories,
+    late_factory,
+    with_options,
+)
 from ..spec import parse
 from .compressor import GradqCompressor
 from .ops import TF, TFOps
@@ -46,18 +54,15 @@ def from_env(default: str | None = None, **options: Any) -> GradqCompressor:
 with_options(from_spec, GradqCompressor)
 with_options(from_env, GradqCompressor)
 
-_F: dict[str, SchemeFactory[GradqCompressor]] = scheme_factories(GradqCompressor, __name__)
-NoCompression = _F["NoCompression"]
-FP16 = _F["FP16"]
-Uniform = _F["Uniform"]
-QSGD = _F["QSGD"]
-TernGrad = _F["TernGrad"]
-Sign = _F["Sign"]
-TopK = _F["TopK"]
-BinGrad = _F["BinGrad"]
-ORQ = _F["ORQ"]
+# The module's own names, a literal list so that linters and type checkers see the re-exports;
+# then every scheme's factory (``ORQ``, ``QSGD``, ...), as each scheme declares it in its own file
+# (hvd_gradq/schemes/: ``@register("orq", export="ORQ", ...)``), bound here as module attributes.
+__all__ = ["ENV", "TF", "GradqCompressor", "TFOps", "from_env", "from_spec"]
+__all__ += install_factories(globals(), GradqCompressor)
 
-__all__ = [
-    "ENV", "FP16", "ORQ", "QSGD", "TF", "BinGrad", "GradqCompressor", "NoCompression", "Sign", "TFOps", "TernGrad",
-    "TopK", "Uniform", "from_env", "from_spec",
-]
+
+def __getattr__(name: str) -> SchemeFactory[GradqCompressor]:
+    """The factory of a scheme registered after this module loaded (a plugin's). Also what a
+    type checker reads for the factories bound above, which it cannot see (the package is
+    typed): ``from hvd_gradq.tensorflow import ORQ`` checks as a SchemeFactory."""
+    return late_factory(__name__, name, GradqCompressor)

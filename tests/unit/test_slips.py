@@ -22,9 +22,10 @@ import pytest
 
 import hvd_gradq
 from hvd_gradq.errors import GradqError, SpecError
-from hvd_gradq.frontend.factory import FRONTEND_ONLY, SCHEME_FACTORIES
+from hvd_gradq.frontend.factory import FRONTEND_ONLY
 from hvd_gradq.plan.decide import choose
 from hvd_gradq.plan.pattern import REQUESTABLE, Pattern
+from hvd_gradq.schemes.registry import declarations
 from hvd_gradq.spec import scheme_class
 
 tf = pytest.importorskip("tensorflow")
@@ -62,7 +63,7 @@ def _compressor_keywords(module) -> dict[str, object]:
 
 # -- factories with real signatures ----------------------------------------------------------------------
 @pytest.mark.parametrize("frontend", sorted(FRONTENDS))
-@pytest.mark.parametrize("export,scheme", [(e, s) for e, s, _ in SCHEME_FACTORIES])
+@pytest.mark.parametrize("export,scheme", [(d.export, d.name) for d in declarations() if d.export])
 def test_factory_signature_is_every_scheme_parameter_and_compressor_option(frontend, export, scheme):
     factory = getattr(FRONTENDS[frontend], export)
     params = inspect.signature(factory).parameters
