@@ -4,7 +4,7 @@ Each spec is timed through the frontends' own host path (:func:`hvd_gradq.reduce
 and :func:`hvd_gradq.dequantize`: kernels, framing, checksum) on standard-normal float32 tensors,
 best of a few runs after a warm-up call (a compile is not counted). The cost model that picks
 patterns under ``pattern=auto`` reads such a table (``hvd_gradq/plan/cpu_table.py``, written
-by ``bench/calibrate_cpu.py`` on the project's machine, through :func:`measure` and
+by ``bench/scale/calibrate_cpu.py`` on the project's machine, through :func:`measure` and
 :func:`table_source` here); this command shows how far your CPU is from it, and ``--write FILE``
 writes its figures in that module's form. Every rank must read the same table (each rank picks a
 tensor's pattern from it, and ranks that pick differently split a collective), so a table of
@@ -23,7 +23,7 @@ from ..frontend import probe
 from ..plan.cpu_cost import ns_per_element, table_key
 from ..spec import parse
 
-#: what the project's table holds (bench/calibrate_cpu.py --all)
+#: what the project's table holds (bench/scale/calibrate_cpu.py --all)
 EVERY = ["none", "fp16", "uniform:bits=2", "uniform:bits=4", "uniform:bits=8", "sign", "qsgd:levels=1",
          "qsgd:levels=4", "qsgd:levels=16", "qsgd:levels=64", "terngrad", "topk", "bingrad",
          "bingrad:variant=pb"] + [f"orq:levels={s}" for s in (2, 3, 4, 5, 6, 9, 17, 33, 65)]
@@ -44,7 +44,7 @@ def table_source(rows: Mapping[str, tuple[float, float]], load: tuple[float, flo
     element), with the load average at the start and end of the measurement."""
     body = "\n".join(f"    {k!r}: ({round(e, 2)}, {round(d, 2)})," for k, (e, d) in rows.items())
     return ('"""Nanoseconds an element that encoding and decoding cost one rank, per scheme: the CPU term\n'
-            "of the pattern cost model (:mod:`.cpu_cost`). Measured by ``bench/calibrate_cpu.py`` or\n"
+            "of the pattern cost model (:mod:`.cpu_cost`). Measured by ``bench/scale/calibrate_cpu.py`` or\n"
             f"``python -m hvd_gradq calibrate --write`` (one thread, {os.cpu_count()}-core host, load average "
             f"{load[0]:.1f} / {load[1]:.1f}); do not edit by hand."
             '"""\n\n'

@@ -1,6 +1,6 @@
 """The quality study's figures, as data: what each scheme cost in accuracy against fp32.
 
-Copied from ``results/quality.md`` (``bench/study.py --plan main``: 5 seeds a row, each scheme at
+Copied from ``results/quality.md`` (``bench/quality/study.py --plan main``: 5 seeds a row, each scheme at
 its own best learning rate, Δ paired per seed against Horovod's fp32 allreduce run in the same
 study). MNIST-1D is an MLP trained with momentum SGD (test accuracy, points); chars is a
 0.83M-parameter transformer trained with AdamW (test loss, relative). A scheme the study did not

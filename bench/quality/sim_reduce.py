@@ -23,7 +23,7 @@ from typing import Any
 import numpy as np
 import torch
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from hvd_gradq import reduce as core
 from hvd_gradq.feedback import Memory

@@ -1,15 +1,15 @@
 """MNIST-1D with a small 1-D CNN under ``horovod.torch``, gradients compressed by hvd_gradq.
 
-    horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python bench/train_mnist1d.py \\
+    horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python bench/quality/train_mnist1d.py \\
         --compression orq:levels=5 --epochs 5
 
 The CNN is the MNIST-1D paper's (three stride-2 convolutions of 25 channels, then a linear
 layer; ~5k parameters). Adam (or ``--optimizer sgd``), a short warm-up, then cosine decay.
 ``--model mlp`` trains the quality study's MLP 40-300-300-10 instead (105,610 parameters,
-``bench/study_tasks.py``); with ``--optimizer sgd --weight-decay 5e-4 --warmup-frac 0.1`` it is
+``bench/quality/study_tasks.py``); with ``--optimizer sgd --weight-decay 5e-4 --warmup-frac 0.1`` it is
 the study's recipe (the demo runs that). ``--eval-every N`` scores the test set every N steps
 (the curve goes into the summary, with the training time excluding evaluation), and under
-``bench/netbench.py`` the steps are bracketed by the phase marks ``train`` and ``trained`` so
+``bench/e2e/netbench.py`` the steps are bracketed by the phase marks ``train`` and ``trained`` so
 the bytes that crossed each emulated link during training can be read apart from start-up.
 ``--compression`` takes any hvd_gradq spec (``HVD_GRADQ`` sets the default), or ``stock-none`` /
 ``stock-fp16`` for Horovod's own compression. Rank 0 prints the summary (and writes it with ``--json``).
@@ -17,18 +17,23 @@ the bytes that crossed each emulated link during training can be read apart from
 from __future__ import annotations
 
 import argparse
+import sys
 import time
 from pathlib import Path
 
 import horovod.torch as hvd
-import measure
 import numpy as np
 import torch
 import torch.nn.functional as F
-from netemu.counters import phase
 from torch import nn
 
-import hvd_gradq.torch as gq
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a script: the repository root, so that `bench.` imports work
+    sys.path.insert(0, str(ROOT))
+
+import hvd_gradq.torch as gq  # noqa: E402
+from bench import measure  # noqa: E402
+from bench.netemu.counters import phase  # noqa: E402
 
 
 class CNN(nn.Module):
@@ -90,7 +95,7 @@ def train(args: argparse.Namespace) -> dict:
     torch.manual_seed(args.seed)
     model: nn.Module
     if args.model == "mlp":
-        from study_tasks import MLP  # the quality study's model, kept in one place
+        from bench.quality.study_tasks import MLP  # the quality study's model, kept in one place
 
         model = MLP()
     else:
@@ -124,7 +129,7 @@ def train(args: argparse.Namespace) -> dict:
     clock = measure.StepClock(total)
     curve: list[dict[str, float]] = []  # test accuracy every --eval-every steps
     train_s = 0.0  # time inside training steps, evaluation excluded
-    phase("train")  # bench/netbench.py reads every link's counters here (a no-op elsewhere)
+    phase("train")  # bench/e2e/netbench.py reads every link's counters here (a no-op elsewhere)
     bar = measure.progress(rank, total, f"torch {args.compression}", args.quiet)
     step, epoch, losses = 0, 0, []
     t_start = time.perf_counter()

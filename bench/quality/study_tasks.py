@@ -31,7 +31,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the repository root: `bench.` imports
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class MLP(nn.Module):
 
 
 def mnist1d_data() -> dict[str, np.ndarray]:
-    import measure
+    from bench import measure
 
     d = measure.load_mnist1d()
     return {"x": d["x"][:3500], "y": d["y"][:3500], "x_dev": d["x"][3500:], "y_dev": d["y"][3500:],

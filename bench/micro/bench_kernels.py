@@ -6,8 +6,8 @@ through the public API (``hvd_gradq.quantize``/``dequantize``), the compiled ker
 decoding and summing 3 payloads, and torch's own ``quantize_per_tensor``. Writes
 results/kernels.md and results/raw/kernels.json.
 
-    .venv/bin/python bench/bench_kernels.py                          # everything (the reference takes minutes)
-    .venv/bin/python bench/bench_kernels.py --no-ref --threads 1 2   # the fast path, 1 and 2 threads
+    .venv/bin/python bench/micro/bench_kernels.py                          # everything (the reference takes minutes)
+    .venv/bin/python bench/micro/bench_kernels.py --no-ref --threads 1 2   # the fast path, 1 and 2 threads
 
 **A same-run baseline** (an older commit timed beside this one): ``--tree PATH`` imports
 hvd_gradq from another checkout, e.g. a git worktree of the older commit (this script, not the
@@ -15,11 +15,11 @@ older one's, so the table has the same columns), and by default writes into that
 ``results/``::
 
     git worktree add --detach /tmp/gq_old <commit>
-    .venv/bin/python bench/bench_kernels.py --no-ref --tree /tmp/gq_old    # -> /tmp/gq_old/results/kernels.md
-    .venv/bin/python bench/bench_kernels.py --no-ref --threads 1 2
+    .venv/bin/python bench/micro/bench_kernels.py --no-ref --tree /tmp/gq_old  # -> /tmp/gq_old/results/kernels.md
+    .venv/bin/python bench/micro/bench_kernels.py --no-ref --threads 1 2
 
 A tree whose ``quantize`` has no ``threads=`` runs on one thread and skips the other counts
-(``bench/vs_commit.py`` alternates the two trees' processes for a public-API ratio).
+(``bench/micro/vs_commit.py`` alternates the two trees' processes for a public-API ratio).
 
 "% of copy" is copy_ms / total_ms * 100 (the bandwidth of quantize+dequantize as a share of a
 memcpy's); issue 13's targets: uniform, sign >= 30%; qsgd, terngrad >= 20%; orq, bingrad >= 10%
@@ -45,7 +45,7 @@ from typing import Any  # noqa: E402
 
 import numpy as np  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _tree() -> Path:

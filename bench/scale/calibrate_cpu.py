@@ -2,8 +2,8 @@
 """Measure what encoding and decoding cost a rank, per element, and write the table the
 pattern cost model reads (``hvd_gradq/plan/cpu_table.py``).
 
-    .venv/bin/python bench/calibrate_cpu.py            # ~1 min; writes the table and prints it
-    .venv/bin/python bench/calibrate_cpu.py --check    # prints, writes nothing
+    .venv/bin/python bench/scale/calibrate_cpu.py            # ~1 min; writes the table and prints it
+    .venv/bin/python bench/scale/calibrate_cpu.py --check    # prints, writes nothing
 
 Each spec is timed through the frontends' own host path (``reduce.codec.encode`` and
 ``api.dequantize``: kernels, framing, checksum) on float32 standard-normal tensors of one
@@ -23,7 +23,7 @@ from pathlib import Path
 
 os.environ.setdefault("NUMBA_NUM_THREADS", "1")
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 from hvd_gradq.cli import calibrate  # noqa: E402

@@ -11,7 +11,7 @@ import time
 from dataclasses import asdict, dataclass
 from typing import Any
 
-import netemu
+from bench import netemu
 
 TOKEN = "SCALE_RESULT"
 DONE = "SCALE_DONE"

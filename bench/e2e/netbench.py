@@ -7,8 +7,8 @@
     netbench.py --cleanup     # remove what a killed run left behind
 
 Needs root. Each rank runs on its own network namespace (see bench/netemu/); a ``.py``
-script is started with this interpreter, with the repository and bench/ on ``PYTHONPATH``, so
-workers may call ``netemu.phase("name")`` on every rank to get per-phase byte counts.
+script is started with this interpreter, with the repository on ``PYTHONPATH``, so
+workers may call ``bench.netemu.phase("name")`` on every rank to get per-phase byte counts.
 
 ``--selftest`` runs a built-in worker: stock ``horovod.torch`` allreduce (Sum, no compression)
 of a float32 tensor of ``--numel`` elements, ``--steps`` times, and compares the bytes each
@@ -25,12 +25,11 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-import netemu  # bench/ is on sys.path: this script's directory
-
-ROOT = Path(__file__).resolve().parents[1]
-BENCH = Path(__file__).resolve().parent
-if str(ROOT) not in sys.path:
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a script: the repository root, so that `bench.` imports work
     sys.path.insert(0, str(ROOT))
+
+from bench import netemu  # noqa: E402
 
 RESULT_TOKEN = "NETBENCH_RESULT"
 #: Bytes /proc/net/dev counts per full TCP segment on a 1500-MTU link (14 Ethernet + 20 IPv4 +
@@ -139,7 +138,7 @@ def cluster(args: argparse.Namespace) -> netemu.EmulatedCluster:
 
 def rank_env() -> dict[str, str]:
     return {
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), str(BENCH), os.environ.get("PYTHONPATH", "")) if p),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
         "OMP_NUM_THREADS": os.environ.get("OMP_NUM_THREADS", "1"),
         "TF_CPP_MIN_LOG_LEVEL": os.environ.get("TF_CPP_MIN_LOG_LEVEL", "2"),
     }

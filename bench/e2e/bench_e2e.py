@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """End-to-end benchmark on emulated hosts: every scheme against Horovod's and DDP's own compression.
 
-    sudo .venv/bin/python bench/bench_e2e.py                 # 4 hosts, 100mbit and 1gbit
-    .venv/bin/python bench/bench_e2e.py --rates 1gbit --steps 2 --schemes ORQ-5,none   # quicker
+    sudo .venv/bin/python bench/e2e/bench_e2e.py                 # 4 hosts, 100mbit and 1gbit
+    .venv/bin/python bench/e2e/bench_e2e.py --rates 1gbit --steps 2 --schemes ORQ-5,none   # quicker
 
 Builds N hosts as network namespaces with shaped links (``bench/netemu/``, root only),
 starts one rank per host, and in ONE launch per bandwidth trains the same MLP (MNIST-1D input,
@@ -30,15 +30,13 @@ import time
 from pathlib import Path
 from typing import Any, Optional
 
-import netemu  # bench/ is on sys.path: this script's directory
-from e2e_report import plot, report
-from e2e_worker import DONE, ENTRIES, HEADER_BYTES, TOKEN, TTA_DEFAULT, worker
-
-ROOT = Path(__file__).resolve().parents[1]
-BENCH = Path(__file__).resolve().parent
-if str(ROOT) not in sys.path:
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a script: the repository root, so that `bench.` imports work
     sys.path.insert(0, str(ROOT))
 
+from bench import netemu  # noqa: E402
+from bench.e2e.e2e_report import plot, report  # noqa: E402
+from bench.e2e.e2e_worker import DONE, ENTRIES, HEADER_BYTES, TOKEN, TTA_DEFAULT, worker  # noqa: E402
 
 # ============================================================================== launcher
 
@@ -82,7 +80,7 @@ def run_rate(args: argparse.Namespace, rate: str, bar: Any, log: Any) -> dict[st
             "--schemes", ",".join(args.labels), "--tta-schemes", ",".join(args.tta_labels),
             "--tta-target", str(args.tta_target), "--tta-steps", str(args.tta_steps),
             "--tta-every", str(args.tta_every), "--tta-seeds", str(args.tta_seeds)]
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(BENCH)]), "OMP_NUM_THREADS": "1",
+    env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
            "HVD_GRADQ_CACHE": os.environ.get("HVD_GRADQ_CACHE", str(Path.home() / ".cache" / "hvd_gradq"))}
     cpus = [str(i) for i in range(args.hosts)] if args.pin else None
     with netemu.EmulatedCluster(args.hosts, rate=rate) as c:
@@ -208,7 +206,7 @@ def _write(runs: list[dict[str, Any]], args: argparse.Namespace, argv: Optional[
     given = list(sys.argv[1:] if argv is None else argv)
     words = [w for i, w in enumerate(given)
              if not w.startswith("--from-json") and (i == 0 or given[i - 1] != "--from-json")]
-    cmd = "sudo .venv/bin/python bench/bench_e2e.py " + shlex.join(words)  # runs as printed: names have spaces
+    cmd = "sudo .venv/bin/python bench/e2e/bench_e2e.py " + shlex.join(words)  # runs as printed: names have spaces
     out = Path(args.out)
     text = report(runs, args, cmd, figure(out).name)
     out.write_text(text)

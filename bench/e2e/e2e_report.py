@@ -7,7 +7,7 @@ import statistics
 from pathlib import Path
 from typing import Any, Optional
 
-from e2e_worker import ENTRIES, HIDDEN
+from bench.e2e.e2e_worker import ENTRIES, HIDDEN
 
 
 def fmt_mb(b: float) -> str:

@@ -1,7 +1,7 @@
 """MNIST-1D with a custom TensorFlow loop: ``tf.GradientTape`` wrapped in ``hvd.DistributedGradientTape``
 inside a ``tf.function``, gradients compressed by hvd_gradq.
 
-    horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python bench/train_tape_mnist1d.py \\
+    horovodrun -np 2 -H localhost:2 --gloo .venv/bin/python bench/quality/train_tape_mnist1d.py \\
         --compression orq:levels=5 --epochs 5
 
 The same CNN, data, schedule and summary as ``train_mnist1d.py``; the compressor is
@@ -9,12 +9,19 @@ The same CNN, data, schedule and summary as ``train_mnist1d.py``; the compressor
 """
 from __future__ import annotations
 
+import sys
 import time
+from pathlib import Path
 
 import horovod.tensorflow as hvd
-import measure
 import numpy as np
 import tensorflow as tf
+
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a script: the repository root, so that `bench.` imports work
+    sys.path.insert(0, str(ROOT))
+
+from bench import measure  # noqa: E402
 
 
 def main() -> None:

@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Public-API codec speed of this checkout against an older commit, in one run (a ratio).
 
-    .venv/bin/python bench/vs_commit.py 374d5bb                       # ORQ-9, BinGrad-pb, ORQ-5
-    .venv/bin/python bench/vs_commit.py 374d5bb --specs orq:levels=9 --n 16777216 --threads 1
+    .venv/bin/python bench/micro/vs_commit.py 374d5bb                       # ORQ-9, BinGrad-pb, ORQ-5
+    .venv/bin/python bench/micro/vs_commit.py 374d5bb --specs orq:levels=9 --n 16777216 --threads 1
 
 A speed-up quoted against "today" must be measured against today's code on the same machine
 at the same time: absolute times on a shared 2-core machine move with the load. This script
@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # One timing, run in a fresh interpreter with the tree under test first on sys.path.
 _PROBE = r"""

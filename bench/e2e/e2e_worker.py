@@ -9,8 +9,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
-import measure
-import netemu
+from bench import measure, netemu
 
 TOKEN = "E2E_RESULT"
 #: Bytes of Ethernet (14) + IPv4 (20) + TCP with timestamps (32) headers on every packet: the

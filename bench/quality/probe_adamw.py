@@ -11,7 +11,7 @@ seed each, in the study's simulator.
   small coordinates; EF21's H is a running estimate whose coordinates keep their own size.
   (Gather pattern only: this probe's own reduction, not the library's.)
 
-    .venv/bin/python bench/probe_adamw.py [--lrs 4e-3,8e-3] > results/probe_adamw.jsonl
+    .venv/bin/python bench/quality/probe_adamw.py [--lrs 4e-3,8e-3] > results/probe_adamw.jsonl
 """
 from __future__ import annotations
 
@@ -23,15 +23,14 @@ from typing import Any
 
 import torch
 
-BENCH = Path(__file__).resolve().parent
-sys.path.insert(0, str(BENCH))
-sys.path.insert(0, str(BENCH.parent))
-
-import study_train  # noqa: E402
-from sim_reduce import SimReducer  # noqa: E402
-from study_tasks import TASKS, load_data  # noqa: E402
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a script: the repository root, so that `bench.` imports work
+    sys.path.insert(0, str(ROOT))
 
 import hvd_gradq  # noqa: E402
+from bench.quality import study_train  # noqa: E402
+from bench.quality.sim_reduce import SimReducer  # noqa: E402
+from bench.quality.study_tasks import TASKS, load_data  # noqa: E402
 from hvd_gradq.plan.decide import decide  # noqa: E402
 from hvd_gradq.plan.pattern import Pattern  # noqa: E402
 from hvd_gradq.schemes.scheme import Scheme  # noqa: E402

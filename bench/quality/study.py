@@ -8,9 +8,9 @@ small machine). A row whose best rate is at the edge of the grid gets the rates 
 (committed; :mod:`study_store`) and a rerun skips what is saved, so an interrupted study resumes.
 ``--jobs`` runs go in parallel (one process each). The tables and plots are :mod:`study_report`'s.
 
-    .venv/bin/python bench/study.py --plan main          # the whole grid (hours on 2 cores)
-    .venv/bin/python bench/study.py --plan main --report # tables and plots from what is saved
-    .venv/bin/python bench/study.py --plan second_phase  # issue 24's rerun: results/quality_second_phase.md
+    .venv/bin/python bench/quality/study.py --plan main          # the whole grid (hours on 2 cores)
+    .venv/bin/python bench/quality/study.py --plan main --report # tables and plots from what is saved
+    .venv/bin/python bench/quality/study.py --plan second_phase  # issue 24's rerun: quality_second_phase.md
 
 ``--plan second_phase`` reruns the schemes whose scatter/hierarchical second phase changed (now
 stochastic uniform, :func:`hvd_gradq.plan.second_phase.reduced_scheme`) with the fp32 and fp16
@@ -28,12 +28,11 @@ from concurrent.futures import ProcessPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
-from study_store import RunStore
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a script: the repository root, so that `bench.` imports work
+    sys.path.insert(0, str(ROOT))
 
-BENCH = Path(__file__).resolve().parent
-ROOT = BENCH.parent
-sys.path.insert(0, str(BENCH))
-sys.path.insert(0, str(ROOT))
+from bench.quality.study_store import RunStore  # noqa: E402
 
 RAW = ROOT / "results" / "study_runs" / "main.jsonl.gz"
 _STORE: RunStore | None = None
@@ -67,7 +66,8 @@ OWN_FILES = {"second_phase"}
 def best_rate(task: str, workers: int, spec: str) -> float:
     """The rate with the best mean ``dev`` over seeds among the main study's saved runs of a row."""
     import numpy as np
-    from study_tasks import TASKS
+
+    from bench.quality.study_tasks import TASKS
 
     spec = spec.partition("@")[0]  # a pattern asked for runs at the scheme's rate under auto
     saved = [r for r in RunStore(ROOT / "results" / "study_runs" / "main.jsonl.gz").runs.values()
@@ -84,7 +84,7 @@ def best_rate(task: str, workers: int, spec: str) -> float:
 
 def plan(name: str, seeds: int) -> list[dict[str, Any]]:
     """The runs of a plan, most important first (an interrupted study has whole rows)."""
-    from study_tasks import TASKS
+    from bench.quality.study_tasks import TASKS
 
     blocks: list[tuple[str, int, list[str]]] = {
         "main": [("mnist1d", 4, KEY + RECIPE), ("chars", 4, CHARS),
@@ -111,7 +111,8 @@ def beyond_edges(runs: list[dict[str, Any]], rounds: int = 2) -> list[dict[str, 
     whose best rate lies off the shared grid would be judged at a rate tuned for another. Decided
     from saved runs only, so ``--report`` rebuilds the same plan."""
     import numpy as np
-    from study_tasks import TASKS
+
+    from bench.quality.study_tasks import TASKS
 
     extra: list[dict[str, Any]] = []
     groups: dict[tuple[str, int, str], list[dict[str, Any]]] = {}
@@ -145,8 +146,8 @@ _DATA: dict[str, Any] = {}
 
 def _one(r: dict[str, Any]) -> dict[str, Any]:
     os.environ.setdefault("NUMBA_NUM_THREADS", "1")
-    import study_train
-    from study_tasks import TASKS, load_data
+    from bench.quality import study_train
+    from bench.quality.study_tasks import TASKS, load_data
 
     if r["task"] not in _DATA:
         _DATA[r["task"]] = load_data(TASKS[r["task"]])
@@ -184,7 +185,8 @@ def main() -> None:
     ap.add_argument("--seeds", type=int, default=5)
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--report", action="store_true", help="only write the tables and plots from saved runs")
-    ap.add_argument("--raw", default="", help="the file runs are saved in (default results/study_runs/main.jsonl.gz)")
+    ap.add_argument("--raw", default="",
+                    help="the file runs are saved in (default results/study_runs/main.jsonl.gz)")
     ap.add_argument("--tag", default="", help="results/quality<TAG>.md and plots (another --raw's report)")
     a = ap.parse_args()
     if a.raw:
@@ -200,7 +202,7 @@ def main() -> None:
         while more := [r for r in edges(runs) if not store().has(r)]:
             run_all(more, a.jobs)
     runs += edges(runs)
-    import study_report
+    from bench.quality import study_report
 
     study_report.write(runs, [out for r in runs if (out := store().get(r)) is not None], tag, a.plan, RAW)
 

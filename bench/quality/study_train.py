@@ -8,10 +8,10 @@ import time
 from typing import Any
 
 import torch
-from sim_reduce import SimReducer
-from study_tasks import TASKS, lr_at, make_run
 
 import hvd_gradq
+from bench.quality.sim_reduce import SimReducer
+from bench.quality.study_tasks import TASKS, lr_at, make_run
 
 #: the Horovod baselines, which are not hvd_gradq schemes
 BASELINES = {"none": None, "fp16": "fp16"}

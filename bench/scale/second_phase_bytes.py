@@ -3,7 +3,7 @@
 Horovod's fp16 ring, at 8, 64 and 1,024 workers and 1 Gbit/s, from the library's cost model
 (issue 24's target: at most 1/4 of fp16 ring's bytes).
 
-    .venv/bin/python bench/second_phase_bytes.py [--out results/second_phase_bytes.md]
+    .venv/bin/python bench/scale/second_phase_bytes.py [--out results/second_phase_bytes.md]
 
 The model is GPT-2 small's parameter list (``scale_model.gpt2_small``), one rank a host, each
 tensor reduced as ``decide`` picks at the rate (fallback off: the scheme's own bytes), its
@@ -17,14 +17,18 @@ from __future__ import annotations
 
 import argparse
 import math
+import sys
 from pathlib import Path
 
-from scale_model import BELOW_4_BITS, LABELS, SCHEMES, gpt2_small, host_bytes, numel, ring
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a script: the repository root, so that `bench.` imports work
+    sys.path.insert(0, str(ROOT))
 
-from hvd_gradq.plan import decide, second_phase
-from hvd_gradq.plan.pattern import Pattern
-from hvd_gradq.schemes.scheme import Scheme
-from hvd_gradq.spec import parse_scheme
+from bench.scale.scale_model import BELOW_4_BITS, LABELS, SCHEMES, gpt2_small, host_bytes, numel, ring  # noqa: E402
+from hvd_gradq.plan import decide, second_phase  # noqa: E402
+from hvd_gradq.plan.pattern import Pattern  # noqa: E402
+from hvd_gradq.schemes.scheme import Scheme  # noqa: E402
+from hvd_gradq.spec import parse_scheme  # noqa: E402
 
 NS = (8, 64, 1024)
 GBPS = 1.0

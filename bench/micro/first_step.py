@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """How much longer a job's first step with a scheme takes than its second: the compile pause.
 
-    .venv/bin/python bench/first_step.py                  # ORQ-5, ORQ-3, uniform-4, BinGrad
-    .venv/bin/python bench/first_step.py orq:levels=5     # one scheme
+    .venv/bin/python bench/micro/first_step.py                  # ORQ-5, ORQ-3, uniform-4, BinGrad
+    .venv/bin/python bench/micro/first_step.py orq:levels=5     # one scheme
 
 For each scheme, two fresh processes share one empty cache folder (``HVD_GRADQ_CACHE_DIR``):
 the first finds it cold and compiles the kernels the scheme needs (a machine where nobody ran
@@ -27,7 +27,7 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SPECS = ["orq:levels=5", "orq:levels=3", "uniform:bits=4", "bingrad"]
 TARGET_S = 1.0
 

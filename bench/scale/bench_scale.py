@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """The cost model against an emulated network: 2, 4, 8 hosts x 1 rank and 2 hosts x 2 ranks (issue 16).
 
-    sudo .venv/bin/python bench/bench_scale.py        # every topology, scheme and pattern at 1gbit
-    sudo .venv/bin/python bench/bench_scale.py --topologies 2x1,2x2 --schemes orq:levels=5 --steps 3
+    sudo .venv/bin/python bench/scale/bench_scale.py        # every topology, scheme and pattern at 1gbit
+    sudo .venv/bin/python bench/scale/bench_scale.py --topologies 2x1,2x2 --schemes orq:levels=5 --steps 3
 
 For each topology (hosts x ranks a host, ``bench/netemu/``: network namespaces, links shaped
 by ``tc tbf`` to ``--rate`` both ways) ONE launch trains a small MLP (``scale_worker.LAYERS``:
@@ -50,14 +50,12 @@ from dataclasses import asdict
 from pathlib import Path
 from typing import Any, Optional
 
-ROOT = Path(__file__).resolve().parents[1]
-BENCH = Path(__file__).resolve().parent
-for _p in (str(ROOT), str(BENCH)):
-    if _p not in sys.path:
-        sys.path.insert(0, _p)
+ROOT = Path(__file__).resolve().parents[2]
+if str(ROOT) not in sys.path:  # run as a script: the repository root, so that `bench.` imports work
+    sys.path.insert(0, str(ROOT))
 
-import netemu  # noqa: E402
-from scale_worker import DONE, HEADER_BYTES, TOKEN, Entry, shapes, worker  # noqa: E402
+from bench import netemu  # noqa: E402
+from bench.scale.scale_worker import DONE, HEADER_BYTES, TOKEN, Entry, shapes, worker  # noqa: E402
 
 DEFAULT_TOPOLOGIES = "2x1,4x1,8x1,2x2"
 DEFAULT_SCHEMES = "orq:levels=3,orq:levels=5,bingrad,qsgd:levels=4,terngrad"
@@ -272,7 +270,7 @@ def run_topology(args: argparse.Namespace, topo: str, bar: Any, log: Any) -> dic
     argv = [sys.executable, str(Path(__file__).resolve()), "--worker", "--steps", str(args.steps),
             "--warmup", str(args.warmup), "--batch", str(args.batch), "--seed", str(args.seed),
             "--idle", str(args.idle), "--entries", json.dumps([asdict(e) for e in entries])]
-    env = {"PYTHONPATH": os.pathsep.join([str(ROOT), str(BENCH)]), "OMP_NUM_THREADS": "1",
+    env = {"PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1",
            "HVD_GRADQ_LINK_GBPS": f"{gbps:g}",
            # Gloo's 30 s default for one transfer is too short for 8 ranks sharing 2 cores
            "HOROVOD_GLOO_TIMEOUT_SECONDS": "600",
@@ -390,7 +388,7 @@ def report(topos: list[dict[str, Any]], meta: dict[str, Any]) -> str:
         "ratio shown, in brackets without the idle rate subtracted (the truth lies between: negotiation runs "
         "slower on a busy rank than idle); **!** marks a ratio off by more than 5%. "
         "Step time: slowest rank, median over the timed steps. "
-        "*wire* is Gloo's algorithms over the rank ring (see `bench/bench_scale.py`); it equals the model at one "
+        "*wire* is Gloo's algorithms over the rank ring (see `bench/scale/bench_scale.py`); it equals the model at one "
         "rank a host.",
         "",
     ]
@@ -541,7 +539,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     from tqdm import tqdm
 
     given = list(sys.argv[1:] if argv is None else argv)
-    meta: dict[str, Any] = {"command": " ".join(["sudo .venv/bin/python bench/bench_scale.py", *given]),
+    meta: dict[str, Any] = {"command": " ".join(["sudo .venv/bin/python bench/scale/bench_scale.py", *given]),
                             "load_start": os.getloadavg(), "cpus": os.cpu_count(), "steps": args.steps,
                             "warmup": args.warmup, "batch": args.batch, "rate": args.rate,
                             "raw": os.path.relpath(raw_path, ROOT)}

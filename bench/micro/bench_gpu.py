@@ -1,8 +1,8 @@
 #!/usr/bin/env python3
 """Every scheme's device codec (``codec=device``) timed on a CUDA device, in one bounded run.
 
-    .venv/bin/python bench/bench_gpu.py                      # cuda, 2**24 elements, under ~4 minutes
-    .venv/bin/python bench/bench_gpu.py --device cpu --n 20000 --budget 30   # smoke run of the script itself
+    .venv/bin/python bench/micro/bench_gpu.py                      # cuda, 2**24 elements, under ~4 minutes
+    .venv/bin/python bench/micro/bench_gpu.py --device cpu --n 20000 --budget 30   # smoke run of the script itself
 
 For each spec (every registered scheme at its defaults, plus the flagship variants) on one
 float32 tensor of ``--n`` Student-t(3) values already on the device:
@@ -32,7 +32,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(ROOT))
 
 import numpy as np  # noqa: E402

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """The cost of compression in the PyTorch and the TensorFlow frontend, for the same gradients.
 
-    .venv/bin/python bench/bench_frontends.py [--schemes "orq:levels=5;uniform:bits=4"] [--steps 20]
+    .venv/bin/python bench/micro/bench_frontends.py [--schemes "orq:levels=5;uniform:bits=4"] [--steps 20]
 
 For each scheme, each framework runs in its own ``horovodrun -np 2`` launch (Gloo, one CPU
 thread a rank, ``pattern=gather``: the full encode, payload checksum, allgather, parse and
@@ -22,7 +22,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SHAPES = [(512, 1024), (1024,), (1024, 512), (512,), (512, 256), (256,), (256, 10), (10,)]
 DEFAULT = "uniform:bits=4;qsgd:levels=4;terngrad;sign;bingrad;bingrad:variant=pb;orq:levels=3;orq:levels=5;orq:levels=9"
 
@@ -137,8 +137,8 @@ def main() -> None:
                f"{f['comp_ms']:.1f} | {fc:.1f} | {fc / tc if tc > 0 else float('nan'):.2f} |")
         lines.append(row)
         print(row, flush=True)
-    lines.append(f"\nload average after: {os.getloadavg()[0]:.2f}; command: `.venv/bin/python bench/bench_frontends.py "
-                 f"--schemes \"{a.schemes}\" --steps {a.steps}`")
+    lines.append(f"\nload average after: {os.getloadavg()[0]:.2f}; command: "
+                 f"`.venv/bin/python bench/micro/bench_frontends.py --schemes \"{a.schemes}\" --steps {a.steps}`")
     if a.out:
         Path(a.out).write_text("\n".join(lines) + "\n")
 
