@@ -21,7 +21,7 @@ The default, 20 Mbit/s, is chosen for this small model: fp32's 422 kB a step tak
 that link, nearly all of its step, the regime compression is for. At 100 Mbit/s (~35 ms of wire
 a step) the compressors' own CPU time decides instead: on 2 cores loaded by other work ORQ-5 ran
 at 0.65x and 0.97x of fp32's speed in two runs, slower than Horovod's fp16
-(``results/demo_100mbit.txt``; ``--rate 100mbit``). That needs
+(``results/e2e/demo_100mbit.txt``; ``--rate 100mbit``). That needs
 root (``os.geteuid() == 0``), ``netbench.py --check`` passing, and network namespaces that can
 really be made (probed once). Otherwise, or with ``HVD_GRADQ_DEMO_LOOPBACK=1`` in the
 environment, the demo says so and runs ``horovodrun -np 2 -H localhost:2 --gloo`` on loopback:

@@ -17,7 +17,7 @@ with ``fp16_compress_hook`` and ``powerSGD_hook`` (rank 4), plus uncompressed ba
 ``--tta`` adds time to a target test accuracy: the same model trained on MNIST-1D with each
 scheme (Adam), evaluated every ``--tta-every`` steps, until ``--tta-target`` or ``--tta-steps``.
 The worker (one rank) is in ``e2e_worker.py``, the tables and the plot in ``e2e_report.py``.
-Writes ``results/e2e.md``, ``results/e2e_step_time.png`` and ``results/raw/e2e.json`` (named after ``--out``).
+Writes ``results/e2e/e2e.md``, ``results/e2e/e2e_step_time.png`` and ``results/raw/e2e.json`` (named after ``--out``).
 """
 from __future__ import annotations
 
@@ -141,7 +141,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--pin", action="store_true",
                     help="pin host i's rank to CPU i (taskset): hosts that share no CPU time (at most one per core)")
     ap.add_argument("--timeout", type=float, default=3000.0)
-    ap.add_argument("--out", default=str(ROOT / "results" / "e2e.md"))
+    ap.add_argument("--out", default=str(ROOT / "results" / "e2e" / "e2e.md"))
     ap.add_argument("--from-json", default="", help="only rewrite the report from this raw results file")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
@@ -198,7 +198,7 @@ def figure(out: Path) -> Path:
 
 
 def raw_json(out: Path) -> Path:
-    """The raw results of a report: ``results/e2e.md`` -> ``results/raw/e2e.json``."""
+    """The raw results of a report: ``results/e2e/e2e.md`` -> ``results/raw/e2e.json``."""
     return ROOT / "results" / "raw" / f"{out.stem}.json"
 
 

@@ -4,7 +4,7 @@ threads), as a share of a plain 64 MB copy into a preallocated buffer timed in t
 through the public API (``hvd_gradq.quantize``/``dequantize``), the compiled kernels alone
 (``hvd_gradq.kernels``, preallocated output buffers) and the NumPy reference (one thread); also
 decoding and summing 3 payloads, and torch's own ``quantize_per_tensor``. Writes
-results/kernels.md and results/raw/kernels.json.
+results/micro/kernels.md and results/raw/kernels.json.
 
     .venv/bin/python bench/micro/bench_kernels.py                          # everything (the reference takes minutes)
     .venv/bin/python bench/micro/bench_kernels.py --no-ref --threads 1 2   # the fast path, 1 and 2 threads
@@ -15,7 +15,7 @@ older one's, so the table has the same columns), and by default writes into that
 ``results/``::
 
     git worktree add --detach /tmp/gq_old <commit>
-    .venv/bin/python bench/micro/bench_kernels.py --no-ref --tree /tmp/gq_old  # -> /tmp/gq_old/results/kernels.md
+    .venv/bin/python bench/micro/bench_kernels.py --no-ref --tree /tmp/gq_old  # -> /tmp/gq_old/results/micro/kernels.md
     .venv/bin/python bench/micro/bench_kernels.py --no-ref --threads 1 2
 
 A tree whose ``quantize`` has no ``threads=`` runs on one thread and skips the other counts
@@ -184,7 +184,7 @@ def main() -> int:
     ap.add_argument("--schemes", nargs="*", help="specs to time (default: the issue's list)")
     ap.add_argument("--threads", nargs="+", type=int, default=[1], help="codec thread counts to time (e.g. 1 2)")
     ap.add_argument("--tree", default=str(ROOT), help="the checkout whose hvd_gradq is timed (default: this one)")
-    ap.add_argument("--out", default=str(TREE / "results" / "kernels.md"))
+    ap.add_argument("--out", default=str(TREE / "results" / "micro" / "kernels.md"))
     ap.add_argument("--raw", default=str(TREE / "results" / "raw" / "kernels.json"), help="where the JSON goes")
     args = ap.parse_args()
     where = Path(hvd_gradq.__file__).resolve()

@@ -2,7 +2,7 @@
 """hvd_gradq.tensorflow at 4 ranks: bytes sent against fp32 allreduce, and the share of step time
 that compression costs, for every scheme.
 
-    .venv/bin/python bench/micro/bench_tf.py [--np 4] [--controller gloo] [--steps 20] [--out results/tf_bench.md]
+    .venv/bin/python bench/micro/bench_tf.py [--np 4] [--controller gloo] [--steps 20] [--out results/micro/tf_bench.md]
 
 Launches itself under ``horovodrun``. Each rank trains an MLP (``--width``, 3 dense layers) with
 ``hvd.DistributedGradientTape`` inside a ``tf.function``, once with ``hvd.Compression.none`` and

@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Bytes on the wire for every scheme, measured on real payloads against the theory.
 
-    .venv/bin/python bench/micro/bench_wire.py [--n 16777216] [--bucket 512] [--kernels] [--out results/wire.md]
+    .venv/bin/python bench/micro/bench_wire.py [--n 16777216] [--bucket 512] [--kernels] [--out results/micro/wire.md]
 
 Quantizes one float32 tensor of ``--n`` standard-normal elements (2**24 by default) with each
 scheme through ``hvd_gradq.quantize`` and serialises it, then reports: payload bytes (header
@@ -131,7 +131,7 @@ def main() -> None:
     ap.add_argument("--bucket", type=int, default=512)
     ap.add_argument("--kernels", action="store_true", help="allow the compiled fast paths (default: NumPy reference)")
     ap.add_argument("--only", help="comma-separated labels or specs to run (default: all)")
-    ap.add_argument("--out", type=Path, default=ROOT / "results" / "wire.md")
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "micro" / "wire.md")
     args = ap.parse_args()
     if not args.kernels:
         os.environ["HVD_GRADQ_KERNELS"] = "0"

@@ -3,7 +3,7 @@
 on real gradients: error, bias and range, all computed analytically from each bucket's levels.
 
     .venv/bin/python bench/quality/bingrad_study.py [--buckets 400] [--grads grads.npz] \\
-        [--out results/bingrad.md]
+        [--out results/quality/bingrad.md]
 
 For a bucket x of d elements and a scheme's two levels l1 <= l2:
   * -b rounds to the nearer level: Q(x) is deterministic, E[Q(x)] - x = Q(x) - x.
@@ -152,7 +152,7 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--buckets", type=int, default=400, help="synthetic buckets per distribution")
     ap.add_argument("--grads", type=Path, help="real gradients: .npy or .npz")
-    ap.add_argument("--out", type=Path, default=ROOT / "results" / "bingrad.md")
+    ap.add_argument("--out", type=Path, default=ROOT / "results" / "quality" / "bingrad.md")
     ap.add_argument("--seed", type=int, default=0)
     args = ap.parse_args()
 

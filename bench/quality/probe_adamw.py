@@ -1,5 +1,5 @@
 """Probe (a tool, not library): two things tried against BinGrad+EF's loss under AdamW in the
-quality study's transformer (``results/quality.md``, chars block: +9% test loss vs fp32), one
+quality study's transformer (``results/quality/quality.md``, chars block: +9% test loss vs fp32), one
 seed each, in the study's simulator.
 
 * ``bucket=128``: narrower buckets, so that each bucket's two levels follow the magnitudes of
@@ -11,7 +11,7 @@ seed each, in the study's simulator.
   small coordinates; EF21's H is a running estimate whose coordinates keep their own size.
   (Gather pattern only: this probe's own reduction, not the library's.)
 
-    .venv/bin/python bench/quality/probe_adamw.py [--lrs 4e-3,8e-3] > results/probe_adamw.jsonl
+    .venv/bin/python bench/quality/probe_adamw.py [--lrs 4e-3,8e-3] > results/quality/probe_adamw.jsonl
 """
 from __future__ import annotations
 

@@ -4,7 +4,7 @@ Each run trains a workload of :mod:`study_tasks` with ``--workers`` data-paralle
 gradients are reduced as the PyTorch frontend reduces them (:mod:`sim_reduce`: the library's
 policy, payloads, patterns and error feedback, in one process, so that hundreds of runs fit a
 small machine). A row whose best rate is at the edge of the grid gets the rates beyond it
-(:func:`beyond_edges`). Every finished run is saved at once in ``results/study_runs/main.jsonl.gz``
+(:func:`beyond_edges`). Every finished run is saved at once in ``results/quality/study_runs/main.jsonl.gz``
 (committed; :mod:`study_store`) and a rerun skips what is saved, so an interrupted study resumes.
 ``--jobs`` runs go in parallel (one process each). The tables and plots are :mod:`study_report`'s.
 
@@ -15,8 +15,8 @@ small machine). A row whose best rate is at the edge of the grid gets the rates 
 ``--plan second_phase`` reruns the schemes whose scatter/hierarchical second phase changed (now
 stochastic uniform, :func:`hvd_gradq.plan.second_phase.reduced_scheme`) with the fp32 and fp16
 baselines, MNIST-1D at 4 and 8 workers, 5 seeds, each at the rate that was best for it in the
-main study's saved runs (no grid); its runs go to ``results/study_runs/second_phase.jsonl.gz``
-and its report to ``results/quality_second_phase.md``, beside the main study's figures.
+main study's saved runs (no grid); its runs go to ``results/quality/study_runs/second_phase.jsonl.gz``
+and its report to ``results/quality/quality_second_phase.md``, beside the main study's figures.
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ if str(ROOT) not in sys.path:  # run as a script: the repository root, so that `
 
 from bench.quality.study_store import RunStore  # noqa: E402
 
-RAW = ROOT / "results" / "study_runs" / "main.jsonl.gz"
+RAW = ROOT / "results" / "quality" / "study_runs" / "main.jsonl.gz"
 _STORE: RunStore | None = None
 
 
@@ -59,7 +59,7 @@ CHARS = ["none", "fp16", "orq:levels=5", "uniform:bits=4", "orq:levels=3", "bing
 SECOND_PHASE = KEY + ["orq:levels=9", "orq:levels=9@scatter", "orq:levels=3@scatter"]
 #: plans run at one rate a row, the best of the main study's saved runs: no grid, no edges
 AT_BEST_RATE = {"second_phase"}
-#: plans with their own file of runs (results/study_runs/<name>.jsonl.gz) and report (quality_<name>.md)
+#: plans with their own file of runs (results/quality/study_runs/<name>.jsonl.gz) and report (quality_<name>.md)
 OWN_FILES = {"second_phase"}
 
 
@@ -70,7 +70,7 @@ def best_rate(task: str, workers: int, spec: str) -> float:
     from bench.quality.study_tasks import TASKS
 
     spec = spec.partition("@")[0]  # a pattern asked for runs at the scheme's rate under auto
-    saved = [r for r in RunStore(ROOT / "results" / "study_runs" / "main.jsonl.gz").runs.values()
+    saved = [r for r in RunStore(ROOT / "results" / "quality" / "study_runs" / "main.jsonl.gz").runs.values()
              if r["task"] == task and r["workers"] == workers and r["spec"] == spec and "error" not in r]
     if not saved:
         raise SystemExit(f"no saved main-study runs of {task}, {workers} workers, {spec}: run --plan main first")
@@ -186,13 +186,13 @@ def main() -> None:
     ap.add_argument("--jobs", type=int, default=2)
     ap.add_argument("--report", action="store_true", help="only write the tables and plots from saved runs")
     ap.add_argument("--raw", default="",
-                    help="the file runs are saved in (default results/study_runs/main.jsonl.gz)")
-    ap.add_argument("--tag", default="", help="results/quality<TAG>.md and plots (another --raw's report)")
+                    help="the file runs are saved in (default results/quality/study_runs/main.jsonl.gz)")
+    ap.add_argument("--tag", default="", help="results/quality/quality<TAG>.md and plots (another --raw's report)")
     a = ap.parse_args()
     if a.raw:
         RAW = Path(a.raw).resolve()
     elif a.plan in OWN_FILES:
-        RAW = ROOT / "results" / "study_runs" / f"{a.plan}.jsonl.gz"
+        RAW = ROOT / "results" / "quality" / "study_runs" / f"{a.plan}.jsonl.gz"
     tag = a.tag or (f"_{a.plan}" if a.plan in OWN_FILES else "")
     runs = plan(a.plan, a.seeds)
     edges = (lambda _: []) if a.plan in AT_BEST_RATE else beyond_edges

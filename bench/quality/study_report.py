@@ -1,4 +1,4 @@
-"""Tables and plots of the quality study (``bench/quality/study.py``): ``results/quality.md`` and one
+"""Tables and plots of the quality study (``bench/quality/study.py``): ``results/quality/quality.md`` and one
 plot a block (workload x workers) of the reported metric against bytes a rank sends a step.
 
 How a row is made: for each scheme, the learning rate with the best mean ``dev`` metric over
@@ -18,7 +18,7 @@ from typing import Any
 import numpy as np
 
 ROOT = Path(__file__).resolve().parents[2]
-OUT = ROOT / "results"
+OUT = ROOT / "results" / "quality"
 
 #: (task, spec, allowed gap): accuracy points for mnist1d, relative loss for chars
 TARGETS = {
@@ -306,7 +306,7 @@ def write(runs: list[dict[str, Any]], saved: list[dict[str, Any]], tag: str = ""
         body += ["", "Targets (means over seeds):", ""] + verdicts(task, rows) + [""]
         if plan != "main":
             main_saved = list(RunStore(OUT / "study_runs" / "main.jsonl.gz").runs.values())
-            body += ["Against the main study's runs of the same scheme at the same rate (`results/quality.md`, "
+            body += ["Against the main study's runs of the same scheme at the same rate (`results/quality/quality.md`, "
                      "the old second phase `refined(sqrt(N))`; each Δ against its own study's fp32 runs):", ""]
             body += before_and_after(task, workers, rows, main_saved, order) + [""]
         effects = recipe_effects(task, rows)

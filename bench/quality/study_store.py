@@ -1,6 +1,6 @@
 """The quality study's saved runs: one gzip-compressed JSON-lines file per study.
 
-A study is hundreds of small runs (``results/study_runs/main.jsonl.gz`` holds 720). One file
+A study is hundreds of small runs (``results/quality/study_runs/main.jsonl.gz`` holds 720). One file
 keeps the repository lean (a file a run was 847 files) and still diffs as data: each line is
 ``{"key": ..., "run": {...}}``, sorted by key, so a rerun that adds runs rewrites the file with the
 old lines unchanged. Written only by the study's main process, atomically (a temporary file,

@@ -32,8 +32,8 @@ algorithms over the rank ring for the flat patterns: allreduce and allgather are
 a host crosses the link, carrying N-1 payloads for an allgather), alltoall sends directly (only
 chunks for ranks on other hosts cross); with L = 1 both columns agree.
 
-Writes ``results/scale_emulated.md``, ``results/scale_emulated.png`` (step time per entry per
-topology) and ``results/scale_emulated.json`` (raw; ``--from-json`` rewrites the report from it).
+Writes ``results/scale/scale_emulated.md``, ``results/scale/scale_emulated.png`` (step time per entry per
+topology) and ``results/scale/scale_emulated.json`` (raw; ``--from-json`` rewrites the report from it).
 The worker (one rank) is ``scale_worker.py``.
 """
 from __future__ import annotations
@@ -501,7 +501,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     ap.add_argument("--idle", type=float, default=2.0, help="seconds of the idle phase (negotiation rate)")
     ap.add_argument("--pin", action="store_true", help="pin rank r to CPU r %% cores (taskset)")
     ap.add_argument("--timeout", type=float, default=1800.0, help="seconds a topology's launch may take")
-    ap.add_argument("--out", default=str(ROOT / "results" / "scale_emulated.md"))
+    ap.add_argument("--out", default=str(ROOT / "results" / "scale" / "scale_emulated.md"))
     ap.add_argument("--from-json", default="", help="only rewrite the report from this raw results file")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--entries", default="[]", help=argparse.SUPPRESS)

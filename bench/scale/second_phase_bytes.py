@@ -3,7 +3,7 @@
 Horovod's fp16 ring, at 8, 64 and 1,024 workers and 1 Gbit/s, from the library's cost model
 (issue 24's target: at most 1/4 of fp16 ring's bytes).
 
-    .venv/bin/python bench/scale/second_phase_bytes.py [--out results/second_phase_bytes.md]
+    .venv/bin/python bench/scale/second_phase_bytes.py [--out results/scale/second_phase_bytes.md]
 
 The model is GPT-2 small's parameter list (``scale_model.gpt2_small``), one rank a host, each
 tensor reduced as ``decide`` picks at the rate (fallback off: the scheme's own bytes), its

@@ -51,9 +51,9 @@ SCHEME_FACTORIES: tuple[tuple[str, str, str], ...] = (
     ("Sign", "sign", "Scaled sign (EF-signSGD with ``ef=True``)."),
     ("TopK", "topk", "Top-K: the ``ratio`` share of largest magnitudes, values coded by ``values``."),
     ("BinGrad", "bingrad", "BinGrad (Xu et al. 2020): error feedback is on by default (it is biased; "
-     "``ef=False`` is the paper's plain form). results/quality.md."),
+     "``ef=False`` is the paper's plain form). results/quality/quality.md."),
     ("ORQ", "orq", "ORQ (Xu et al. 2020): levels at the exact minimum of the rounding variance; the default "
-     "ORQ-5 kept fp32's accuracy in results/quality.md."),
+     "ORQ-5 kept fp32's accuracy in results/quality/quality.md."),
 )
 
 #: Compressor options one frontend has and the other has not: option -> the frontend that has it.

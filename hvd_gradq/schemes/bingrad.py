@@ -70,7 +70,7 @@ def two_means(ops: Ops, ys: Array, pre: Array) -> tuple[Array, Array]:
 class BinGrad(LevelScheme):
     variant: Variant = param(Variant.B, Variant, "b (minimum error) | pb (partially biased, wider)")
     # On by default, unlike every other scheme's: -b is biased, and without error feedback its bias
-    # accumulates (the quality study, results/quality.md: momentum SGD on MNIST-1D, 4 workers, 5
+    # accumulates (the quality study, results/quality/quality.md: momentum SGD on MNIST-1D, 4 workers, 5
     # seeds, each at its best rate: -6.1 points vs fp32 without, -0.5 with). ``ef=false`` is the
     # paper's plain BinGrad. A policy default (hvd_gradq.policy): it never reaches the wire.
     default_ef: ClassVar[bool] = True
