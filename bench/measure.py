@@ -1,6 +1,8 @@
-"""The measurement harness of the MNIST-1D training runs in bench/ (``train_mnist1d.py``,
-``train_keras_mnist1d.py``, ``train_tape_mnist1d.py``; the demo and the quality study run them):
-arguments, data, the learning-rate schedule, a progress bar, compressor timing and the summary.
+"""The measurement harness of the MNIST-1D training runs in bench/quality/ (``train_mnist1d.py``,
+``train_keras_mnist1d.py``, ``train_tape_mnist1d.py``; the demo runs the first): arguments, data,
+the learning-rate schedule, a progress bar, compressor timing and the summary. Shared: the quality
+study (``bench/quality/study_tasks.py``) and the end-to-end benchmark (``bench/e2e/e2e_worker.py``)
+load their MNIST-1D data here too.
 examples/ has the user-facing versions of these scripts, without the measurement.
 
 MNIST-1D (Greydanus 2020) is generated locally by the ``mnist1d`` package (4000 train / 1000 test

@@ -6,7 +6,7 @@ compressed by hvd_gradq.
 
 The same CNN and data as ``tf_tape_mnist1d.py``; Horovod traces the compressor into Keras' train
 function. Rank 0 prints the test accuracy and the bytes the compressor sent (``--json`` writes
-them). The measured version is ``bench/train_keras_mnist1d.py``.
+them). The measured version is ``bench/quality/train_keras_mnist1d.py``.
 """
 from __future__ import annotations
 

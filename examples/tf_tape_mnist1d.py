@@ -5,7 +5,7 @@ inside a ``tf.function``, gradients compressed by hvd_gradq.
         --compression orq:levels=5 --epochs 5
 
 The same CNN and data as ``torch_mnist1d.py``. Rank 0 prints the test accuracy and the bytes the
-compressor sent (``--json`` writes them). The measured version is ``bench/train_tape_mnist1d.py``.
+compressor sent (``--json`` writes them). The measured version is ``bench/quality/train_tape_mnist1d.py``.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@
 The CNN is the MNIST-1D paper's (three stride-2 convolutions of 25 channels, then a linear
 layer; ~5k parameters), trained with Adam, a short warm-up, then cosine decay. Rank 0 prints the
 test accuracy and the bytes the compressor sent (``--json`` writes them). The measured version
-(step time, compressor time, Horovod's own compression) is ``bench/train_mnist1d.py``.
+(step time, compressor time, Horovod's own compression) is ``bench/quality/train_mnist1d.py``.
 """
 from __future__ import annotations
 

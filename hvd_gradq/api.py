@@ -69,11 +69,6 @@ def split(buf: NDArray[Any]) -> list[Payload]:
     return out
 
 
-def as_scheme(spec: str | Scheme | Config) -> Scheme:
-    """The scheme of a spec string, a scheme or a config (its policy left out)."""
-    return as_config(spec).scheme
-
-
 def _as_float_array(x: Any) -> tuple[NDArray[Any], str]:
     arr = np.asarray(x)
     if arr.dtype.kind != "f":

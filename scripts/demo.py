@@ -6,22 +6,22 @@
     bash scripts/demo.sh --jobs "fp16;orq:levels=4,ef=true"  # any hvd_gradq spec as a job
     HVD_GRADQ_DEMO_LOOPBACK=1 bash scripts/demo.sh        # force the loopback fallback
 
-The job is the quality study's MNIST-1D recipe (``bench/study_tasks.py``): an MLP 40-300-300-10
+The job is the quality study's MNIST-1D recipe (``bench/quality/study_tasks.py``): an MLP 40-300-300-10
 (105,610 parameters, 422 kB of fp32 gradients a step), momentum SGD (lr 0.6, momentum 0.9,
 Nesterov, weight decay 5e-4), global batch 256 (128 a rank), linear warm-up over 10% of the
-steps then cosine, 300 steps, seed 0, 2 ranks. It runs ``bench/train_mnist1d.py --model mlp``
+steps then cosine, 300 steps, seed 0, 2 ranks. It runs ``bench/quality/train_mnist1d.py --model mlp``
 once per compression: Horovod's fp32 allreduce (no compression), Horovod's own
 ``hvd.Compression.fp16``, hvd_gradq's ORQ with its defaults (``orq``, 5 levels: what
 ``gq.ORQ()`` builds) and ORQ-3 (``orq:levels=3``); ``--jobs`` adds BinGrad+EF.
 
-Where it can, each job runs on an **emulated network**: ``bench/netbench.py`` puts each rank on
+Where it can, each job runs on an **emulated network**: ``bench/e2e/netbench.py`` puts each rank on
 its own network namespace (2 hosts, 1 rank each) joined by veth links shaped by ``tc tbf`` to
 ``--rate`` each way, and reads the bytes that crossed each link from the kernel's counters.
 The default, 20 Mbit/s, is chosen for this small model: fp32's 422 kB a step take ~177 ms of
 that link, nearly all of its step, the regime compression is for. At 100 Mbit/s (~35 ms of wire
 a step) the compressors' own CPU time decides instead: on 2 cores loaded by other work ORQ-5 ran
 at 0.65x and 0.97x of fp32's speed in two runs, slower than Horovod's fp16
-(``results/demo_100mbit.txt``; ``--rate 100mbit``). That needs
+(``results/e2e/demo_100mbit.txt``; ``--rate 100mbit``). That needs
 root (``os.geteuid() == 0``), ``netbench.py --check`` passing, and network namespaces that can
 really be made (probed once). Otherwise, or with ``HVD_GRADQ_DEMO_LOOPBACK=1`` in the
 environment, the demo says so and runs ``horovodrun -np 2 -H localhost:2 --gloo`` on loopback:
@@ -48,13 +48,15 @@ from pathlib import Path
 from typing import Any, Optional
 
 ROOT = Path(__file__).resolve().parents[1]
-BENCH = ROOT / "bench"
-sys.path.insert(0, str(BENCH))
-from netemu.links import parse_rate  # noqa: E402 (bench/ is on sys.path: netemu is its package)
+sys.path.insert(0, str(ROOT))
+from bench.netemu.links import parse_rate  # noqa: E402 (the repository root is on sys.path)
+
+NETBENCH = "bench/e2e/netbench.py"  # runs a script on the emulated hosts
+TRAIN = "bench/quality/train_mnist1d.py"  # the measured MNIST-1D run
 
 LOOPBACK_ENV = "HVD_GRADQ_DEMO_LOOPBACK"
 
-#: shorthand -> (column title, spec for bench/train_mnist1d.py --compression); any other --jobs entry is
+#: shorthand -> (column title, spec for bench/quality/train_mnist1d.py --compression); any other --jobs entry is
 #: an hvd_gradq spec (or stock-none / stock-fp16), titled by itself
 JOBS = {
     "fp32": ("no compression", "stock-none"),
@@ -84,12 +86,12 @@ def emulation(rate: str) -> tuple[bool, str]:
         return False, f"{LOOPBACK_ENV}={os.environ[LOOPBACK_ENV]} is set"
     if os.geteuid() != 0:
         return False, f"not root (euid {os.geteuid()}): network namespaces and tc need root"
-    cp = subprocess.run([sys.executable, str(BENCH / "netbench.py"), "--check"], capture_output=True, text=True,
+    cp = subprocess.run([sys.executable, str(ROOT / NETBENCH), "--check"], capture_output=True, text=True,
                         cwd=ROOT, timeout=60)
     if cp.returncode != 0:
-        return False, "bench/netbench.py --check failed: " + (cp.stdout + cp.stderr).strip().replace("\n", "; ")
+        return False, f"{NETBENCH} --check failed: " + (cp.stdout + cp.stderr).strip().replace("\n", "; ")
     try:
-        import netemu
+        from bench import netemu
 
         with netemu.EmulatedCluster(RANKS, rate=rate, lock_timeout=120):
             pass  # build and remove the namespaces once: root in a container may still lack CAP_NET_ADMIN
@@ -100,7 +102,7 @@ def emulation(rate: str) -> tuple[bool, str]:
 
 # -- one job ------------------------------------------------------------------------------------------
 def train_args(a: argparse.Namespace, spec: str, out: Path) -> list[str]:
-    return ["bench/train_mnist1d.py", "--model", "mlp", "--optimizer", "sgd", "--lr", str(a.lr),
+    return [TRAIN, "--model", "mlp", "--optimizer", "sgd", "--lr", str(a.lr),
             "--weight-decay", "5e-4", "--warmup-frac", "0.1", "--batch-size", str(GLOBAL_BATCH // RANKS),
             "--epochs", "1000", "--max-steps", str(a.steps), "--eval-every", str(a.eval_every), "--seed", str(a.seed),
             "--compression", spec, "--json", str(out)]
@@ -109,7 +111,7 @@ def train_args(a: argparse.Namespace, spec: str, out: Path) -> list[str]:
 def command(a: argparse.Namespace, spec: str, out: Path, link_json: Path, emulated: bool) -> list[str]:
     py = os.path.relpath(sys.executable, ROOT) if sys.executable.startswith(str(ROOT)) else sys.executable
     if emulated:
-        return [py, "bench/netbench.py", "--hosts", str(RANKS), "--rate", a.rate, "--timeout", str(int(a.timeout)),
+        return [py, NETBENCH, "--hosts", str(RANKS), "--rate", a.rate, "--timeout", str(int(a.timeout)),
                 "--json", str(link_json), "--", *train_args(a, spec, out)]
     hr = Path(sys.executable).parent / "horovodrun"
     hvdrun = os.path.relpath(hr, ROOT) if hr.exists() and str(hr).startswith(str(ROOT)) else "horovodrun"
@@ -332,7 +334,7 @@ def main() -> None:
     print(table(results, a.target, emulated))
     notes = [
         f"final test accuracy: one run of one seed (--seed {a.seed}); differences of a point or two between jobs are "
-        "within the spread between seeds (the quality study, bench/study.py, measures that).",
+        "within the spread between seeds (the quality study, bench/quality/study.py, measures that).",
         f"time to {a.target:g}%: training time (evaluation excluded) until the first test evaluation at or above "
         f"it; the test set is scored every {a.eval_every} steps; every step counts, with the one-time costs of the "
         "first ones.",

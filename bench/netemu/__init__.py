@@ -5,7 +5,7 @@ Horovod ranks (Gloo controller; default one) on each, launched the way ``horovod
 would, so that every byte between hosts crosses a veth link shaped by ``tc tbf`` and is counted
 by the kernel::
 
-    from netemu import EmulatedCluster  # bench/ on sys.path
+    from bench.netemu import EmulatedCluster  # the repository root on sys.path
 
     with EmulatedCluster(4, rate="100mbit") as cluster:
         res = cluster.run([sys.executable, "worker.py"], timeout=300)

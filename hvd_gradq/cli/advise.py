@@ -155,5 +155,6 @@ def run(args: argparse.Namespace) -> int:
                   f"{t16 / best.seconds:.1f}x faster than Horovod fp16")
     print("\nModelled, not measured: bytes from the payload format, time = link + this rank's encode/decode "
           "(CPU table of the project's 2-core machine, one core a rank; `python -m hvd_gradq calibrate` for yours), "
-          "no overlap with backward. Accuracy: results/quality.md (5 seeds, MNIST-1D MLP and a small transformer).")
+          "no overlap with backward. Accuracy: results/quality/quality.md (5 seeds, MNIST-1D MLP and a small "
+          "transformer).")
     return 0

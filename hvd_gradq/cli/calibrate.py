@@ -4,7 +4,7 @@ Each spec is timed through the frontends' own host path (:func:`hvd_gradq.reduce
 and :func:`hvd_gradq.dequantize`: kernels, framing, checksum) on standard-normal float32 tensors,
 best of a few runs after a warm-up call (a compile is not counted). The cost model that picks
 patterns under ``pattern=auto`` reads such a table (``hvd_gradq/plan/cpu_table.py``, written
-by ``bench/calibrate_cpu.py`` on the project's machine, through :func:`measure` and
+by ``bench/scale/calibrate_cpu.py`` on the project's machine, through :func:`measure` and
 :func:`table_source` here); this command shows how far your CPU is from it, and ``--write FILE``
 writes its figures in that module's form. Every rank must read the same table (each rank picks a
 tensor's pattern from it, and ranks that pick differently split a collective), so a table of
@@ -26,7 +26,7 @@ from ..spec import parse
 
 
 def every() -> list[str]:
-    """What the project's table holds (``bench/calibrate_cpu.py`` measures these): the specs
+    """What the project's table holds (``bench/scale/calibrate_cpu.py`` measures these): the specs
     each registered scheme declares for it (``@register(..., calibrate=...)``), in registration
     order. Read when asked, so that a scheme registered after this module loaded is in it."""
     return [spec for d in declarations() for spec in d.calibrate]
@@ -49,7 +49,7 @@ def table_source(rows: Mapping[str, tuple[float, float]], load: tuple[float, flo
     element), with the load average at the start and end of the measurement."""
     body = "\n".join(f"    {k!r}: ({round(e, 2)}, {round(d, 2)})," for k, (e, d) in rows.items())
     return ('"""Nanoseconds an element that encoding and decoding cost one rank, per scheme: the CPU term\n'
-            "of the pattern cost model (:mod:`.cpu_cost`). Measured by ``bench/calibrate_cpu.py`` or\n"
+            "of the pattern cost model (:mod:`.cpu_cost`). Measured by ``bench/scale/calibrate_cpu.py`` or\n"
             f"``python -m hvd_gradq calibrate --write`` (one thread, {os.cpu_count()}-core host, load average "
             f"{load[0]:.1f} / {load[1]:.1f}); do not edit by hand."
             '"""\n\n'

@@ -37,7 +37,7 @@ REPS = 3
 #: The default of the compressors' ``fallback=`` (1/true/yes/on or 0/false/no/off; unset: off).
 #: Off by default until the model knows the network's real efficiency: it prices Horovod's fp16
 #: ring at the link rate, and on the emulated 1 Gbit/s link that ring ran 4.6x slower than that
-#: (results/e2e_fallback_on.md), so a default fallback sent ORQ-5 as fp16 and made its step slower.
+#: (results/e2e/e2e_fallback_on.md), so a default fallback sent ORQ-5 as fp16 and made its step slower.
 FALLBACK_ENV = "HVD_GRADQ_FALLBACK"
 #: ``measure`` (the default) or ``table``: the shipped table's figures instead of timing this
 #: machine, for decisions that are the same from run to run (a reproducible job, a test suite

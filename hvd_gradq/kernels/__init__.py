@@ -4,7 +4,7 @@
 return (the same meta floats, the same packed bytes, as uint8 instead of int64 byte values, the
 same decoded floats), or ``None`` where no fast path exists for the scheme or its parameters,
 in which case the caller runs the reference. ``tests/unit/test_kernels.py`` checks the
-bit-identity; ``bench/bench_kernels.py`` measures the speed (results/kernels.md).
+bit-identity; ``bench/micro/bench_kernels.py`` measures the speed (results/micro/kernels.md).
 
 Covered: uniform, qsgd, terngrad, sign, bingrad (b, pb) and orq with any number of levels (for
 4 levels or more the exact level search of :mod:`.orq_levels`, the same source the reference

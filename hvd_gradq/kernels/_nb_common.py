@@ -22,7 +22,6 @@ F0 = np.float32(0.0)
 F1 = np.float32(1.0)
 FHALF = np.float32(0.5)
 FNAN = np.float32(np.nan)
-INV24 = np.float32(1.0 / (1 << 24))
 # x86 turns a float beyond int64's range (or NaN) into INT64_MIN when NumPy casts it
 F32_TWO63 = np.float32(2.0**63)
 F64_TWO63 = 2.0**63

@@ -4,7 +4,7 @@ The frontends measure the schemes they use at start-up on every rank (:mod:`.pro
 through their first-step handshake on the maximum over ranks (:class:`Figures`): a per-rank
 timing alone would differ between ranks and split a collective, the agreed maximum cannot.
 Callers with no job at hand (``advise``, the benchmarks' models, unit tests) read a measured
-table (:mod:`.cpu_table`, written by ``bench/calibrate_cpu.py``). A scheme the table lacks
+table (:mod:`.cpu_table`, written by ``bench/scale/calibrate_cpu.py``). A scheme the table lacks
 is interpolated in its level count (ORQ's search grows about linearly in the levels past 5;
 QSGD and uniform barely move), and a scheme family it lacks gets :data:`UNKNOWN`, a cost on the
 slow side so that such a scheme is not sent down a pattern that multiplies its decoding.

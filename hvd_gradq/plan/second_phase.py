@@ -61,7 +61,7 @@ def reduced_scheme(scheme: Scheme, nranks: int) -> Scheme:
     grows with them (at N = 4 and gradients 10:1 signal to noise, ORQ-3's total error is 1.4x
     gather's). The old sqrt(N)-finer ORQ covered that worst case at log2 sqrt(N) more bits at
     every N; here the owner's error feedback (``ef``), where on, carries the rest, and the quality
-    study measures it (results/quality_second_phase.md). Schemes without a finer form
+    study measures it (results/quality/quality_second_phase.md). Schemes without a finer form
     (two-level, sign, Top-K, TernGrad) keep their own, as before: their error feedback carries
     the rest. One rank (N = 1) has no sum to re-quantize: the scheme itself."""
     if nranks <= 1 or not isinstance(scheme, LevelScheme) or scheme.refined(2.0) == scheme:

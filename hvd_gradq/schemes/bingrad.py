@@ -20,7 +20,7 @@ chosen from the bucket's own distribution, 1 bit an element.
   buckets of 16), and the best l1 for a given l2 is non-decreasing in l2, so the minimum over the
   O(w) boxes along that staircase is the global one, O(w) after the sort, run on the host
   through ``Ops.host`` by every frontend (``tests/unit/test_bingrad.py`` checks it against a
-  brute force over every box). ``bench/bingrad_study.py`` (buckets of 512, measured with the
+  brute force over every box). ``bench/quality/bingrad_study.py`` (buckets of 512, measured with the
   alternating optimiser): the mean |bias| is 35-40% below -b's but its L2 norm only 5-7% below
   (9% above on Student-t(2)), the error is 17-35% above, and the bucket's sum is no longer
   exact. The range comes out *narrower* than -b's (0.81x Gaussian, 0.78x Laplace, 0.35x Student-t(2)), not wider as the
@@ -67,13 +67,13 @@ def two_means(ops: Ops, ys: Array, pre: Array) -> tuple[Array, Array]:
 
 @register("bingrad", export="BinGrad",
           doc="BinGrad (Xu et al. 2020): error feedback is on by default (it is biased; ``ef=False`` is the "
-              "paper's plain form). results/quality.md.",
+              "paper's plain form). results/quality/quality.md.",
           speed="variant", calibrate=["bingrad", "bingrad:variant=pb"])
 @dataclass(frozen=True, kw_only=True)
 class BinGrad(LevelScheme):
     variant: Variant = param(Variant.B, Variant, "b (minimum error) | pb (partially biased, wider)")
     # On by default, unlike every other scheme's: -b is biased, and without error feedback its bias
-    # accumulates (the quality study, results/quality.md: momentum SGD on MNIST-1D, 4 workers, 5
+    # accumulates (the quality study, results/quality/quality.md: momentum SGD on MNIST-1D, 4 workers, 5
     # seeds, each at its best rate: -6.1 points vs fp32 without, -0.5 with). ``ef=false`` is the
     # paper's plain BinGrad. A policy default (hvd_gradq.policy): it never reaches the wire.
     default_ef: ClassVar[bool] = True

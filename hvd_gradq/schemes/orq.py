@@ -81,7 +81,7 @@ def choose_levels(ops: Ops, x: Array, s: int) -> Array:
 
 @register("orq", export="ORQ",
           doc="ORQ (Xu et al. 2020): levels at the exact minimum of the rounding variance; the default "
-              "ORQ-5 kept fp32's accuracy in results/quality.md.",
+              "ORQ-5 kept fp32's accuracy in results/quality/quality.md.",
           speed="levels", calibrate=[f"orq:levels={s}" for s in (2, 3, 4, 5, 6, 9, 17, 33, 65)])
 @dataclass(frozen=True, kw_only=True)
 class ORQ(LevelScheme):

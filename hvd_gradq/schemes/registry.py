@@ -6,7 +6,7 @@ speed="levels", calibrate=...)`` on the class says everything the layers above n
 it: the spec name, the factory both frontends export and its doc line
 (:func:`hvd_gradq.frontend.factory.install_factories`), the parameter its CPU cost depends on
 (:attr:`Scheme.speed_key`, what the cost model's table is keyed by) and the specs the table
-holds for it (``python -m hvd_gradq calibrate``, ``bench/calibrate_cpu.py``). Those layers read
+holds for it (``python -m hvd_gradq calibrate``, ``bench/scale/calibrate_cpu.py``). Those layers read
 :func:`declarations` instead of keeping lists of their own, so a new scheme touches its file,
 its kernel if it has one, and the table's data; ``tests/unit/test_new_scheme.py`` holds that.
 

@@ -1,11 +1,13 @@
-"""The patterns' payloads, made and read on the host by the code PyTorch uses.
+"""The gather, scatter and hierarchical patterns' payloads, made and read on the host by the code
+PyTorch uses.
 
-Every payload of the TensorFlow frontend is encoded and decoded by the NumPy functions here,
-each phase's in one ``tf.numpy_function`` (:class:`.transport.GraphCodec` makes the ops): the
-bytes come from :func:`hvd_gradq.api.quantize`'s own pieces (the
-compiled kernels of every level scheme, or the NumPy reference where the input holds NaN/Inf, a
-value beyond ``scheme.limit``, or the scheme has no kernel) and :class:`hvd_gradq.Payload`'s
-layout; the gathered payloads are parsed, checked (header, checksum, codes) and decoded by
+Every payload of those patterns in the TensorFlow frontend is encoded and decoded by the NumPy
+functions here, each phase's in one ``tf.numpy_function`` (:class:`.transport.GraphCodec` makes
+the ops; the summable pattern sends no payload: its statistics and int32 code lanes are graph
+ops, :mod:`.collectives` and :mod:`.codec`): the bytes come from :func:`hvd_gradq.api.quantize`'s
+own pieces (the compiled kernels of every level scheme, or the NumPy reference where the input
+holds NaN/Inf, a value beyond ``scheme.limit``, or the scheme has no kernel) and
+:class:`hvd_gradq.Payload`'s layout; the gathered payloads are parsed, checked (header, checksum, codes) and decoded by
 :func:`hvd_gradq.api.split` / :func:`~hvd_gradq.api.decode_flat`. So the frontend lays no bytes
 of its own (``hvd_gradq/wire`` owns them), and a TensorFlow step costs what a PyTorch step costs
 for the same scheme: as a TF op chain, ORQ-5's level search alone took 94% of a small model's
@@ -13,15 +15,16 @@ step (issue 13). The bytes are the NumPy reference's, bit for bit (``tests/unit/
 
 Why the graph stays correct:
 
-* *Static shapes.* ``numpy_function`` outputs have unknown shapes; the payload's size is known
-  when the graph is built (``scheme.nbytes``), so it is set, and Horovod's allgather is traced
-  with it as before.
+* *Static shapes.* ``numpy_function`` outputs have unknown shapes; each payload's size is known
+  when the graph is built (its header plus ``scheme.nbytes``: :func:`chunk_sizes`), so it is
+  set, and Horovod's allgather or alltoall is traced with it.
 * *Nothing raises before the collective.* An exception in the encoder would fail this rank
-  only and leave the others waiting in the allgather. The encoder never raises for values:
+  only and leave the others waiting in the collective. The encoder never raises for values:
   non-finite input and values beyond the limit take the reference path, which marks their
-  buckets NaN (``nonfinite=raise`` is handled by the compressor before encoding: it sends the
-  poison payload, :mod:`hvd_gradq.wire.poison`); a scheme that refuses a value itself
-  (``fp16:overflow=raise``: RangeError) sends the poison saying so instead, padded to the row.
+  buckets NaN (under ``nonfinite=raise`` the codec sends the poison payload,
+  :mod:`hvd_gradq.wire.poison`, in place of what was encoded: :class:`.transport.GraphCodec`);
+  a scheme that refuses a value itself (``fp16:overflow=raise``: RangeError) sends the poison
+  saying so instead, each chunk's padded to its size.
   Decoding runs after the collective on the same bytes on every rank, so a poison or corrupted
   payload fails every rank alike, with the same message (PyTorch's: the ranks and why).
 * *Draws.* The two seed words come from the graph (``step_words``: a step counter in a

@@ -9,7 +9,7 @@ This package knows no scheme: it imports neither ``hvd_gradq.schemes`` nor ``hvd
 (``tests/unit/test_wire_layer.py``). It takes whatever declares a spec text and its sections
 (:class:`.payload.Codec`); turning spec text into a scheme is the decoder's step
 (:mod:`hvd_gradq.api`). The compiled kernels' streamed packing loops
-(``hvd_gradq.kernels._pack``) lay the same bytes as :mod:`.packing`, bit for bit.
+(``hvd_gradq.kernels._nb_pack``) lay the same bytes as :mod:`.packing`, bit for bit.
 """
 from .packing import Layout, check_codes, layout, pack, pack_bits, pack_lanes, unpack, unpack_bits, unpack_lanes
 from .payload import (

@@ -1,7 +1,7 @@
 """The examples under horovodrun, as a user runs them: the MNIST-1D examples (a short ORQ-5 run on
 2 ranks ends with a trained model's accuracy and bytes more than 4x below fp32), the minimal ones (the
 loss goes down and both ranks end with bitwise equal weights), and the measured run the demo uses
-(bench/train_mnist1d.py: the same plus step and compressor timings)."""
+(bench/quality/train_mnist1d.py: the same plus step and compressor timings)."""
 from __future__ import annotations
 
 import json
@@ -22,7 +22,7 @@ pytestmark = pytest.mark.parallel
 # 0 is this suite's run): after 20 steps, the length this test used to run, 0.19-0.31 (the
 # uncompressed run 0.22): too early for any bound between chance (0.10) and what a correct run
 # reaches. After 62 steps: torch example 0.487-0.534, Keras 0.528-0.557, tape 0.510-0.567,
-# bench/train_mnist1d 0.452-0.462; a model whose gradients never arrive stays near chance. The
+# bench/quality/train_mnist1d.py 0.452-0.462; a model whose gradients never arrive stays near chance. The
 # extra 42 steps cost 0.5-2 s a launch (0.012-0.05 s a step, by load), inside the spread of
 # these launches' wall times (10-75 s, mostly horovodrun, imports and TF start-up).
 STEPS = 62
@@ -103,7 +103,7 @@ def test_tf_tape_example_orq5(tmp_path: Path) -> None:
 
 def test_bench_measured_torch_run_orq5(tmp_path: Path) -> None:
     """The run scripts/demo.py launches (and the quality study's): summary with timings."""
-    check_measured(run_mnist1d(ROOT / "bench" / "train_mnist1d.py", "orq:levels=5", tmp_path, 240), "orq:levels=5")
+    check_measured(run_mnist1d(ROOT / "bench" / "quality" / "train_mnist1d.py", "orq:levels=5", tmp_path, 240), "orq:levels=5")
 
 
 MINIMAL_LINE = re.compile(r"rank (\d): loss ([0-9.]+) -> ([0-9.]+), weights ([0-9a-f]{16}), sent (\d+) B, "

@@ -23,11 +23,10 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-BENCH = ROOT / "bench"
+NETBENCH = ROOT / "bench" / "e2e" / "netbench.py"
 sys.path.insert(0, str(ROOT))
-sys.path.insert(0, str(BENCH))
 
-import netemu  # noqa: E402
+from bench import netemu  # noqa: E402
 
 pytestmark = pytest.mark.parallel
 
@@ -52,7 +51,7 @@ def _require_root() -> None:
 
 def _env() -> dict[str, str]:
     return {
-        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), str(BENCH), os.environ.get("PYTHONPATH", "")) if p),
+        "PYTHONPATH": os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p),
         "OMP_NUM_THREADS": "1",
     }
 
@@ -70,11 +69,11 @@ def _assert_clean() -> None:
 @pytest.mark.timeout(90)
 def test_allreduce_bytes_match_ring_model_and_cleanup() -> None:
     _require_root()
-    import netbench
+    from bench.e2e import netbench
 
     n = 2
     t0 = time.monotonic()
-    argv = [sys.executable, str(BENCH / "netbench.py"), "--selftest-worker",
+    argv = [sys.executable, str(NETBENCH), "--selftest-worker",
             "--numel", str(NUMEL), "--steps", str(STEPS), "--idle", "0"]
     with netemu.EmulatedCluster(n, rate="1gbit") as cluster:
         assert len(netemu.leftovers()) >= n + 1  # the hosts and the switch exist while inside
@@ -108,7 +107,7 @@ def test_allreduce_bytes_match_ring_model_and_cleanup() -> None:
 def test_timeouts_failures_and_phase_mismatch_kill_all_ranks() -> None:
     _require_root()
     py = sys.executable
-    phase = "from netemu import phase; import os; "
+    phase = "from bench.netemu import phase; import os; "
     with netemu.EmulatedCluster(2, rate="1gbit") as cluster:
         t = time.monotonic()
         hung = cluster.run([py, "-c", "import time; time.sleep(600)"], timeout=2)
@@ -136,7 +135,7 @@ _RANKS_WORKER = """
 import json, os, sys
 import horovod.torch as hvd
 import torch
-import netemu
+from bench import netemu
 hvd.init()
 info = {k: getattr(hvd, k)() for k in ("rank", "size", "local_rank", "local_size", "cross_rank", "cross_size")}
 info["affinity"] = sorted(os.sched_getaffinity(0))
@@ -158,7 +157,7 @@ def test_two_ranks_per_host_env_pinning_and_only_inter_host_bytes() -> None:
     a ring allreduce in rank order crosses each host's link once (ranks 1->2 and 3->0), so a host
     moves one rank's ring bytes, not two: the intra-host edges go over the namespace's loopback."""
     _require_root()
-    import netbench
+    from bench.e2e import netbench
 
     hosts, per = 2, 2
     ncpu = os.cpu_count() or 1

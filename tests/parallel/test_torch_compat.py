@@ -172,7 +172,7 @@ SIM_CASES = [("orq:levels=5,ef=true", "scatter"), ("bingrad:ef=true,warmup=1", "
 
 @pytest.mark.parametrize("spec,pattern", SIM_CASES)
 def test_quality_study_simulator_gives_the_frontends_bits(cases: dict, spec: str, pattern: str) -> None:
-    """bench/sim_reduce.py stands in for horovodrun in the quality study: fed the same local
+    """bench/quality/sim_reduce.py stands in for horovodrun in the quality study: fed the same local
     gradients, it must reproduce DistributedOptimizer's reduced gradients bit for bit (rank
     seeds, error feedback, every pattern, warm-up and the fp32 pass-through of the 3-float bias).
     Both run the reduction core (hvd_gradq/reduce/), so this checks the drivers (Horovod's

@@ -317,13 +317,13 @@ def warmup(spec: str, pattern: str) -> dict:
 
 
 def simulator(spec: str, pattern: str) -> dict:
-    """bench/sim_reduce.py (the quality study's workers in one process) against this frontend:
+    """bench/quality/sim_reduce.py (the quality study's workers in one process) against this frontend:
     fed every rank's local gradients, it must give the bits ``DistributedOptimizer`` gave."""
     import sys
     from pathlib import Path
 
-    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-    from sim_reduce import SimReducer
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
+    from bench.quality.sim_reduce import SimReducer
 
     model, comp, opt = trained_pair(spec, pattern, seed=7)
     sim = SimReducer(hvd_gradq.parse(spec), size, seed=7, pattern=pattern)

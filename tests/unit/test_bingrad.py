@@ -280,7 +280,7 @@ def test_pb_range_is_narrower_than_b_on_light_tails(dist):
     """Minimising -pb's expected squared error does NOT widen the range: for a standard Gaussian
     the optimum a of [-a, a] solves a P(|x|<a) = E(|x|-a)+, a ~ 0.67, inside -b's +-0.80. (The
     review's "wider range" would need a objective weighting the clamp error more than the
-    variance; see bench/bingrad_study.py.)"""
+    variance; see bench/quality/bingrad_study.py.)"""
     rng = np.random.default_rng(20)
     for _ in range(5):
         x = DISTS[dist](rng, 512).astype(np.float32)

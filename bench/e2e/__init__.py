@@ -1,0 +1,1 @@
+"""End to end on the emulated network: hosts as network namespaces, links shaped by tc."""
