@@ -9,7 +9,7 @@ list. What adding a scheme touches, then:
 * ``hvd_gradq/schemes/<name>.py``: the class and its ``@register(...)`` (found by the schemes
   package without an import list);
 * its kernel in ``hvd_gradq/kernels/``, if it has one (without, the NumPy reference runs);
-* ``hvd_gradq/plan/cpu_table.py``: its figures, written by ``bench/calibrate_cpu.py`` (without,
+* ``hvd_gradq/plan/cpu_table.py``: its figures, written by ``bench/scale/calibrate_cpu.py`` (without,
   the cost model takes it as slow, ``cpu_cost.UNKNOWN``).
 
 Constructing the frontends' compressors is enough here (no step runs); the TensorFlow one asks
