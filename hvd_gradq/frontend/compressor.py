@@ -213,7 +213,7 @@ class CompressorCore(Reports):
         if size <= 1 or gather is None:
             return
         if self.check_ranks:
-            text = self.config() + hosts.layout(size, local, self.link_gbps, self.fallback)
+            text = self.config() + hosts.layout(size, local, self.link_gbps, self.fallback, self.pattern)
             handshake.check_config_blocks(gather(handshake.config_block(text), Kind.CONFIG))
         if probe.priced(self.pattern):
             self._agreement.figures[key] = probe.agreed(self.scheme, size, local, cast,

@@ -163,7 +163,7 @@ def test_handshake_compares_the_configuration_and_layout_once_a_set(monkeypatch:
     c.handshake("", 4, 2, ranks, lambda x: x)
     assert [k for k, _ in ranks.calls] == [Kind.CONFIG]  # an explicit pattern: no CPU figures to agree
     sent = _text(ranks.calls[0][1])
-    assert sent.startswith(c.config()) and "hosts=2x2" in sent and "link=2.5" in sent
+    assert sent == c.config() + "|hosts=2x2"  # a fixed pattern: no decision reads the link rate
     c.handshake("", 4, 2, ranks, lambda x: x)
     assert len(ranks.calls) == 1 and "" in c._checked  # once a process set
     c.handshake(7, 2, 1, ranks, lambda x: x)
@@ -181,10 +181,14 @@ def test_handshake_stops_on_a_rank_that_differs() -> None:
     theirs = config_block(other.config() + "|hosts=2x1|link=10.0")
     with pytest.raises(RankMismatchError, match=r"ranks disagree on the hvd_gradq configuration: ranks \[0\]"):
         mine.handshake("", 2, 1, Ranks({Kind.CONFIG: [theirs]}), lambda x: x)
-    # the same configuration but another link rate: the layout is compared too
-    theirs = config_block(mine.config() + "|hosts=2x1|link=25.0")
+    # the same configuration but another link rate, under auto: the layout is compared too
+    auto = Core(ORQ, seed=5, pattern="auto")
+    theirs = config_block(auto.config() + "|hosts=2x1|link=25.0|fallback=off")
     with pytest.raises(RankMismatchError, match="seed=5"):
-        Core(ORQ, seed=5, pattern="gather").handshake("", 2, 1, Ranks({Kind.CONFIG: [theirs]}), lambda x: x)
+        auto.handshake("", 2, 1, Ranks({Kind.CONFIG: [theirs]}), lambda x: x)
+    # with a pattern no decision reads the rate for (gather), ranks with other rates run
+    theirs = config_block(Core(ORQ, seed=5, pattern="gather", link_gbps=25.0).config() + "|hosts=2x1")
+    Core(ORQ, seed=5, pattern="gather").handshake("", 2, 1, Ranks({Kind.CONFIG: [theirs]}), lambda x: x)
 
 
 def test_handshake_agrees_on_the_slowest_ranks_figures(monkeypatch: pytest.MonkeyPatch) -> None:
