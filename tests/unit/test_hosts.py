@@ -33,14 +33,20 @@ def _crossover() -> tuple[float, float]:
     return lo, hi
 
 
+def _compare(*texts: str) -> None:
+    """The handshake's comparison of these ranks' texts (:mod:`hvd_gradq.reduce.handshake`)."""
+    rows = handshake.read_blocks(np.concatenate([handshake.config_block(t, True) for t in texts]), len(texts))
+    if handshake.differ(rows):
+        handshake.settle(rows, list(texts))
+
+
 def test_rates_that_decide_differently_do_not_pass_the_rank_check() -> None:
     lo, hi = _crossover()
     assert f"{lo:g}" == f"{hi:g}"  # what the check compared before: the same text
     a, b = hosts.layout(8, 1, lo), hosts.layout(8, 1, hi)
     assert a != b
-    blocks = np.concatenate([handshake.config_block("orq|" + a), handshake.config_block("orq|" + b)])
     with pytest.raises(RankMismatchError, match=r"ranks \[1\]"):
-        handshake.check_config_blocks(blocks)
+        _compare("orq|" + a, "orq|" + b)
 
 
 def test_layout_is_exact_and_stable() -> None:
@@ -50,8 +56,7 @@ def test_layout_is_exact_and_stable() -> None:
         assert float(text.split("link=")[1].split("|")[0]) == gbps  # round-trips: the exact value decide uses
     assert hosts.layout(16, 4, 1.0000001) != hosts.layout(16, 4, 1.0000002)
     assert hosts.layout(8, 2, hosts.link_gbps(3.0)) == hosts.layout(8, 2, 3.0)
-    same = np.concatenate([handshake.config_block("x" + hosts.layout(8, 2, 0.3))] * 2)
-    handshake.check_config_blocks(same)  # equal rates pass
+    _compare(*["x" + hosts.layout(8, 2, 0.3)] * 2)  # equal rates pass
 
 
 @pytest.mark.parametrize("requested", list(REQUESTABLE))
