@@ -28,6 +28,7 @@ for checkpoint tracking.
 from __future__ import annotations
 
 import hashlib
+import warnings
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
@@ -49,8 +50,10 @@ from ..schemes.scheme import Scheme
 from ..spec import Config, SchemeLike, as_config
 from . import probe, workers
 
-#: A frontend's allgather for the handshake: (this rank's row, what it is) -> every rank's rows.
-Gather = Callable[[NDArray[Any], Kind], NDArray[Any]]
+#: A frontend's allgather for the handshake: (this rank's row, what it is, the seconds it may wait
+#: for the other ranks) -> every rank's rows; past the wait it raises
+#: :class:`hvd_gradq.reduce.handshake.Stalled` (Horovod cannot withdraw the collective).
+Gather = Callable[[NDArray[Any], Kind, float], NDArray[Any]]
 #: A frontend's float32 -> float16 -> float32 round trip (Horovod's fp16), as the probe times it.
 Cast = Callable[[NDArray[np.float32]], Any]
 
@@ -140,6 +143,7 @@ class CompressorCore(Reports):
     threads: int
     check_ranks: bool
     process_set: Any
+    handshake_timeout: float
 
     def __init__(self, scheme: SchemeLike, *, seed: int = 0, pattern: str | Pattern = "auto",
                  check_ranks: bool = True, process_set: Any = None, link_gbps: float | None = None,
@@ -164,6 +168,8 @@ class CompressorCore(Reports):
                 f"pattern={' / '.join(p.value for p in REQUESTABLE[1:] if p not in self.UNPOISONABLE)} / auto")
         self.threads = workers.configure_codec(threads, local_size)  # each encode/decode's threads
         log.env_level()  # a bad HVD_GRADQ_LOG fails at construction, not at the end of a step
+        #: seconds each handshake collective waits for the other ranks (HVD_GRADQ_HANDSHAKE_TIMEOUT)
+        self.handshake_timeout = handshake.timeout()
         self._stats = Stats(self.TIME_KINDS)
         self._agreement = Agreement()
 
@@ -198,26 +204,39 @@ class CompressorCore(Reports):
 
     def handshake(self, key: Hashable, size: int, local: int, gather: Gather | None, cast: Cast) -> None:
         """At the first reduction over process set ``key`` (``size`` ranks, ``local`` a host),
-        before anything depends on the configuration: with ``check_ranks``, every rank's
-        configuration and cluster layout (:func:`hosts.layout`: what :meth:`decide` reads)
-        allgathered, a RankMismatchError naming the ranks on every rank if they differ; then,
-        where the cost model chooses, the CPU figures measured on each rank (``cast``: the
-        frontend's fp16 round trip) and agreed. Ranks that disagreed would otherwise send
-        payloads that decode to garbage, or wait in collectives the others never start. It is
-        the same collectives on every rank, reached at each one's first reduction, so no call
-        order can make it wait for another tensor. ``gather`` None: no collective can run now
-        (a TF1-style graph): nothing is compared, the table prices."""
+        before anything depends on the configuration: every rank's configuration and cluster
+        layout (:func:`hosts.layout`: what :meth:`decide` reads) compared by digest
+        (:mod:`hvd_gradq.reduce.handshake`), a RankMismatchError naming the ranks and the fields on
+        every rank if they differ and any rank has ``check_ranks`` (else a warning); then, where
+        the cost model chooses, the CPU figures measured on each rank (``cast``: the frontend's
+        fp16 round trip) and agreed. Ranks that disagreed would otherwise send payloads that
+        decode to garbage, or wait in collectives the others never start. Every rank runs the
+        same collectives, whatever its ``check_ranks``, reached at each one's first reduction, so
+        no call order can make it wait for another tensor; each is waited for at most
+        :attr:`handshake_timeout` seconds, then a GradqError says what was waited for.
+        ``gather`` None: no collective can run now (a TF1-style graph): nothing is compared, the
+        table prices."""
         if key in self._agreement.checked:
             return
         self._agreement.checked.add(key)
         if size <= 1 or gather is None:
             return
-        if self.check_ranks:
-            text = self.config() + hosts.layout(size, local, self.link_gbps, self.fallback)
-            handshake.check_config_blocks(gather(handshake.config_block(text), Kind.CONFIG))
+        text = self.config() + hosts.layout(size, local, self.link_gbps, self.fallback, self.pattern)
+
+        def bounded(row: NDArray[Any], kind: Kind) -> NDArray[Any]:
+            try:
+                return gather(row, kind, self.handshake_timeout)
+            except handshake.Stalled as e:
+                raise handshake.stalled(e, self.FRONTEND, text, size) from None
+
+        rows = handshake.read_blocks(bounded(handshake.config_block(text, self.check_ranks), Kind.CONFIG), size)
+        if handshake.differ(rows):  # every rank read the same rows: all of them gather the texts
+            texts = handshake.read_texts(bounded(handshake.text_block(text), Kind.CONFIG_TEXT), size)
+            differences = handshake.settle(rows, texts)  # raised where any rank has check_ranks
+            warnings.warn(f"{differences} (check_ranks=False on every rank: running on)", stacklevel=2)
         if probe.priced(self.pattern):
             self._agreement.figures[key] = probe.agreed(self.scheme, size, local, cast,
-                                                        lambda row: gather(row, Kind.CPU))
+                                                        lambda row: bounded(row, Kind.CPU))
 
     def forget_handshakes(self) -> None:
         """A new world (elastic reset): every process set shakes hands again."""

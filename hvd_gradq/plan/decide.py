@@ -202,6 +202,21 @@ def choose_why(
         why += f"; {', '.join(others)} would move no less than fp32 allreduce"
     return best, why
 
+def reads_link(requested: Pattern) -> bool:
+    """Whether :func:`decide` may choose otherwise at another link rate for a compressor asked for
+    ``requested``: under ``auto`` (the modelled times) and ``hierarchical`` (how its pieces cross
+    hosts, :func:`hier_cross`, also when it runs as that part alone). A pattern asked for by name
+    (``gather``, ``summable``, ``scatter``) is taken as is (:func:`choose_why`: "requested"), and
+    the link rate only words its reason; so ranks compare the rate where it can change a decision."""
+    return requested in (Pattern.AUTO, Pattern.HIERARCHICAL)
+
+
+def reads_fallback(requested: Pattern) -> bool:
+    """Whether :func:`decide` reads ``fallback`` for a compressor asked for ``requested``: only
+    under ``auto`` (an explicit pattern is always honoured, never sent as fp16)."""
+    return requested is Pattern.AUTO
+
+
 @dataclass(frozen=True)
 class Choice:
     """How one tensor is reduced, whole: the pattern, how a hierarchical pattern's pieces cross

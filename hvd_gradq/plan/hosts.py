@@ -15,7 +15,8 @@ import os
 from dataclasses import dataclass
 
 from ..errors import GradqError
-from .decide import DEFAULT_LINK_GBPS
+from .decide import DEFAULT_LINK_GBPS, reads_fallback, reads_link
+from .pattern import Pattern
 
 LINK_ENV = "HVD_GRADQ_LINK_GBPS"
 
@@ -60,14 +61,23 @@ def ranks_per_host(size: int, rank: int, local_size: int, local_rank: int, cross
     return local_size
 
 
-def layout(nranks: int, local: int, link_gbps: float, fallback: bool = False) -> str:
+def layout(nranks: int, local: int, link_gbps: float, fallback: bool = False,
+           requested: Pattern = Pattern.AUTO) -> str:
     """The cluster facts :func:`~hvd_gradq.plan.decide.decide` reads (and the compressor's
     ``fallback``, which it reads too), as the text both frontends add to the configuration the
-    ranks compare at their first step. The link rate is
-    written exactly (``repr`` round-trips a float): rates that differ in the 7th digit pass a
-    6-digit check yet may decide a tensor's pattern differently, and a rank that takes another
-    pattern than its peers leaves a collective half-joined."""
-    return f"|hosts={nranks // local}x{local}|link={link_gbps!r}" + ("|fallback" if fallback else "")
+    ranks compare at their first step, for a compressor asked for pattern ``requested``. The link
+    rate and ``fallback`` are written only where they can change a decision
+    (:func:`~hvd_gradq.plan.decide.reads_link`, :func:`~hvd_gradq.plan.decide.reads_fallback`):
+    ranks that differ in a rate no decision reads (a fixed gather, summable or scatter) run. The
+    rate is written exactly (``repr`` round-trips a float): rates that differ in the 7th digit
+    pass a 6-digit check yet may decide a tensor's pattern differently, and a rank that takes
+    another pattern than its peers leaves a collective half-joined."""
+    text = f"|hosts={nranks // local}x{local}"
+    if reads_link(requested):
+        text += f"|link={link_gbps!r}"
+    if reads_fallback(requested):
+        text += f"|fallback={'on' if fallback else 'off'}"
+    return text
 
 
 def link_gbps(value: float | None = None) -> float:

@@ -45,7 +45,8 @@ class Kind(str, enum.Enum):
     STOP = "x"  #: the barrier ranks pass before raising a stop on a gradient (:func:`hvd_gradq.reduce.core.halt`)
     WARM = "w"  #: a warm-up step's exact sum (TensorFlow's, inside its branch)
     VALUE = "v"  #: TensorFlow elastic's eager reduction of Horovod's [1.0]
-    CONFIG = "config"  #: the one-time configuration check (allgather)
+    CONFIG = "config"  #: the one-time configuration check (allgather; its name never changes: handshake.py)
+    CONFIG_TEXT = "configtext"  #: the whole configuration texts, where the ranks' digests differ (allgather)
     CPU = "cpu"  #: the start-up codec figures (allgather)
 
 

@@ -100,8 +100,10 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         link_gbps: the link rate (Gbit/s) ``auto`` weighs bytes with against encoding and decoding
             time. Default: ``HVD_GRADQ_LINK_GBPS``, else 10.
         fallback: ``auto`` sends a tensor as Horovod's fp16 where modelled faster (default off; ``HVD_GRADQ_FALLBACK``).
-        check_ranks: at the first trace, allgather the configuration (eagerly) and raise
-            RankMismatchError on every rank if they disagree.
+        check_ranks: at the first trace, compare the ranks' configurations (eagerly, by digest) and
+            raise RankMismatchError on every rank naming the fields if they disagree. Every rank
+            takes part whatever it says, and the check stops the job if any rank asks for it
+            (False on every rank: a warning). Each wait is bounded by ``HVD_GRADQ_HANDSHAKE_TIMEOUT``.
         name: the collectives' name prefix (letters, digits, ``_.-``); default ``c<k>`` for the
             k-th compressor built in this process (same on every rank when they build the same).
         process_set: the Horovod process set; by default the one Horovod's call names (they

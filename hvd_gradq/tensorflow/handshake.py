@@ -3,15 +3,18 @@
 TensorFlow one, at construction (:func:`check_arguments`), and the eager allgather the core's
 handshake runs on, once a process set, before the first collective (:func:`gatherer`).
 
-The handshake runs eagerly (``tf.init_scope``), even while a graph is being traced; in a
-TF1-style graph no eager collective can run, and the check is skipped (:func:`gatherer` is then
-None): every rank compares its configuration and agrees on the CPU figures as the PyTorch
-frontend does, with the same block (:func:`hvd_gradq.reduce.handshake.config_block`).
+The handshake runs eagerly (``tf.init_scope``), even while a graph is being traced, on a thread
+the caller waits for at most the core's bound (:func:`bounded`); in a TF1-style graph no eager
+collective can run, and the check is skipped (:func:`gatherer` is then None): every rank
+compares its configuration and agrees on the CPU figures as the PyTorch frontend does, with the
+same block (:func:`hvd_gradq.reduce.handshake.config_block`).
 """
 from __future__ import annotations
 
 import itertools
 import re
+import threading
+from collections.abc import Callable
 from typing import Any
 
 import horovod.tensorflow as hvd
@@ -20,7 +23,7 @@ import tensorflow as tf
 from ..errors import GradqError
 from ..frontend.compressor import Gather
 from ..frontend.guards import check_initialized
-from ..reduce import names
+from ..reduce import handshake, names
 from ..reduce.names import Kind
 from ..schemes.options import NonFinite
 from ..spec import Config
@@ -54,17 +57,44 @@ def check_arguments(config: Config, loss_scale: Any, name: str | None) -> str:
 
 
 def gatherer(ps: Any) -> Gather | None:
-    """The handshake's allgather over process set ``ps``, run eagerly; None in a TF1-style graph,
-    where no eager collective can run now. Call it, and what it returns, under ``tf.init_scope()``."""
+    """The handshake's allgather over process set ``ps``, run eagerly and waited for at most the
+    seconds the core gives (:func:`bounded`); None in a TF1-style graph, where no eager collective
+    can run now. Call it, and what it returns, under ``tf.init_scope()``."""
     if not tf.executing_eagerly():
         return None
     suffix = set_suffix(ps).lstrip(".")
 
-    def gather(row: Any, kind: Kind) -> Any:
-        return hvd.allgather(tf.constant(row), name=names.collective("tf", kind, suffix), ignore_name_scope=True,
-                             process_set=ps).numpy()
+    def gather(row: Any, kind: Kind, seconds: float) -> Any:
+        name = names.collective("tf", kind, suffix)
+        return bounded(lambda: hvd.allgather(tf.constant(row), name=name, ignore_name_scope=True,
+                                             process_set=ps).numpy(), name, seconds)
 
     return gather
+
+
+def bounded(run: Callable[[], Any], name: str, seconds: float) -> Any:
+    """``run()`` (an eager collective named ``name``) on a daemon thread, waited for at most
+    ``seconds``; past them :class:`~hvd_gradq.reduce.handshake.Stalled`. Horovod's TensorFlow ops
+    give no handle to poll in eager mode (PyTorch's ``allgather_async`` does), so the thread waits
+    in Horovod instead of the caller; one that times out stays there until Horovod shuts down
+    (the error it leads to ends the job)."""
+    box: list[tuple[bool, Any]] = []
+
+    def target() -> None:
+        try:
+            box.append((True, run()))
+        except BaseException as e:  # handed to the caller's thread, raised there
+            box.append((False, e))
+
+    thread = threading.Thread(target=target, name=f"hvd_gradq handshake {name}", daemon=True)
+    thread.start()
+    thread.join(seconds)
+    if thread.is_alive():
+        raise handshake.Stalled(name, seconds)
+    ok, value = box[0]
+    if not ok:
+        raise value
+    return value
 
 
 def fp16_round_trip(x: Any) -> Any:

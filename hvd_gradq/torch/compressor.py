@@ -92,8 +92,11 @@ class GradqCompressor(CompressorCore):
             (:func:`hvd_gradq.plan.decide.decide`; the CPU figures measured at the first step
             on every rank, the maximum agreed, :mod:`hvd_gradq.frontend.probe`). False: never.
             Default: ``HVD_GRADQ_FALLBACK`` (1 or 0), else False (see ``probe.FALLBACK_ENV`` for why).
-        check_ranks: at the first step, allgather the configuration and stop every rank with an
-            error naming the ranks and the difference if they disagree.
+        check_ranks: at the first step, stop every rank with an error naming the ranks and the
+            fields that differ if their configurations disagree (compared by digest). Every rank
+            takes part whatever it says, and the check stops the job if any rank asks for it;
+            False on every rank: a warning instead. A rank waits for the others at most
+            ``HVD_GRADQ_HANDSHAKE_TIMEOUT`` seconds (60), then fails saying what it waited for.
         process_set: the Horovod process set of the reductions; by default the one Horovod's call
             names (``DistributedOptimizer(process_set=...)``); if both are given they must agree.
         loss_scale: with mixed precision, a callable returning the current loss scale

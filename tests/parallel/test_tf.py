@@ -12,7 +12,7 @@ import re
 import time
 
 import pytest
-from harness import LaunchError, assert_ranks_equal, launch
+from harness import HangError, LaunchError, assert_ranks_equal, launch
 
 pytestmark = pytest.mark.parallel
 
@@ -120,6 +120,7 @@ def _check_tape(reports, sections):
         for r in reports.values():
             assert "ranks disagree on the hvd_gradq configuration" in r["mismatch"], r["mismatch"]
             assert "levels=5" in r["mismatch"] and "levels=9" in r["mismatch"]
+            assert r["check_ranks"] == "ran", r["check_ranks"]
 
 
 def _check_telemetry(reports):
@@ -179,6 +180,20 @@ def test_tape_dying_worker_ends_the_job():
         launch("worker_tf_tape.py", np=2, controller="gloo", timeout=120, args=["--only", "die"])
     msg = str(info.value)
     assert "exited with" in msg and re.search(r"Process name: 1\s+Exit code:\s+3", msg), msg[-3000:]
+    assert time.monotonic() - t0 < 90
+
+
+def test_tape_rank_that_never_reaches_the_handshake_ends_the_job():
+    """Issue 35, item 8, through TensorFlow's handshake (an eager allgather on a thread): rank 1
+    never takes its first step; rank 0 raises within HVD_GRADQ_HANDSHAKE_TIMEOUT and the job ends."""
+    t0 = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        launch("worker_tf_tape.py", np=2, controller="gloo", timeout=120, args=["--only", "stall"],
+               env={"HVD_GRADQ_HANDSHAKE_TIMEOUT": "3"})
+    msg = str(info.value)
+    assert "exited with" in msg and not isinstance(info.value, HangError), msg[-3000:]
+    assert "hvd_gradq.tensorflow: no handshake from the other ranks within 3 s. This rank waits in collective " \
+           "hvd_gradq.tfconfig" in msg, msg[-3000:]
     assert time.monotonic() - t0 < 90
 
 

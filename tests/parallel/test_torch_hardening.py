@@ -3,7 +3,7 @@ import re
 import time
 
 import pytest
-from harness import LaunchError, launch
+from harness import HangError, LaunchError, launch
 
 pytestmark = pytest.mark.parallel
 
@@ -100,10 +100,37 @@ def test_value_beyond_the_range_on_one_rank_stops_every_rank() -> None:
 
 
 def test_ranks_that_disagree_are_named() -> None:
+    """Ranks whose compressors differ stop on every rank with the difference named, or all run;
+    no case waits (issue 35, items 8, 9 and 13: rank 0 once waited silently for a rank built
+    with check_ranks=False, and a long seed hid a different fallback until Horovod failed)."""
     reps = launch("worker_torch_hardening.py", np=2, args=["--mode", "disagree"], timeout=200)
-    for rep in reps.values():
-        msg = rep["error"]
+    for r, rep in reps.items():
+        msg = rep["spec"]["error"]
         assert "ranks disagree" in msg and "ranks [1]" in msg and "levels=3" in msg and "levels=5" in msg, msg
+        assert rep["check_ranks"]["error"] == "", (r, rep["check_ranks"])  # only check_ranks differs: both run
+        msg = rep["check_ranks_spec"]["error"]  # the check stops every rank if any rank asked for it
+        assert msg.startswith("RankMismatchError: ranks disagree on the hvd_gradq configuration: ranks [0]: "), msg
+        msg = rep["fallback"]["error"]
+        assert "ranks [0]: fallback=off; ranks [1]: fallback=on (in full: " in msg and "0" * 120 in msg, msg
+        assert rep["link_gather"]["error"] == "", (r, rep["link_gather"])  # gather reads no link rate
+        assert "ranks [0]: link=1.0; ranks [1]: link=25.0" in rep["link_auto"]["error"], rep["link_auto"]
+
+
+def test_a_rank_that_never_reaches_the_handshake_ends_the_job() -> None:
+    """Issue 35, item 8: rank 1 sleeps instead of taking its first step, so it never joins the
+    handshake; rank 0 raises within HVD_GRADQ_HANDSHAKE_TIMEOUT (3 s) saying what it waited for,
+    leaves the script with it, and horovodrun ends the job (rank 1 included)."""
+    t0 = time.monotonic()
+    with pytest.raises(LaunchError) as info:
+        launch("worker_smoke_torch.py", np=2, args=["--compression", "orq:levels=5", "--hang-rank", "1",
+                                                    "--hang-step", "0"],
+               env={"HVD_GRADQ_HANDSHAKE_TIMEOUT": "3"}, timeout=120)
+    took = time.monotonic() - t0
+    msg = str(info.value)
+    assert "exited with" in msg and not isinstance(info.value, HangError), msg[-3000:]
+    assert "hvd_gradq.torch: no handshake from the other ranks within 3 s. This rank waits in collective " \
+           "hvd_gradq.config" in msg, msg[-3000:]
+    assert took < 60, took
 
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])

@@ -1,7 +1,8 @@
 """5 steps of a tiny model under stock hvd.DistributedOptimizer; report a digest of the weights.
 
 ``--perturb-rank R`` changes one parameter on rank R after training (to show the harness catches
-disagreeing ranks); ``--hang-rank R`` makes rank R sleep forever (to show hangs are caught).
+disagreeing ranks); ``--hang-rank R`` makes rank R sleep forever at step ``--hang-step`` (2; 0:
+before its first step, so it never joins a compressor's handshake), to show hangs are caught.
 """
 import argparse
 import hashlib
@@ -14,6 +15,7 @@ from harness import report
 ap = argparse.ArgumentParser()
 ap.add_argument("--perturb-rank", type=int, default=-1)
 ap.add_argument("--hang-rank", type=int, default=-1)
+ap.add_argument("--hang-step", type=int, default=2)
 ap.add_argument("--compression", default="")
 args = ap.parse_args()
 
@@ -30,7 +32,7 @@ opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), c
 hvd.broadcast_parameters(model.state_dict(), root_rank=0)
 gen = torch.Generator().manual_seed(100 + hvd.rank())
 for step in range(5):
-    if hvd.rank() == args.hang_rank and step == 2:
+    if hvd.rank() == args.hang_rank and step == args.hang_step:
         time.sleep(10**6)
     x = torch.randn(32, 8, generator=gen)
     y = torch.randint(0, 2, (32,), generator=gen)

@@ -262,7 +262,8 @@ if want("telemetry"):
                         "decided": {k: [p.value, why] for k, (p, why) in decided.items()}}
     done("telemetry")
 
-# -- 6. ranks that disagree on the configuration fail on every rank, naming the difference ----
+# -- 6. ranks that disagree on the configuration fail on every rank, naming the difference; ranks
+#       that differ only in check_ranks run ------------------------------------------------------
 if want("mismatch"):
     comp = gq.ORQ(levels=5 if rank == 0 else 9, name="mm")
     model = build()
@@ -272,6 +273,13 @@ if want("mismatch"):
         out["mismatch"] = "no error"
     except Exception as e:  # AutoGraph re-raises it as a StagingError carrying the message
         out["mismatch"] = f"{type(e).__name__}: {e}"
+    # only check_ranks differs (issue 35, item 8): every rank still sends its block, and both run
+    step = make_step(build(), tf.keras.optimizers.SGD(0.1), gq.ORQ(levels=5, name="cr", check_ranks=rank == 0))
+    try:
+        step(*batch(0))
+        out["check_ranks"] = "ran"
+    except Exception as e:
+        out["check_ranks"] = f"{type(e).__name__}: {e}"
     done("mismatch")
 
 # -- 7. a NaN in one rank's gradient (nonfinite=raise) stops every rank with an error ------------
@@ -322,5 +330,13 @@ if args.only == "die":
         os._exit(3)
     for i in range(2, 10**6):
         step(*batch(i))
+
+# -- 9. a rank that never reaches its first step: the other's handshake raises within its bound
+#       (HVD_GRADQ_HANDSHAKE_TIMEOUT, set by the test), uncaught, and the job ends -----------------
+if args.only == "stall":
+    step = make_step(build(), tf.keras.optimizers.SGD(0.1), gq.ORQ(levels=5, name="stall"))
+    if rank == 1:
+        time.sleep(600)
+    step(*batch(0))
 
 report(rank, out)

@@ -6,7 +6,9 @@ rank; a different world size and another scheme are refused, the latter loads wi
 ``PATTERN`` from the environment: every rank stops with an error, none hangs), ``range`` (a
 finite value beyond the scheme's float32 range on rank 1, one case a pattern: every rank stops
 with an error naming the tensor and the rank, and a collective after it still runs), ``disagree``
-(rank 1 uses another spec: every rank stops with an error naming the ranks and the difference),
+(rank 1 builds its compressor otherwise, one case each: another spec, check_ranks, fallback past
+a long seed, link_gbps under gather and auto: every rank stops with an error naming the ranks and
+the difference, or every rank runs; none waits),
 ``die`` (rank 1 exits mid-step),
 ``long`` (many steps of a model with >= 300 parameter tensors: memory flat, EF memory = one fp32
 copy of the parameters, no pending Horovod handles).
@@ -36,11 +38,12 @@ torch.set_num_threads(1)
 rank, size = hvd.rank(), hvd.size()
 
 
-def model_and_opt(spec: str, seed: int = 0, pattern: str = "auto"):
+def model_and_opt(spec: str, seed: int = 0, pattern: str = "auto", compressor_seed: int = 11, **options):
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
                                 torch.nn.Linear(64, 3))
-    comp = gq.from_spec(spec, named_parameters=model.named_parameters(), seed=11, pattern=pattern)
+    comp = gq.from_spec(spec, named_parameters=model.named_parameters(), seed=compressor_seed, pattern=pattern,
+                        **options)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
                                    named_parameters=model.named_parameters(), compression=comp)
     return model, opt, comp
@@ -157,13 +160,28 @@ elif args.mode == "range":
             hvd.synchronize(handle)
         out[key]["after"] = int(hvd.allreduce(torch.ones(1), op=hvd.Sum, name=f"after.{key}").item())
 elif args.mode == "disagree":
-    spec = "orq:levels=5" if rank != 1 else "orq:levels=3"
-    model, opt, comp = model_and_opt(spec)
-    try:
-        run(model, opt, 0, 1)
-        out["error"] = ""
-    except hvd_gradq.RankMismatchError as e:
-        out["error"] = str(e)
+    def first_step(spec: str, **options) -> dict:
+        """A fresh model's first step with a compressor built with ``options``: its error ("" if
+        it ran) and how long it took."""
+        model, opt, comp = model_and_opt(spec, **options)
+        t0 = time.monotonic()
+        try:
+            run(model, opt, 0, 1)
+            error = ""
+        except hvd_gradq.GradqError as e:
+            error = f"{type(e).__name__}: {e}"
+        return {"error": error, "s": time.monotonic() - t0}
+
+    odd = rank == 1
+    out["spec"] = first_step("orq:levels=3" if odd else "orq:levels=5")
+    # issue 35, item 8: rank 1 without the check took no configuration allgather, rank 0 waited
+    out["check_ranks"] = first_step("orq:levels=5", check_ranks=not odd)  # only that differs: both run
+    out["check_ranks_spec"] = first_step("orq:levels=3" if odd else "orq:levels=5", check_ranks=not odd)
+    # item 9: a seed of 121 digits pushed fallback past the old block's 254 bytes
+    out["fallback"] = first_step("orq:levels=5", compressor_seed=10**120, fallback=odd)
+    # item 13: a link rate no decision reads (a fixed gather) passes; under auto it is refused
+    out["link_gather"] = first_step("orq:levels=5", pattern="gather", link_gbps=25.0 if odd else 1.0)
+    out["link_auto"] = first_step("orq:levels=5", link_gbps=25.0 if odd else 1.0)
 elif args.mode == "die":
     model, opt, comp = model_and_opt("orq:levels=5")
     run(model, opt, 0, 2)

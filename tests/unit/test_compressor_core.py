@@ -16,8 +16,10 @@ import hvd_gradq
 from hvd_gradq.errors import GradqError, RankMismatchError, SpecError
 from hvd_gradq.frontend.compressor import CompressorCore, compresses, final_scale, ranks_on_host
 from hvd_gradq.kernels import parallel
+from hvd_gradq.plan import hosts
 from hvd_gradq.plan.decide import DEFAULT_LINK_GBPS, Choice, decide
 from hvd_gradq.plan.pattern import EVERY, ONE_RANK_WHY, Pattern, why_tag
+from hvd_gradq.reduce import handshake
 from hvd_gradq.reduce.names import Kind
 
 
@@ -55,7 +57,8 @@ class FakeSet:
 @pytest.fixture(autouse=True)
 def _codec_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     """A core sets the process's codec threads (as a compressor does): back to the default after."""
-    for var in ("HVD_GRADQ_LINK_GBPS", "HVD_GRADQ_FALLBACK", "HVD_GRADQ_LOG", "HVD_GRADQ_FIGURES"):
+    for var in ("HVD_GRADQ_LINK_GBPS", "HVD_GRADQ_FALLBACK", "HVD_GRADQ_LOG", "HVD_GRADQ_FIGURES",
+                "HVD_GRADQ_HANDSHAKE_TIMEOUT"):
         monkeypatch.delenv(var, raising=False)
     yield
     parallel.configure(None)
@@ -91,6 +94,10 @@ def test_bad_environment_fails_at_construction(monkeypatch: pytest.MonkeyPatch) 
     monkeypatch.delenv("HVD_GRADQ_LOG")
     monkeypatch.setenv("HVD_GRADQ_LINK_GBPS", "fast")
     with pytest.raises(GradqError, match="HVD_GRADQ_LINK_GBPS='fast' is not a link rate"):
+        Core(ORQ)
+    monkeypatch.delenv("HVD_GRADQ_LINK_GBPS")
+    monkeypatch.setenv("HVD_GRADQ_HANDSHAKE_TIMEOUT", "never")
+    with pytest.raises(GradqError, match="HVD_GRADQ_HANDSHAKE_TIMEOUT='never' is not valid"):
         Core(ORQ)
 
 
@@ -141,50 +148,146 @@ def test_config_is_equal_for_equal_settings_and_differs_in_every_agreed_field() 
 
 # -- the handshake ------------------------------------------------------------------------------------------
 class Ranks:
-    """A fake allgather: this rank's row, then each other rank's from ``others`` (by kind)."""
+    """A fake allgather: this rank's row, then each other rank's: ``others[kind]`` if given, else
+    the rows ``peers`` (their configuration texts and ``check_ranks``) send, else this rank's row
+    (``copies`` times: ranks that agree)."""
 
-    def __init__(self, others: dict[Kind, list[np.ndarray[Any, Any]]] | None = None) -> None:
-        self.calls: list[tuple[Kind, np.ndarray[Any, Any]]] = []
+    def __init__(self, others: dict[Kind, list[np.ndarray[Any, Any]]] | None = None,
+                 peers: list[tuple[str, bool]] | None = None, copies: int = 1) -> None:
+        self.calls: list[tuple[Kind, np.ndarray[Any, Any], float]] = []
         self.others = others or {}
+        self.peers = peers
+        self.copies = copies
 
-    def __call__(self, row: np.ndarray[Any, Any], kind: Kind) -> np.ndarray[Any, Any]:
-        self.calls.append((kind, row.copy()))
-        return np.concatenate([row] + [r.astype(row.dtype) for r in self.others.get(kind, [row])])
+    def __call__(self, row: np.ndarray[Any, Any], kind: Kind, seconds: float) -> np.ndarray[Any, Any]:
+        self.calls.append((kind, row.copy(), seconds))
+        theirs = self.others.get(kind)
+        if theirs is None and self.peers is not None and kind is Kind.CONFIG:
+            theirs = [handshake.config_block(t, c) for t, c in self.peers]
+        elif theirs is None and self.peers is not None and kind is Kind.CONFIG_TEXT:
+            theirs = [handshake.text_block(t) for t, _ in self.peers]
+        return np.concatenate([row] + [r.astype(row.dtype) for r in (theirs if theirs is not None
+                                                                      else [row] * self.copies)])
+
+    @property
+    def kinds(self) -> list[Kind]:
+        return [k for k, _, _ in self.calls]
 
 
-def _text(block: np.ndarray[Any, Any]) -> str:
-    n = int(block[0]) << 8 | int(block[1])
-    return bytes(block[2:2 + n]).decode()
+def _sent(block: np.ndarray[Any, Any]) -> handshake.Row:
+    """What this rank's block says."""
+    return handshake.read_blocks(block, 1)[0]
+
+
+def _compared(c: CompressorCore, size: int = 2, local: int = 1) -> str:
+    """The whole text a compressor's ranks compare (its configuration and the cluster layout)."""
+    return c.config() + hosts.layout(size, local, c.link_gbps, c.fallback, c.pattern)
 
 
 def test_handshake_compares_the_configuration_and_layout_once_a_set(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HVD_GRADQ_HANDSHAKE_TIMEOUT", "7")
     c = Core(ORQ, seed=5, pattern="gather", link_gbps=2.5)
-    ranks = Ranks()
+    ranks = Ranks(copies=3)
     c.handshake("", 4, 2, ranks, lambda x: x)
-    assert [k for k, _ in ranks.calls] == [Kind.CONFIG]  # an explicit pattern: no CPU figures to agree
-    sent = _text(ranks.calls[0][1])
-    assert sent.startswith(c.config()) and "hosts=2x2" in sent and "link=2.5" in sent
+    assert ranks.kinds == [Kind.CONFIG]  # an explicit pattern: no CPU figures to agree
+    assert ranks.calls[0][2] == 7.0  # each collective waits the bound the environment sets
+    sent = _sent(ranks.calls[0][1])
+    assert sent.shown == f"handshake v1: {c.config()}|hosts=2x2" and sent.check  # gather reads no link rate
+    assert sent.digest == hashlib.sha256(_compared(c, 4, 2).encode()).digest()
     c.handshake("", 4, 2, ranks, lambda x: x)
     assert len(ranks.calls) == 1 and "" in c._checked  # once a process set
-    c.handshake(7, 2, 1, ranks, lambda x: x)
-    assert len(ranks.calls) == 2 and "hosts=2x1" in _text(ranks.calls[1][1])
+    c.handshake(7, 4, 1, ranks, lambda x: x)
+    assert len(ranks.calls) == 2 and _sent(ranks.calls[1][1]).shown.endswith("|hosts=4x1")
     c.forget_handshakes()  # a new world: again
     c.handshake("", 4, 2, ranks, lambda x: x)
     assert len(ranks.calls) == 3
 
 
-def test_handshake_stops_on_a_rank_that_differs() -> None:
+def test_handshake_stops_on_a_rank_that_differs(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HVD_GRADQ_FIGURES", "table")
     other = Core(ORQ, seed=6, pattern="gather")
     mine = Core(ORQ, seed=5, pattern="gather")
-    from hvd_gradq.reduce.handshake import config_block
+    ranks = Ranks(peers=[(_compared(other), True)])
+    with pytest.raises(RankMismatchError,
+                       match=r"ranks disagree on the hvd_gradq configuration: ranks \[0\]: seed=5; ranks \[1\]: seed=6 "):
+        mine.handshake("", 2, 1, ranks, lambda x: x)
+    assert ranks.kinds == [Kind.CONFIG, Kind.CONFIG_TEXT]  # the digests differ: the whole texts, then the error
+    # the same configuration but another link rate, under auto: the layout is compared too
+    auto = Core(ORQ, seed=5, pattern="auto")
+    theirs = _compared(Core(ORQ, seed=5, pattern="auto", link_gbps=25.0))
+    with pytest.raises(RankMismatchError, match=r"ranks \[0\]: link=10\.0; ranks \[1\]: link=25\.0 \(in full: .*seed=5"):
+        auto.handshake("", 2, 1, Ranks(peers=[(theirs, True)]), lambda x: x)
 
-    theirs = config_block(other.config() + "|hosts=2x1|link=10.0")
-    with pytest.raises(RankMismatchError, match=r"ranks disagree on the hvd_gradq configuration: ranks \[0\]"):
-        mine.handshake("", 2, 1, Ranks({Kind.CONFIG: [theirs]}), lambda x: x)
-    # the same configuration but another link rate: the layout is compared too
-    theirs = config_block(mine.config() + "|hosts=2x1|link=25.0")
-    with pytest.raises(RankMismatchError, match="seed=5"):
-        Core(ORQ, seed=5, pattern="gather").handshake("", 2, 1, Ranks({Kind.CONFIG: [theirs]}), lambda x: x)
+
+def test_handshake_ignores_a_link_rate_no_decision_reads() -> None:
+    """Issue 35, item 13: a fixed gather, summable or scatter takes no decision by the link
+    rate, so ranks with other rates run; under auto and hierarchical they are refused."""
+    for spec, pattern in ((ORQ, "gather"), (ORQ, "scatter"), (hvd_gradq.parse("qsgd:levels=4"), "summable")):
+        theirs = _compared(Core(spec, pattern=pattern, link_gbps=25.0, fallback=True))
+        ranks = Ranks(peers=[(theirs, True)])
+        Core(spec, pattern=pattern, link_gbps=1.0).handshake("", 2, 1, ranks, lambda x: x)
+        assert ranks.kinds == [Kind.CONFIG], pattern  # the same digest: nothing more to gather
+    for pattern in ("auto", "hierarchical"):
+        theirs = _compared(Core(ORQ, pattern=pattern, link_gbps=25.0))
+        with pytest.raises(RankMismatchError, match=r"ranks \[0\]: link=1\.0; ranks \[1\]: link=25\.0"):
+            Core(ORQ, pattern=pattern, link_gbps=1.0).handshake("", 2, 1, Ranks(peers=[(theirs, True)]), lambda x: x)
+
+
+def test_handshake_compares_fields_past_the_old_blocks_end() -> None:
+    """Issue 35, item 9: with a 301-digit seed the old block cut off fallback and the version, so
+    ranks that differed only in fallback passed, and Horovod later failed on float16 vs float32."""
+    mine = Core(ORQ, seed=10**300, pattern="auto", fallback=False)
+    theirs = _compared(Core(ORQ, seed=10**300, pattern="auto", fallback=True))
+    assert len(theirs.encode()) > 254 and theirs.encode()[:254] == _compared(mine).encode()[:254]
+    with pytest.raises(RankMismatchError, match=r"ranks \[0\]: fallback=off; ranks \[1\]: fallback=on "):
+        mine.handshake("", 2, 1, Ranks(peers=[(theirs, True)]), lambda x: x)
+
+
+def test_check_ranks_differs_but_every_rank_takes_the_same_collectives(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 35, item 8: a rank with check_ranks=False once skipped the configuration allgather
+    and left the others waiting in it. Now every rank sends its block; the check stops the job
+    if any rank asked for it, so all ranks do the same; with check_ranks=False everywhere a
+    difference is a warning."""
+    monkeypatch.setenv("HVD_GRADQ_FIGURES", "table")
+    c = Core(ORQ, pattern="gather", check_ranks=False)
+    same = Ranks(peers=[(_compared(c), True)])
+    c.handshake("", 2, 1, same, lambda x: x)  # only check_ranks differs: both run
+    assert same.kinds == [Kind.CONFIG] and not _sent(same.calls[0][1]).check
+    other = _compared(Core(ORQ, seed=9, pattern="gather"))
+    with pytest.raises(RankMismatchError, match=r"ranks \[0\]: seed=0; ranks \[1\]: seed=9"):
+        Core(ORQ, pattern="gather", check_ranks=False).handshake("", 2, 1, Ranks(peers=[(other, True)]), lambda x: x)
+    with pytest.raises(RankMismatchError, match=r"ranks \[0\]: seed=9; ranks \[1\]: seed=0"):
+        Core(ORQ, seed=9, pattern="gather").handshake("", 2, 1, Ranks(peers=[(_compared(c), False)]), lambda x: x)
+    quiet = Ranks(peers=[(_compared(Core(ORQ, seed=9, pattern="auto", check_ranks=False)), False)])
+    unchecked = Core(ORQ, pattern="auto", check_ranks=False)
+    with pytest.warns(UserWarning, match=r"ranks \[0\]: seed=0; ranks \[1\]: seed=9 .*check_ranks=False on every rank"):
+        unchecked.handshake("", 2, 1, quiet, lambda x: x)
+    assert quiet.kinds == [Kind.CONFIG, Kind.CONFIG_TEXT, Kind.CPU] and unchecked.agreed("") is not None
+
+
+def test_handshake_names_what_it_waited_for(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HVD_GRADQ_HANDSHAKE_TIMEOUT", "0.5")
+    c = Core(ORQ, pattern="gather")
+
+    def never(row: np.ndarray[Any, Any], kind: Kind, seconds: float) -> np.ndarray[Any, Any]:
+        raise handshake.Stalled(f"hvd_gradq.{kind.value}", seconds)
+
+    with pytest.raises(GradqError) as e:
+        c.handshake("", 2, 1, never, lambda x: x)
+    msg = str(e.value)
+    assert msg.startswith("hvd_gradq.fake: no handshake from the other ranks within 0.5 s. This rank waits in "
+                          "collective hvd_gradq.config (the first-step check of its compressor "
+                          f"'{_compared(c)}' over 2 ranks)"), msg
+    assert "HVD_GRADQ_HANDSHAKE_TIMEOUT" in msg and not isinstance(e.value, RankMismatchError)
+
+
+def test_handshake_names_a_rank_of_another_version() -> None:
+    c = Core(ORQ, pattern="gather")
+    old = np.zeros(256, np.uint8)
+    text = (c.config() + "|hosts=2x1|link=10.0").encode()
+    old[1], old[2:2 + len(text)] = len(text), np.array(list(text), np.uint8)  # the unversioned block
+    with pytest.raises(RankMismatchError, match=r"ranks \[1\]: handshake v0 \(hvd_gradq up to configuration version 5"):
+        c.handshake("", 2, 1, Ranks({Kind.CONFIG: [old]}), lambda x: x)
 
 
 def test_handshake_agrees_on_the_slowest_ranks_figures(monkeypatch: pytest.MonkeyPatch) -> None:
@@ -192,8 +295,8 @@ def test_handshake_agrees_on_the_slowest_ranks_figures(monkeypatch: pytest.Monke
     c = Core(ORQ, pattern="auto", check_ranks=False)
     ranks = Ranks()
     c.handshake("", 2, 1, ranks, lambda x: x)
-    assert [k for k, _ in ranks.calls] == [Kind.CPU]  # check_ranks=False: no configuration compared
-    row = ranks.calls[0][1]
+    assert ranks.kinds == [Kind.CONFIG, Kind.CPU]  # the configuration, whatever check_ranks, then the figures
+    row = ranks.calls[1][1]
     slower = Ranks({Kind.CPU: [row * 3.0]})
     c2 = Core(ORQ, pattern="auto", check_ranks=False)
     c2.handshake("", 2, 1, slower, lambda x: x)
