@@ -47,6 +47,7 @@ class Kind(str, enum.Enum):
     VALUE = "v"  #: TensorFlow elastic's eager reduction of Horovod's [1.0]
     CONFIG = "config"  #: the one-time configuration check (allgather)
     CPU = "cpu"  #: the start-up codec figures (allgather)
+    RESUME = "resume"  #: the first step's check of the step counters, and ``broadcast_state()`` (PyTorch)
 
 
 def collective(scope: str, kind: Kind | str, tensor: str = "", phase: int | None = None) -> str:
