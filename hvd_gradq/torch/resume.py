@@ -41,6 +41,7 @@ from ..errors import GradqError, RankMismatchError
 from ..frontend.resume import digest, disagreement
 from ..reduce import Group, names
 from ..reduce.names import Kind
+from ..wire import blocks
 from .checkpoint import Loaded, misfit
 from .store import TensorStore
 
@@ -123,20 +124,23 @@ def _root(root_rank: Any) -> int:
 
 def _scatter(ranks: dict[int, dict[str, torch.Tensor]] | None, root: int, scope: str) -> dict[str, torch.Tensor]:
     """Each rank's own residuals from the root's ``ranks`` (None on the other ranks): one alltoall
-    in which the root sends rank r only rank r's ``torch.save`` bytes and the others send nothing."""
+    in which the root sends rank r only rank r's ``torch.save`` bytes (one framed block,
+    :mod:`hvd_gradq.wire.blocks`) and the others send nothing."""
     size = hvd.size()
-    chunks = [b""] * size
+    chunks = [np.zeros(0, np.uint8)] * size
     if ranks is not None:
         for r in range(size):
             if r != root:
                 buf = io.BytesIO()
                 torch.save(ranks.get(r, {}), buf)
-                chunks[r] = buf.getvalue()
-    data = torch.from_numpy(np.frombuffer(b"".join(chunks), np.uint8).copy())
+                chunks[r] = blocks.block(buf.getvalue())
     splits = torch.tensor([len(c) for c in chunks], dtype=torch.int32)
-    out, _ = hvd.alltoall(data, splits=splits, name=names.collective(scope, Kind.RESUME, "residuals"))
+    out, _ = hvd.alltoall(torch.from_numpy(np.concatenate(chunks)), splits=splits,
+                          name=names.collective(scope, Kind.RESUME, "residuals"))
     raw = memoryview(out.numpy()).tobytes()
-    got: dict[str, torch.Tensor] = torch.load(io.BytesIO(raw), weights_only=True) if raw else {}
+    got: dict[str, torch.Tensor] = {}
+    if raw:
+        got = torch.load(io.BytesIO(blocks.split_blocks(raw, 1)[0]), weights_only=True)
     return got
 
 
