@@ -48,6 +48,7 @@ class Kind(str, enum.Enum):
     CONFIG = "config"  #: the one-time configuration check (allgather; its name never changes: handshake.py)
     CONFIG_TEXT = "configtext"  #: the whole configuration texts, where the ranks' digests differ (allgather)
     CPU = "cpu"  #: the start-up codec figures (allgather)
+    RESUME = "resume"  #: the first step's check of the step counters, and ``broadcast_state()`` (PyTorch)
 
 
 def collective(scope: str, kind: Kind | str, tensor: str = "", phase: int | None = None) -> str:

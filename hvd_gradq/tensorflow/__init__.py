@@ -31,9 +31,12 @@ from ..frontend.factory import (
     late_factory,
     with_options,
 )
+from ..frontend.versions import require_horovod
 from ..spec import parse
 from .compressor import GradqCompressor
 from .ops import TF, TFOps
+
+require_horovod(__name__)  # the Horovod whose calling frames the call-site reader knows (frontend/versions.py)
 
 
 def from_spec(spec: str, **options: Any) -> GradqCompressor:

@@ -79,7 +79,7 @@ from .callsite import check_op, function_graph, horovod_call_site, set_suffix
 from .context import Ctx
 from .ops import TF
 from .slots import Bookkeeping, Slot, check_slot, describe, variable_key
-from .store import SlotStore, make_residual, make_variables
+from .store import SlotStore, broadcast_state, make_residual, make_variables
 from .transport import GraphCodec
 
 _F = TypeVar("_F", bound=Callable[..., Any])
@@ -384,6 +384,11 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         return out, ctx.flow.own
 
     # -- state and accounting ----------------------------------------------------------------------
+    def broadcast_state(self, root_rank: int = 0) -> None:
+        """Rank ``root_rank``'s step counters and residuals for every rank, after a trace made them
+        (a checkpoint restored there only; each other rank's residuals start from zero): :mod:`.store`."""
+        broadcast_state(self.steps, self.residuals, self.owners, root_rank)
+
     def slots(self) -> list[dict[str, Any]]:
         """One entry per gradient (creation order): key, shape, dtype, pattern, steps, bytes per step."""
         return describe(self._host.slots.values())

@@ -15,12 +15,17 @@ at once (restore later).
 residual is one rank's own rounding error: a rank that restores another rank's residual (its
 ``owners`` entry differs from its rank) uses zero in its place at the next step (a one-step
 bias, as a fresh start has) and keeps its step counter; a rank that restores its own file
-resumes exactly.
+resumes exactly. Restored on rank 0 only (Horovod's habit), the variables reach the other ranks
+through :func:`broadcast_state` (``compression.broadcast_state(root_rank=0)``), or Horovod's
+``hvd.broadcast_variables(compression.variables, root_rank=0)`` (the ``tf.Module``'s variables:
+the same ones), once a trace has made them: every rank then holds rank 0's step counters and
+owners, so rank 0 keeps its residuals and the others start theirs from zero.
 """
 from __future__ import annotations
 
 from typing import Any
 
+import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 from tensorflow.python.ops import resource_variable_ops
@@ -92,3 +97,18 @@ def make_residual(key: str, n: int, rank: int) -> tuple[Any, Any]:
     (key ``<key>#reduce``, :func:`hvd_gradq.feedback.reduced_key`)."""
     residual = variable(np.zeros((n,), np.float32), f"hvd_gradq_residual_{_safe(key)}")
     return residual, variable(np.int64(rank), f"hvd_gradq_owner_{_safe(key)}")
+
+
+def broadcast_state(steps: dict[str, Any], residuals: dict[str, Any], owners: dict[str, Any], root_rank: Any) -> None:
+    """Rank ``root_rank``'s step counters, residuals and owners for every rank (a collective:
+    Horovod's ``broadcast_variables``, in the same order on every rank). The variables exist once
+    Horovod has traced the reduction: before that there is nothing to send, and a silent no-op
+    would leave the ranks' counters apart, so it is refused."""
+    if isinstance(root_rank, bool) or not isinstance(root_rank, int) or not 0 <= root_rank < hvd.size():
+        raise GradqError(f"root_rank must be a rank of this job (0 to {hvd.size() - 1}), not {root_rank!r}")
+    if not steps:
+        raise GradqError(
+            "the compressor has no state to broadcast yet: its variables are made when Horovod first traces the "
+            "reduction. Trace the training step first (step.get_concrete_function(x, y) on every rank, which also "
+            "restores a checkpoint's values into them), then call broadcast_state")
+    hvd.broadcast_variables([d[k] for d in (steps, residuals, owners) for k in sorted(d)], root_rank=root_rank)

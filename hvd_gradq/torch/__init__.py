@@ -27,8 +27,11 @@ from ..frontend.factory import (
     late_factory,
     with_options,
 )
+from ..frontend.versions import require_horovod
 from ..spec import parse
 from .compressor import GradqCompressor
+
+require_horovod(__name__)  # the Horovod whose calling frames the call-site reader knows (frontend/versions.py)
 
 NamedParameters = Iterable[tuple[str, torch.nn.Parameter]]
 

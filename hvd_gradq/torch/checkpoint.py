@@ -13,14 +13,22 @@ gather is started asynchronously and polled against a deadline (:data:`STATE_TIM
 refused with an error that says every rank must call it. Horovod cannot withdraw the started
 gather, so the message says to end the job; each call's gather has its own name
 (``hvd_gradq.state.<k>``), so a stranded one never pairs with a later, correct call.
+
+**A checkpoint of another model.** A residual is kept flat; the state also records the shape of
+the gradient it was made for (``shapes``), so that a residual that does not fit names the tensor,
+both shapes and what to do: at ``load_state_dict`` when the compressor knows the model
+(``named_parameters=``), else at the tensor's first step after the load
+(:func:`hvd_gradq.torch.resume.check_fits`), before any arithmetic fails on it.
 """
 
 from __future__ import annotations
 
 import io
 import itertools
+import math
 import time
 from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 import horovod.torch as hvd
@@ -37,8 +45,34 @@ STATE_TIMEOUT = 120.0
 _CALLS = itertools.count()  # this process's all-ranks states so far: the gathers' names
 
 
+@dataclass
+class Loaded:
+    """What :func:`load_state_dict` restored besides the residuals it put in the store: the step
+    counters, every rank's residuals when the state holds them (``all_ranks=True``, same
+    configuration and world size: what :func:`hvd_gradq.torch.resume.broadcast_state` hands out),
+    whether this rank's residuals are its own (its own state, or its entry of every rank's), and
+    the gradient shapes the residuals were made for (for messages)."""
+
+    steps: dict[str, int]
+    ranks: dict[int, dict[str, torch.Tensor]] | None = None
+    own: bool = False
+    shapes: dict[str, list[int]] = field(default_factory=dict)
+
+
+def misfit(name: str, made_for: Any, elements: int, shape: Any) -> GradqError:
+    """The error of a residual of ``elements`` elements (made for a gradient of shape ``made_for``,
+    None if the checkpoint does not say) that does not fit ``name``'s gradient of ``shape`` here."""
+    was = f"shape {list(made_for)} ({elements} elements)" if made_for is not None else f"{elements} elements"
+    here = f"shape {list(shape)} ({math.prod(shape)} elements)"
+    return GradqError(
+        f"{name}: the checkpoint's error-feedback residual was made for a gradient of {was}; this model's "
+        f"{name} has {here}. The compressor's state belongs to another model: load it into the model it was "
+        "saved with, or leave it out (a fresh compressor: step counters and residuals start from zero)")
+
+
 def state_dict(config: str, steps: Mapping[str, int], store: TensorStore, all_ranks: bool = False,
-               timeout: float | None = STATE_TIMEOUT, name: str | None = None) -> dict[str, Any]:
+               timeout: float | None = STATE_TIMEOUT, name: str | None = None,
+               shapes: Mapping[str, tuple[int, ...]] | None = None) -> dict[str, Any]:
     """Error-feedback residuals and per-tensor step counters (the random streams' positions).
 
     With ``all_ranks=True`` (a collective: call it on every rank) the state holds every rank's
@@ -56,6 +90,7 @@ def state_dict(config: str, steps: Mapping[str, int], store: TensorStore, all_ra
         "size": hvd.size(),
         "steps": dict(steps),
         "residuals": residuals,
+        "shapes": {k: list(v) for k, v in (shapes or {}).items()},
     }
     if all_ranks:
         state["ranks"] = gather(residuals, timeout, name)
@@ -96,9 +131,9 @@ def gather(residuals: dict[str, torch.Tensor], timeout: float | None,
 def load_state_dict(
     state: dict[str, Any], config: str, params: Mapping[str, torch.nn.Parameter], store: TensorStore,
     strict: bool = True,
-) -> dict[str, int]:
+) -> Loaded:
     """Check ``state`` against this compressor (``config``, and ``params`` when the compressor
-    knows the model), restore ``store``'s residuals and return the step counters.
+    knows the model), restore ``store``'s residuals and return the step counters (:class:`Loaded`).
 
     Residuals belong to one rank: they are taken from the state's ``ranks`` entry
     (``all_ranks=True``) or from a state this rank saved; a state saved by another rank restores
@@ -118,10 +153,12 @@ def load_state_dict(
     rank, size = hvd.rank(), hvd.size()
     there = state.get("size", size)
     residuals: dict[str, torch.Tensor] = {}
+    ranks, own = None, False
     if same and "ranks" in state:  # (strict=False: another configuration's residuals are not used)
-        residuals = dict(state["ranks"].get(rank, {})) if there == size else {}
+        ranks = dict(state["ranks"]) if there == size else None
+        residuals, own = (dict(ranks.get(rank, {})), True) if ranks is not None else ({}, False)
     elif same and state.get("rank", rank) == rank:
-        residuals = dict(state["residuals"])
+        residuals, own = dict(state["residuals"]), True
     if there != size and (state["residuals"] or state.get("ranks")):
         if strict:
             raise GradqError(
@@ -129,17 +166,26 @@ def load_state_dict(
                 "Residuals are per rank: resume on the same number of ranks, or drop them with "
                 "load_state_dict(state, strict=False) (a one-step bias, then EF resumes)"
             )
-        residuals = {}
+        residuals, own = {}, False
+    shapes = dict(state.get("shapes") or {})
     if params:
-        unknown = sorted({parameter_of(k) for k in residuals} - set(params))
-        if unknown:
-            raise GradqError(f"the checkpoint has residuals for unknown parameters: {unknown[:5]}")
-        for k, v in residuals.items():
-            if parameter_of(k) != k:  # a scatter chunk's residual: its size follows the chunking
-                continue
-            n = params[k].numel()
-            if v.numel() != n:
-                raise GradqError(f"residual of {k!r} has {v.numel()} elements; the parameter has {n}")
+        _check_model(residuals, params, shapes)
     steps = {str(k): int(v) for k, v in state["steps"].items()}
     store.residuals = {k: v.detach().clone().to(torch.float32) for k, v in residuals.items()}
-    return steps
+    return Loaded(steps, ranks, own, shapes)
+
+
+def _check_model(residuals: Mapping[str, torch.Tensor], params: Mapping[str, torch.nn.Parameter],
+                 shapes: Mapping[str, list[int]]) -> None:
+    """Refuse residuals that are not the model's: of parameters it does not have, or of another size."""
+    unknown = sorted({parameter_of(k) for k in residuals} - set(params))
+    if unknown:
+        raise GradqError(
+            f"the checkpoint has error-feedback residuals of parameters this model does not have: {unknown[:5]} "
+            f"(the model's: {sorted(params)[:5]}). The compressor's state belongs to another model: load it "
+            "into the model it was saved with, or leave it out (a fresh compressor)")
+    for k, v in residuals.items():
+        if parameter_of(k) != k:  # a scatter chunk's residual: its size follows the chunking
+            continue
+        if v.numel() != params[k].numel():
+            raise misfit(k, shapes.get(k), v.numel(), tuple(params[k].shape))

@@ -21,7 +21,8 @@ everything before it waits on anything); Horovod negotiates asynchronous ops by 
 ranks may launch them in any order. The rank-configuration check is an asynchronous allgather too.
 
 The patterns themselves (typed contexts, phases) are :mod:`.reduce`; checkpoints are
-:mod:`.checkpoint`; this module is Horovod's interface: identity, the call, the policy.
+:mod:`.checkpoint`, resuming Horovod's way (rank 0 loads, then broadcasts; the first step's check of
+the step counters) :mod:`.resume`; this module is Horovod's interface: identity, the call, the policy.
 
 **What Horovod's call says** (:mod:`.callsite`): the parameter and its name (so ``sparse_as_dense``
 and parameters without a gradient are named), the op (Adasum, Min, Max and reducescatter are
@@ -48,6 +49,7 @@ import torch
 
 from ..errors import GradqError
 from ..feedback import Memory
+from ..frontend import elastic as elastic_jobs
 from ..frontend.compressor import CompressorCore, compresses, final_scale, ranks_on_host
 from ..frontend.guards import check_tensor, instance_only
 from ..frontend.membership import membership, ranks_a_host
@@ -57,7 +59,7 @@ from ..plan.pattern import Pattern
 from ..reduce import Group
 from ..schemes.scheme import Scheme
 from ..spec import Config
-from . import checkpoint, handshake
+from . import checkpoint, handshake, resume
 from .callsite import CallSite, inspect_call
 from .context import Ctx, Pass
 from .device import resolve_codec
@@ -93,10 +95,12 @@ class GradqCompressor(CompressorCore):
             on every rank, the maximum agreed, :mod:`hvd_gradq.frontend.probe`). False: never.
             Default: ``HVD_GRADQ_FALLBACK`` (1 or 0), else False (see ``probe.FALLBACK_ENV`` for why).
         check_ranks: at the first step, stop every rank with an error naming the ranks and the
-            fields that differ if their configurations disagree (compared by digest). Every rank
-            takes part whatever it says, and the check stops the job if any rank asks for it;
-            False on every rank: a warning instead. A rank waits for the others at most
-            ``HVD_GRADQ_HANDSHAKE_TIMEOUT`` seconds (60), then fails saying what it waited for.
+            fields that differ if their configurations disagree (compared by digest), or if their
+            step counters do (a checkpoint loaded on some ranks only: :mod:`.resume`). Every rank
+            takes part in the configuration check whatever it says, and the check stops the job
+            if any rank asks for it; False on every rank: a warning instead. A rank waits for the
+            others at most ``HVD_GRADQ_HANDSHAKE_TIMEOUT`` seconds (60), then fails saying what it
+            waited for.
         process_set: the Horovod process set of the reductions; by default the one Horovod's call
             names (``DistributedOptimizer(process_set=...)``); if both are given they must agree.
         loss_scale: with mixed precision, a callable returning the current loss scale
@@ -162,6 +166,8 @@ class GradqCompressor(CompressorCore):
                                 resolve_codec(codec))
         self._decompressing = True  # the next compress() starts a new step
         self._elastic = Elastic(self)  # elastic Horovod: generation, commit/restore/sync (.elastic)
+        # resuming: the first step's check of the counters (not in elastic jobs: state.sync() aligns them)
+        self._resume = resume.Resume(armed=self.check_ranks and not elastic_jobs.active())
 
     @property
     def _residuals(self) -> dict[str, torch.Tensor]:
@@ -227,8 +233,10 @@ class GradqCompressor(CompressorCore):
             self._decompressing = False
             self._telemetry.begin_step()
             self.memory.begin_step(read_loss_scale(self._loss_scale))
+            self._resume.begin_step(self._steps)
         group = self._group(site)
         self._check(group)
+        resume.check_first_step(self._resume, group, self.policy.warmup)  # before any counter moves
         name = self._name_of(tensor, site)
         if name is None:
             if self.policy.ef:
@@ -237,6 +245,9 @@ class GradqCompressor(CompressorCore):
                     "or use hvd.DistributedOptimizer (Horovod names its parameters)"
                 )
             name = f"noname.{next(_UNNAMED)}"
+        if self.policy.ef:  # a loaded residual must fit its gradient; state_dict() records the shape
+            resume.check_fits(self._resume, self._store, name, tensor.shape)
+            self._resume.note(name, tensor.shape)
         n = tensor.numel()
         # one-rank sets pass through exactly; otherwise the shared policy (plan/decide.py)
         choice = self.decide(n, tensor.dim(), group.size, group.local, self.agreed(group.key))
@@ -289,12 +300,25 @@ class GradqCompressor(CompressorCore):
         """Error-feedback residuals and per-tensor step counters; see :func:`.checkpoint.state_dict`
         (``all_ranks=True`` is a collective: every rank calls it, or it fails after ``timeout`` s)."""
         return checkpoint.state_dict(self.config(), self._steps, self._store, all_ranks, timeout,
-                                     self._elastic.state_name() if all_ranks else None)
+                                     self._elastic.state_name() if all_ranks else None, self._resume.shapes)
 
     def load_state_dict(self, state: dict[str, Any], strict: bool = True) -> None:
         """Restore :meth:`state_dict`; ``strict=False`` takes another scheme's state (step counters
-        only); see :func:`.checkpoint.load_state_dict`."""
-        self._steps = checkpoint.load_state_dict(state, self.config(), self._params, self._store, strict)
+        only); see :func:`.checkpoint.load_state_dict`. Loaded on rank 0 only (Horovod's habit), it
+        must be followed by :meth:`broadcast_state` on every rank."""
+        loaded = checkpoint.load_state_dict(state, self.config(), self._params, self._store, strict)
+        self._steps = loaded.steps
+        self._resume.loaded(loaded, self._store.residuals)
+
+    def broadcast_state(self, root_rank: int = 0) -> None:
+        """Rank ``root_rank``'s compressor state for every rank, beside ``hvd.broadcast_parameters``
+        and ``hvd.broadcast_optimizer_state`` after loading a checkpoint on that rank only. A
+        collective: call it on every rank, between steps. Every rank takes the root's step
+        counters; each takes its own residuals from a ``state_dict(all_ranks=True)`` the root
+        loaded, else keeps those it loaded itself for the same counters, else starts them from
+        zero (a warning says so); see :mod:`.resume`."""
+        self._steps = resume.broadcast_state(self._resume, self._steps, self._store, root_rank,
+                                             self._elastic.prefix(), self.policy.ef)
 
     # -- what stats() says of the run (CompressorCore.world) -------------------------------------
     def _ranks(self) -> int | None:

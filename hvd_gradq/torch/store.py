@@ -32,8 +32,19 @@ class TensorStore:
         self.residuals: dict[str, torch.Tensor] = {}
 
     def read(self, key: str, like: torch.Tensor) -> torch.Tensor | None:
+        """The residual of ``key`` on ``like``'s device; one of another size (restored from a
+        checkpoint of another model or world) is refused here, naming it, before torch's
+        arithmetic fails on it with a bare size error."""
         e = self.residuals.get(key)
-        return None if e is None else e.to(like.device)
+        if e is None:
+            return None
+        if e.numel() != like.numel():
+            raise GradqError(
+                f"the error-feedback residual of {key!r} has {e.numel()} elements; this step's gradient (or its "
+                f"chunk) has {like.numel()}. It was restored from a checkpoint of another model or world size: "
+                "load the compressor's state into the model and world it was saved with, or leave it out (a fresh "
+                "compressor)")
+        return e.to(like.device)
 
     def write(self, key: str, value: torch.Tensor) -> None:
         self.residuals[key] = value

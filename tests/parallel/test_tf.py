@@ -274,6 +274,11 @@ def test_horovod_features_gloo():
         assert ck["own_steps"] == ck["rank0_steps"] == [3] * len(ck["own_steps"]), ck
         assert ck["rank0_owners"] == [0] and ck["rank0_owners_after"] == [r], ck
         assert ck["rank0_next"] == ck["oracle_next"], ck
+        # rank 0 restores, compression.broadcast_state: rank 0's counters everywhere, its residuals on rank 0
+        # only (the others read zero): the same as every rank restoring rank 0's file
+        assert ck["bcast_steps"] == ck["rank0_steps"] and ck["bcast_owners"] == [0], ck
+        assert ck["bcast_next"] == ck["rank0_next"] and ck["bcast_owners_after"] == [r], ck
+        assert "no state to broadcast yet" in ck["bcast_early"] and "get_concrete_function" in ck["bcast_early"], ck
         if r == 1:
             assert ck["rank0_next"] != ck["straight_next"], ck
         # 9. elastic

@@ -324,7 +324,8 @@ def _lossscale():
     return res
 
 
-# -- 8. the standard checkpoint recipe: rank 0 saves, every rank restores -----------------------
+# -- 8. the standard checkpoint recipe: rank 0 saves, every rank restores (or rank 0 restores and
+# broadcasts) -------------------------------------------------------------------------------------
 @section("ckptrank")
 def _ckptrank():
     res = {}
@@ -345,11 +346,17 @@ def _ckptrank():
     hvd.allreduce(tf.constant(0.0), name="ckr.barrier")  # rank 0's file exists before anyone reads it
     step(x, y)  # the uninterrupted run's next step, for "own" to match
     res["straight_next"] = digest(r.numpy() for r in comp.residuals.values())
-    for mode in ("own", "rank0", "oracle"):
+    for mode in ("own", "rank0", "oracle", "bcast"):
         model, opt, comp, step = fresh()
         src = os.path.join(base, "r0" if mode != "own" else f"r{rank}")
-        tf.train.Checkpoint(model=model, compressor=comp).read(src).assert_existing_objects_matched()
+        if mode == "bcast":  # Horovod's habit: rank 0 restores, then broadcasts (refused before a trace)
+            res["bcast_early"] = err_text(lambda comp=comp: comp.broadcast_state(root_rank=0))
+        if mode != "bcast" or rank == 0:
+            tf.train.Checkpoint(model=model, compressor=comp).read(src).assert_existing_objects_matched()
         step.get_concrete_function(x, y)  # slots are created (and restored) by the trace
+        if mode == "bcast":
+            hvd.broadcast_variables(model.variables, root_rank=0)
+            comp.broadcast_state(root_rank=0)
         res[f"{mode}_steps"] = [s["steps"] for s in comp.slots()]
         res[f"{mode}_owners"] = sorted({int(o.numpy()) for o in comp.owners.values()})
         if mode == "oracle":  # what "another rank's residual is not used" means: start from zero

@@ -1,7 +1,8 @@
 """Hardening checks for the PyTorch frontend, several per launch (imports cost seconds).
 
 Modes (--mode): ``resume`` (checkpoint at step 50 == uninterrupted 100 steps, bitwise, on every
-rank; a different world size and another scheme are refused, the latter loads with
+rank; Horovod's habit, rank 0 loads and broadcasts, with ``compression.broadcast_state`` and
+without it; a different world size and another scheme are refused, the latter loads with
 ``strict=False``; ``state_dict(all_ranks=True)`` on rank 0 alone fails within its timeout), ``nonfinite`` (NaN on rank 1 at step 2, ``SPEC`` and
 ``PATTERN`` from the environment: every rank stops with an error, none hangs), ``range`` (a
 finite value beyond the scheme's float32 range on rank 1, one case a pattern: every rank stops
@@ -17,6 +18,7 @@ import argparse
 import copy
 import hashlib
 import io
+import logging
 import os
 import resource
 import time
@@ -70,6 +72,55 @@ def digest(model) -> str:
     return h.hexdigest()
 
 
+def rank0_recipe(spec: str = "bingrad:warmup=4,ef=true") -> dict:
+    """Horovod's resume habit, with warm-up and error feedback: rank 0 loads the checkpoint (made at
+    step 6, past the warm-up), then hvd.broadcast_parameters, hvd.broadcast_optimizer_state and
+    compression.broadcast_state. With every rank's residuals in the file (state_dict(all_ranks=True))
+    the run resumes bitwise; with rank 0's own only, rank 1's residuals start from zero; without
+    broadcast_state, the first step stops every rank with hvd_gradq's error, not Horovod's."""
+    model, opt, comp = model_and_opt(spec)
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    run(model, opt, 0, 6)  # past the warm-up of 4
+    every = comp.state_dict(all_ranks=True)  # a collective: every rank's residuals
+    buf = io.BytesIO()
+    torch.save({"model": model.state_dict(), "opt": opt.state_dict(), "all": every, "own": comp.state_dict()}, buf)
+    blob = buf.getvalue() if rank == 0 else None  # only rank 0 reads the file
+    run(model, opt, 6, 12)
+    res: dict = {"full": digest(model)}
+
+    def resumed(key: str, broadcast: bool) -> dict:
+        model, opt, comp = model_and_opt(spec, seed=5)  # another init: all must come from rank 0
+        if rank == 0:
+            ck = torch.load(io.BytesIO(blob))
+            model.load_state_dict(ck["model"])
+            opt.load_state_dict(ck["opt"])
+            comp.load_state_dict(ck[key])
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        hvd.broadcast_optimizer_state(opt, root_rank=0)
+        warned: list = []
+        if broadcast:
+            catch = logging.Handler(logging.WARNING)
+            catch.emit = lambda record: warned.append(record.getMessage())  # type: ignore[method-assign]
+            logging.getLogger("hvd_gradq").addHandler(catch)
+            comp.broadcast_state(root_rank=0)
+            logging.getLogger("hvd_gradq").removeHandler(catch)
+        got = {"residual_l1": sum(float(v.abs().sum()) for v in comp._residuals.values()),
+               "steps": sorted(set(comp._steps.values())), "warned": warned}
+        run(model, opt, 6, 12)
+        return {**got, "digest": digest(model)}
+
+    res["all"] = resumed("all", True)
+    res["own"] = resumed("own", True)
+    try:
+        resumed("all", False)
+        res["forgot"] = "no error"
+    except hvd_gradq.GradqError as e:
+        res["forgot"] = f"{type(e).__name__}: {e}"
+    except RuntimeError as e:  # Horovod's own error: what must not happen
+        res["forgot"] = f"RuntimeError: {e}"[:2000]
+    return res
+
+
 out: dict = {"size": size}
 if args.mode == "resume":
     for spec in ("orq:levels=5,ef=true", "qsgd:levels=4,ef=true", "sign:ef=true", "topk:ratio=0.05,ef=true"):
@@ -91,6 +142,7 @@ if args.mode == "resume":
         comp.load_state_dict(ck["gradq"])
         run(model, opt, 50, 100)
         out[spec] = {"full": full, "resumed": digest(model)}
+    out["rank0"] = rank0_recipe()  # before the stranded gather below: its names count calls
     # a checkpoint from another world size is refused with a clear message
     st = copy.deepcopy(ck["gradq"])
     st["size"] = size + 1
