@@ -63,6 +63,24 @@ def test_check_gives_canonical_spec_bits_and_refusals(capsys: pytest.CaptureFixt
     assert re.search(r"^limit\s+finite \|x\| >= 1.7e\+38", out, re.M), out  # float32's largest, squared away
 
 
+def test_check_takes_the_labels_advise_and_the_readme_print(capsys: pytest.CaptureFixture[str]) -> None:
+    from hvd_gradq.cli.advise import CANDIDATES
+    from hvd_gradq.spec import label_spec, parse
+
+    for label, spec, _ in CANDIDATES:  # every label advise prints names the spec it ran
+        assert label_spec(label) == spec, label
+        assert main(["check", label]) == 0
+        out = capsys.readouterr().out
+        said = f"label       {label}: {spec}, as" if label.lower() != spec else f"spec        {spec}\n"  # TernGrad
+        assert said in out, out
+        assert re.search(rf"^canonical\s+{re.escape(parse(spec).spec)}$", out, re.M), out
+    assert main(["check", "orq:levels=3,pattern=scatter,link_gbps=1"]) == 0  # HVD_GRADQ's line
+    out = capsys.readouterr().out
+    assert "spec        orq:levels=3\noptions     pattern=scatter, link_gbps=1: the compressor's" in out, out
+    rc, _, err = cli("check", "ORQ-x")
+    assert rc == 2 and "unknown scheme 'orq-x' (did you mean orq?)" in err, err
+
+
 def test_check_a_bad_spec_exits_2_and_says_what_is_valid() -> None:
     rc, out, err = cli("check", "orq:levls=5")
     assert rc == 2 and "unknown parameter" in err and "levels" in err, err
