@@ -7,10 +7,11 @@ For each candidate scheme the library's own policy picks each tensor's pattern a
 ranks, ``--ranks-per-host`` a host and each ``--link-gbps`` (``pattern=auto``, as a compressor
 would), and its cost model gives the bytes over a host's link and the modelled reduction time
 (link time plus this rank's encode and decode, from the CPU table measured on the project's
-machine: ``python -m hvd_gradq calibrate`` times yours). Horovod's fp32 and fp16 allreduce are
-the same ring model with no CPU term. The accuracy column is the quality study's
-(:mod:`.study`). The recommendation is the fastest scheme whose accuracy the study saw kept
-with ``--optimizer``, or Horovod's fp16 when none is modelled faster than it.
+machine, or yours: ``python -m hvd_gradq calibrate --out FILE`` then ``--cpu-table FILE``, or
+``HVD_GRADQ_CPU_TABLE=FILE``). Horovod's fp32 and fp16 allreduce are the same ring model with no
+CPU term. The accuracy column is the quality study's (:mod:`.study`). The recommendation is the
+fastest scheme whose accuracy the study saw kept with ``--optimizer``, or Horovod's fp16 when
+none is modelled faster than it.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GradqError
+from ..plan import cpu_cost
 from ..plan.decide import cost, decide, fp16_cost, fp32_cost, seconds
 from ..plan.pattern import Pattern
 from ..spec import parse
@@ -50,6 +52,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="link rates between hosts to advise for, Gbit/s (default: 1 10)")
     p.add_argument("--optimizer", choices=("sgd", "adamw", "any"), default="any",
                    help="sgd (momentum SGD), adamw (Adam, AdamW), or any (default: kept with both)")
+    p.add_argument("--cpu-table", type=Path, metavar="FILE",
+                   help="price encoding and decoding with this machine's table, written by `python -m hvd_gradq "
+                        "calibrate --out FILE` (default: HVD_GRADQ_CPU_TABLE, else the project's table)")
 
 
 def tensors_of(args: argparse.Namespace) -> tuple[list[tuple[int, int]], str]:
@@ -122,6 +127,7 @@ def run(args: argparse.Namespace) -> int:
         raise GradqError(f"--ranks-per-host must divide --ranks ({args.ranks}), not {args.ranks_per_host}")
     if not all(g > 0 for g in args.link_gbps):
         raise GradqError("--link-gbps takes rates above 0 Gbit/s")
+    tab = cpu_cost.use_table(args.cpu_table) if args.cpu_table is not None else cpu_cost.table()
     tensors, source = tensors_of(args)
     ranks, local = args.ranks, args.ranks_per_host
     print(f"model: {source}; {ranks} ranks, {local} a host; optimizer: {args.optimizer}")
@@ -153,8 +159,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"recommendation at {gbps:g} Gbit/s: {best.label}, compression={best.code} (\"{best.spec}\"): "
                   f"{kept} in the study, {fp32 / best.bytes:.1f}x fewer bytes than fp32, modelled "
                   f"{t16 / best.seconds:.1f}x faster than Horovod fp16")
-    print("\nModelled, not measured: bytes from the payload format, time = link + this rank's encode/decode "
-          "(CPU table of the project's 2-core machine, one core a rank; `python -m hvd_gradq calibrate` for yours), "
-          "no overlap with backward. Accuracy: results/quality/quality.md (5 seeds, MNIST-1D MLP and a small "
-          "transformer).")
+    yours = "; `python -m hvd_gradq calibrate --out FILE`, then --cpu-table FILE, for yours" \
+        if tab is cpu_cost.SHIPPED else ""
+    print(f"\nModelled, not measured: bytes from the payload format, time = link + this rank's encode/decode "
+          f"(CPU: {tab.source}, one core a rank{yours}), no overlap with backward. Accuracy: "
+          "results/quality/quality.md (5 seeds, MNIST-1D MLP and a small transformer).")
     return 0

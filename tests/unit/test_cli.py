@@ -141,6 +141,52 @@ def test_warm_compiles_into_the_cache_folder_once(tmp_path: Path) -> None:
     assert rc == 2 and "levels" in err
 
 
+def test_calibrate_out_is_what_advise_and_jobs_price_with(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from hvd_gradq.frontend import probe
+    from hvd_gradq.plan import cpu_cost
+    from hvd_gradq.spec import parse_scheme
+
+    monkeypatch.delenv(cpu_cost.TABLE_ENV, raising=False)
+    mine = tmp_path / "cpu.json"
+    assert main(["calibrate", "--elements", "4096", "--reps", "1", "orq:levels=5", "--out", str(mine)]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {mine}: `python -m hvd_gradq advise --cpu-table {mine} ...`" in out, out
+    body = json.loads(mine.read_text())
+    assert body["format"] == cpu_cost.FORMAT and set(body["ns_per_element"]) == {"orq:5"}
+    # a table of a machine 1000x slower at ORQ-5: advise prices with it and says so
+    body["ns_per_element"]["orq:5"] = [20000.0, 1000.0]
+    mine.write_text(json.dumps(body))
+    try:
+        assert main(["advise", "--params", "25e6", "--ranks", "8", "--link-gbps", "1", "--cpu-table", str(mine)]) == 0
+        slow = capsys.readouterr().out
+        assert f"(CPU: {mine}, one core a rank)" in slow, slow
+        orq5 = float(re.search(r"^ORQ-5\s+[\d,.]+\s+[\d.]+x\s+([\d,.]+)", slow, re.M).group(1).replace(",", ""))  # type: ignore[union-attr]
+        assert orq5 > 25e6 * 20000 * 1e-9 * 1e3, slow  # ms: at least its own encode at the file's figure
+        assert cpu_cost.ns_per_element(parse_scheme("orq:levels=3")) == cpu_cost.NS_PER_ELEMENT["orq:3"]  # kept
+    finally:
+        cpu_cost.use_table(None)
+    assert cpu_cost.table() is cpu_cost.SHIPPED
+    assert main(["advise", "--params", "25e6", "--ranks", "8", "--link-gbps", "1"]) == 0
+    assert "(CPU: the shipped table" in capsys.readouterr().out
+    # a job: HVD_GRADQ_CPU_TABLE prices its decisions with the file, without timing at start-up
+    monkeypatch.setenv(cpu_cost.TABLE_ENV, str(mine))
+    assert probe.figures_source() == "table"
+    got = probe.agreed(parse_scheme("orq:levels=5"), 2, 1, lambda x: x, lambda row: row.reshape(1, -1))
+    assert got.get("orq") == (20000.0, 1000.0)
+    monkeypatch.delenv(cpu_cost.TABLE_ENV)
+    assert cpu_cost.table() is cpu_cost.SHIPPED
+    # what is not a table is refused, naming the file
+    for text, why in (("{", "not JSON"), ('{"format": "x"}', "its format is not"),
+                      (json.dumps({**body, "ns_per_element": {"orq:5": [1]}}), r"orq:5: \[1\] is not \[encode")):
+        mine.write_text(text)
+        rc, _, err = cli("advise", "--params", "1e6", "--ranks", "2", "--cpu-table", str(mine))
+        assert rc == 2 and re.search(rf"{re.escape(str(mine))}: not a CPU table written by .*calibrate --out.*{why}",
+                                     err), err
+
+
 def test_calibrate_times_the_codec(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     table = tmp_path / "table.py"
     assert main(["calibrate", "--elements", "8192", "--reps", "1", "orq:levels=5", "uniform:bits=4",
