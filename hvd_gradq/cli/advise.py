@@ -2,8 +2,12 @@
 
 Give the model as ``--params N`` (treated as 2-D tensors of at most 4M elements each: layer
 sizes matter little once a tensor holds many buckets) or ``--state-dict FILE`` (a ``torch.save``
-of a state dict or any nest of dicts of tensors: its floating tensors, as they are; needs torch).
-For each candidate scheme the library's own policy picks each tensor's pattern at ``--ranks``
+of a state dict or any nest of dicts of tensors; needs torch). From a state dict it counts what
+Horovod reduces, the gradients: floating tensors, but not the buffers a state dict holds beside
+the parameters, known by their names (the last part of the key: BatchNorm's ``running_mean``,
+``running_var``, ``num_batches_tracked``: :data:`BUFFERS`), nor an optimizer's state (a dict
+holding ``state`` and ``param_groups``, as ``opt.state_dict()`` makes); it says how many it left
+out. For each candidate scheme the library's own policy picks each tensor's pattern at ``--ranks``
 ranks, ``--ranks-per-host`` a host and each ``--link-gbps`` (``pattern=auto``, as a compressor
 would), and its cost model gives the bytes over a host's link and the modelled reduction time
 (link time plus this rank's encode and decode, from the CPU table measured on the project's
@@ -40,6 +44,9 @@ CANDIDATES: tuple[tuple[str, str, str], ...] = (
     ("Top-K 1%+EF", "topk:ratio=0.01,ef=true", "gq.TopK(ratio=0.01, ef=True)"),
 )
 MAX_TENSOR = 1 << 22
+#: State-dict entries that are buffers, not parameters (no gradient reaches Horovod), by the last
+#: part of their key: BatchNorm's running statistics and its step count.
+BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -74,23 +81,49 @@ def tensors_of(args: argparse.Namespace) -> tuple[list[tuple[int, int]], str]:
         state = torch.load(args.state_dict, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError) as e:
         raise GradqError(f"--state-dict {args.state_dict}: cannot be read by torch.load ({e})") from None
-    found: list[tuple[int, int]] = []
+    found, buffers, optimizer = gradients_in(state, torch.Tensor)
+    if not found:
+        raise GradqError(f"--state-dict {args.state_dict}: no floating-point parameters in it")
+    left = ([f"{buffers} buffers ({', '.join(BUFFERS)})"] if buffers else []) + (
+        [f"{optimizer} tensors of an optimizer's state"] if optimizer else [])
+    out = f" (left out: {'; '.join(left)})" if left else ""
+    return found, f"{sum(n for n, _ in found):,} parameters in {len(found)} tensors of {args.state_dict}{out}"
 
-    def walk(v: Any) -> None:
-        if isinstance(v, torch.Tensor):
+
+def gradients_in(state: Any, tensor: type[Any]) -> tuple[list[tuple[int, int]], int, int]:
+    """[(elements, ndim)] of the tensors of a (nested) state dict that get gradients, then how
+    many floating tensors were left out as buffers (:data:`BUFFERS`, by the last part of their
+    key) and as an optimizer's state (a dict with ``state`` and ``param_groups``). ``tensor``:
+    torch's class (this module imports torch only where a state dict is read)."""
+    found: list[tuple[int, int]] = []
+    left = {"buffers": 0, "optimizer": 0}
+
+    def walk(v: Any, key: str) -> None:
+        if isinstance(v, tensor):
             if v.is_floating_point() and v.numel():
-                found.append((v.numel(), v.dim()))
+                if key.rpartition(".")[2] in BUFFERS:
+                    left["buffers"] += 1
+                else:
+                    found.append((v.numel(), v.dim()))
         elif isinstance(v, dict):
-            for x in v.values():
-                walk(x)
+            if "state" in v and "param_groups" in v:  # an optimizer's state_dict: momenta, not parameters
+                left["optimizer"] += len(_tensors(v, tensor))
+                return
+            for k, x in v.items():
+                walk(x, str(k))
         elif isinstance(v, (list, tuple)):
             for x in v:
-                walk(x)
+                walk(x, key)
 
-    walk(state)
-    if not found:
-        raise GradqError(f"--state-dict {args.state_dict}: no floating-point tensors in it")
-    return found, f"{sum(n for n, _ in found):,} parameters in {len(found)} tensors of {args.state_dict}"
+    walk(state, "")
+    return found, left["buffers"], left["optimizer"]
+
+
+def _tensors(v: Any, tensor: type[Any]) -> list[Any]:
+    if isinstance(v, tensor):
+        return [v] if v.is_floating_point() and v.numel() else []
+    items = v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else []
+    return [t for x in items for t in _tensors(x, tensor)]
 
 
 @dataclass

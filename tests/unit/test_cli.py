@@ -119,6 +119,18 @@ def test_advise_reads_a_state_dict(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["advise", "--state-dict", str(path), "--ranks", "4", "--link-gbps", "1"]) == 0
     out = capsys.readouterr().out
     assert f"{sum(p.numel() for p in model.parameters()):,} parameters in 4 tensors" in out
+    # BatchNorm's running statistics and an optimizer's momenta are in a checkpoint, but get no gradient
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.Flatten(),
+                              torch.nn.Linear(8 * 6 * 6, 10))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    net(torch.randn(2, 3, 8, 8)).sum().backward()
+    opt.step()  # momentum buffers, one a parameter
+    torch.save({"model": net.state_dict(), "opt": opt.state_dict()}, path)
+    assert main(["advise", "--state-dict", str(path), "--ranks", "4", "--link-gbps", "1"]) == 0
+    out = capsys.readouterr().out
+    params = list(net.parameters())
+    assert (f"{sum(p.numel() for p in params):,} parameters in {len(params)} tensors of {path} (left out: 2 buffers "
+            "(running_mean, running_var, num_batches_tracked); 6 tensors of an optimizer's state)") in out, out
     rc, _, err = cli("advise", "--state-dict", str(tmp_path / "missing.pt"), "--ranks", "4")
     assert rc == 2 and "missing.pt" in err
     rc, _, err = cli("advise", "--params", "1e6", "--ranks", "6", "--ranks-per-host", "4")
