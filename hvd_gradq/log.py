@@ -1,5 +1,6 @@
-"""The ``hvd_gradq`` logger: one line when a compressor's first step is done, nothing per step
-unless asked (``HVD_GRADQ_LOG=debug`` adds one line a step).
+"""The ``hvd_gradq`` logger: one line when a compressor's first step is done, then nothing
+unless asked: ``log_every=K`` (a compressor option, or ``HVD_GRADQ_LOG_EVERY``) adds the same
+line every K steps on rank 0, ``HVD_GRADQ_LOG=debug`` one line a step on every rank.
 
 Libraries usually leave handlers to the application; a training job launched by ``horovodrun``
 rarely configures :mod:`logging`, and then an INFO line would go nowhere (Python's last-resort
@@ -17,15 +18,20 @@ from __future__ import annotations
 import logging
 import os
 import sys
+from collections.abc import Callable
 from typing import Any
 
 from .errors import GradqError
-from .plan.pattern import duration
+from .reduce.report import heading, short_spec, size, times
 from .reduce.stats import tally
-from .spec import parse
 
 NAME = "hvd_gradq"
 ENV = "HVD_GRADQ_LOG"
+#: The compressors' ``log_every`` when they are not given it (unset: 0, off).
+EVERY_ENV = "HVD_GRADQ_LOG_EVERY"
+
+__all__ = ["ENV", "EVERY_ENV", "NAME", "configure", "describe", "env_level", "first_step", "logger", "resolve_every",
+           "short_spec", "step", "step_done", "wants_steps"]
 LEVELS = {"debug": logging.DEBUG, "info": logging.INFO, "warning": logging.WARNING, "error": logging.ERROR}
 
 logger = logging.getLogger(NAME)
@@ -41,6 +47,26 @@ def env_level() -> int | None:
     if level is None:
         raise GradqError(f"{ENV}={raw!r} is not a log level; use one of {', '.join(LEVELS)}")
     return level
+
+
+def resolve_every(value: int | None = None) -> int:
+    """The compressors' ``log_every``: ``value``, else ``HVD_GRADQ_LOG_EVERY``, else 0 (off): a
+    whole number of steps; a GradqError saying what to write for anything else."""
+    source: str = "log_every"
+    if value is None:
+        raw = os.environ.get(EVERY_ENV, "").strip()
+        if not raw:
+            return 0
+        source = EVERY_ENV
+        try:
+            value = int(raw)
+        except ValueError:
+            raise GradqError(f"{EVERY_ENV}={raw!r} is not a step count: write a whole number, e.g. 100 "
+                             "(0: off)") from None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise GradqError(f"{source}={value!r} is not a step count: give a whole number >= 0, e.g. log_every=100 "
+                         "(0: off)")
+    return value
 
 
 class _Stderr(logging.StreamHandler):  # type: ignore[type-arg]
@@ -91,17 +117,27 @@ def wants_steps(rank: int) -> bool:
     return configure(rank).isEnabledFor(logging.DEBUG)
 
 
-#: How the log names each kind of time (:data:`hvd_gradq.reduce.stats.KINDS`).
-TIME_LABELS = {"encode_s": "encode", "wait_s": "wait", "decode_s": "decode", "compressor_s": "in compress/decompress"}
+def step_done(number: int, rank: int, every: int, summary: Callable[[], dict[str, Any]],
+              first: bool | None = None) -> None:
+    """What a frontend calls once step ``number``'s figures are all in: the first-step line
+    (``first``: by default step 1); the line every ``every`` steps (``log_every``, INFO: rank 0
+    unless ``HVD_GRADQ_LOG`` says otherwise); else, with ``HVD_GRADQ_LOG=debug``, a line a step.
+    ``summary`` (a ``stats()`` dict) is made only where a line is due."""
+    log = configure(rank)
+    if (number == 1) if first is None else first:
+        if log.isEnabledFor(logging.INFO):
+            first_step(summary(), rank)
+        return
+    level = logging.INFO if every and number % every == 0 else logging.DEBUG
+    if log.isEnabledFor(level):
+        log.log(level, describe(summary(), f"step {number}"))
 
 
 def describe(summary: dict[str, Any], what: str) -> str:
-    """One line: the configuration, tensors by pattern and reason, the step's bytes against
-    Horovod's fp32 and fp16 allreduce, and its time."""
-    w = summary["world"]
-    head = (f"{what}: {short_spec(w.get('scheme', '?'))} (pattern={w.get('pattern', '?')}) on "
-            f"{w.get('ranks', '?')} ranks, {w.get('ranks_a_host', 1)} a host, cost model at "
-            f"{w.get('link_gbps', 0):g} Gbit/s")
+    """One line: the configuration and where the ranks run (:func:`~.reduce.report.heading`),
+    tensors by pattern and reason, the step's bytes against Horovod's fp32 and fp16 allreduce,
+    and its time."""
+    head = heading(summary, what)
     by = tally(summary["tensors"])
     parts = []
     for pattern, tags in sorted(by.items(), key=lambda kv: -sum(kv[1].values())):
@@ -110,25 +146,6 @@ def describe(summary: dict[str, Any], what: str) -> str:
         parts.append(f"{pattern} {count} ({why})")
     tensors = f"{sum(sum(t.values()) for t in by.values())} tensors: {', '.join(parts) or 'none'}"
     a = summary["last_step"]["all"]
-    volume = (f"sent {_size(a['sent'])}, Horovod's fp32 allreduce {_size(a['fp32'])} "
-              f"(x{a['vs_fp32_allreduce']:.3g}), fp16 {_size(a['fp16'])} (x{a['vs_fp16_allreduce']:.3g})")
-    times = ", ".join(f"{TIME_LABELS.get(k, k)} {duration(s)}" for k, s in summary["time"]["last_step"].items())
-    if not any(summary["time"]["total"].values()):  # e.g. TensorFlow's summable pattern: graph ops only
-        times = "none measured"
-    return f"{head}; {tensors}; {volume}; time {times}"
-
-
-def short_spec(spec: str) -> str:
-    """``spec`` with only the parameters that differ from the scheme's defaults (``orq:levels=3``:
-    the canonical text, :attr:`hvd_gradq.spec.Config.spec`); unchanged if it does not parse."""
-    try:
-        return parse(spec).spec
-    except GradqError:
-        return spec
-
-
-def _size(b: float) -> str:
-    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if b >= scale:
-            return f"{b / scale:.3g} {unit}"
-    return f"{b:.0f} B"
+    volume = (f"sent {size(a['sent'])}, Horovod's fp32 allreduce {size(a['fp32'])} "
+              f"(x{a['vs_fp32_allreduce']:.3g}), fp16 {size(a['fp16'])} (x{a['vs_fp16_allreduce']:.3g})")
+    return f"{head}; {tensors}; {volume}; time {times(summary)}"

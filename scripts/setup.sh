@@ -21,14 +21,60 @@ mkdir -p "$CACHE" "$LOGS"
 t0=$(date +%s)
 say() { printf '[setup %3ss] %s\n' "$(( $(date +%s) - t0 ))" "$*"; }
 
+# failed NAME: say which step failed and show the end of its log, then stop.
+failed() {
+  local log="$LOGS/$1.log"
+  echo "setup.sh: step '$1' failed; see $log (last lines below)" >&2
+  tail -n 30 "$log" >&2
+  exit 1
+}
+
 # step NAME CMD...: run CMD with its output in $LOGS/NAME.log; on failure say which step and log.
 step() {
   local name=$1; shift
-  local log="$LOGS/$name.log"
-  if ! "$@" >"$log" 2>&1; then
-    echo "setup.sh: step '$name' failed; see $log (last lines below)" >&2
-    tail -n 30 "$log" >&2
-    exit 1
+  if ! "$@" >"$LOGS/$name.log" 2>&1; then
+    failed "$name"
+  fi
+}
+
+# last_step LOG: where a build is: its latest progress line ("[ 42%] Building CXX object ..."),
+# else the log's last line that is not blank, cut to fit a terminal.
+last_step() {
+  local line
+  line=$(grep -aE '^\[ *[0-9]+%\]' "$1" 2>/dev/null | tail -n 1 || true)
+  [ -n "$line" ] || line=$(grep -av '^[[:space:]]*$' "$1" 2>/dev/null | tail -n 1 || true)
+  printf '%s' "${line:-(no output yet)}" | cut -c1-110
+}
+
+# kill_tree PID: PID and everything it started (ps is procps', in APT_PKGS).
+kill_tree() {
+  local child
+  for child in $(ps -o pid= --ppid "$1" 2>/dev/null || true); do kill_tree "$child"; done
+  kill "$1" 2>/dev/null || true
+}
+
+# watched NAME CMD...: step NAME, with a line every HVD_GRADQ_SETUP_PROGRESS seconds (60) while
+# CMD runs, saying how long it has run and where its log is, so that a build of many minutes
+# does not look like a hang. Interrupted, it stops CMD too (a background job ignores Ctrl-C).
+watched() {
+  local name=$1; shift
+  local log="$LOGS/$name.log" every=${HVD_GRADQ_SETUP_PROGRESS:-60}
+  "$@" >"$log" 2>&1 &
+  local pid=$! began=$SECONDS
+  local next=$((began + every))
+  # shellcheck disable=SC2064
+  trap "kill_tree $pid; exit 130" INT TERM
+  while kill -0 "$pid" 2>/dev/null; do
+    sleep 1
+    if ((SECONDS >= next)) && kill -0 "$pid" 2>/dev/null; then
+      local took=$((SECONDS - began))
+      say "$name: $((took / 60)) min $((took % 60)) s so far; $(last_step "$log")"
+      next=$((SECONDS + every))
+    fi
+  done
+  trap - INT TERM
+  if ! wait "$pid"; then
+    failed "$name"
   fi
 }
 
@@ -130,8 +176,8 @@ build_horovod() {
 
 if [ "$installed_hvd" != "$HOROVOD_VERSION" ] || [ ! -f "$VENV/.horovod-stamp" ]; then
   if ! ls "$WHEEL_DIR"/horovod-*.whl >/dev/null 2>&1; then
-    say "horovod: building ${HOROVOD_VERSION} from sdist (about 7 minutes on 2 cores; log: $LOGS/horovod-build.log)"
-    step horovod-build build_horovod
+    say "horovod: building ${HOROVOD_VERSION} from sdist (5-30 minutes on 2 cores, a line a minute; log: $LOGS/horovod-build.log)"
+    watched horovod-build build_horovod
   else
     say "horovod: using cached wheel in $WHEEL_DIR"
   fi

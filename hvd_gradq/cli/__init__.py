@@ -3,7 +3,8 @@
     python -m hvd_gradq check "orq:levels=3"            # canonical spec, bits an element, what it refuses
     python -m hvd_gradq advise --params 25e6 --ranks 8 --link-gbps 1 10
     python -m hvd_gradq warm                            # compile every kernel once (set-up does this)
-    python -m hvd_gradq calibrate                       # the codec's speed on this CPU
+    python -m hvd_gradq calibrate --out cpu.json        # the codec's speed on this CPU, as a table
+    python -m hvd_gradq check ORQ-5                     # a label as the README and advise print it
 
 Each command is one module of this package; this one only parses the command line. Bad input
 exits with status 2 and a message saying what was wrong (argparse's convention); a command that

@@ -2,15 +2,20 @@
 
 Give the model as ``--params N`` (treated as 2-D tensors of at most 4M elements each: layer
 sizes matter little once a tensor holds many buckets) or ``--state-dict FILE`` (a ``torch.save``
-of a state dict or any nest of dicts of tensors: its floating tensors, as they are; needs torch).
-For each candidate scheme the library's own policy picks each tensor's pattern at ``--ranks``
+of a state dict or any nest of dicts of tensors; needs torch). From a state dict it counts what
+Horovod reduces, the gradients: floating tensors, but not the buffers a state dict holds beside
+the parameters, known by their names (the last part of the key: BatchNorm's ``running_mean``,
+``running_var``, ``num_batches_tracked``: :data:`BUFFERS`), nor an optimizer's state (a dict
+holding ``state`` and ``param_groups``, as ``opt.state_dict()`` makes); it says how many it left
+out. For each candidate scheme the library's own policy picks each tensor's pattern at ``--ranks``
 ranks, ``--ranks-per-host`` a host and each ``--link-gbps`` (``pattern=auto``, as a compressor
 would), and its cost model gives the bytes over a host's link and the modelled reduction time
 (link time plus this rank's encode and decode, from the CPU table measured on the project's
-machine: ``python -m hvd_gradq calibrate`` times yours). Horovod's fp32 and fp16 allreduce are
-the same ring model with no CPU term. The accuracy column is the quality study's
-(:mod:`.study`). The recommendation is the fastest scheme whose accuracy the study saw kept
-with ``--optimizer``, or Horovod's fp16 when none is modelled faster than it.
+machine, or yours: ``python -m hvd_gradq calibrate --out FILE`` then ``--cpu-table FILE``, or
+``HVD_GRADQ_CPU_TABLE=FILE``). Horovod's fp32 and fp16 allreduce are the same ring model with no
+CPU term. The accuracy column is the quality study's (:mod:`.study`). The recommendation is the
+fastest scheme whose accuracy the study saw kept with ``--optimizer``, or Horovod's fp16 when
+none is modelled faster than it.
 """
 from __future__ import annotations
 
@@ -20,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import GradqError
+from ..plan import cpu_cost
 from ..plan.decide import cost, decide, fp16_cost, fp32_cost, seconds
 from ..plan.pattern import Pattern
 from ..spec import parse
@@ -38,6 +44,9 @@ CANDIDATES: tuple[tuple[str, str, str], ...] = (
     ("Top-K 1%+EF", "topk:ratio=0.01,ef=true", "gq.TopK(ratio=0.01, ef=True)"),
 )
 MAX_TENSOR = 1 << 22
+#: State-dict entries that are buffers, not parameters (no gradient reaches Horovod), by the last
+#: part of their key: BatchNorm's running statistics and its step count.
+BUFFERS = ("running_mean", "running_var", "num_batches_tracked")
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
@@ -50,6 +59,9 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="link rates between hosts to advise for, Gbit/s (default: 1 10)")
     p.add_argument("--optimizer", choices=("sgd", "adamw", "any"), default="any",
                    help="sgd (momentum SGD), adamw (Adam, AdamW), or any (default: kept with both)")
+    p.add_argument("--cpu-table", type=Path, metavar="FILE",
+                   help="price encoding and decoding with this machine's table, written by `python -m hvd_gradq "
+                        "calibrate --out FILE` (default: HVD_GRADQ_CPU_TABLE, else the project's table)")
 
 
 def tensors_of(args: argparse.Namespace) -> tuple[list[tuple[int, int]], str]:
@@ -69,23 +81,49 @@ def tensors_of(args: argparse.Namespace) -> tuple[list[tuple[int, int]], str]:
         state = torch.load(args.state_dict, map_location="cpu", weights_only=True)
     except (OSError, RuntimeError) as e:
         raise GradqError(f"--state-dict {args.state_dict}: cannot be read by torch.load ({e})") from None
-    found: list[tuple[int, int]] = []
+    found, buffers, optimizer = gradients_in(state, torch.Tensor)
+    if not found:
+        raise GradqError(f"--state-dict {args.state_dict}: no floating-point parameters in it")
+    left = ([f"{buffers} buffers ({', '.join(BUFFERS)})"] if buffers else []) + (
+        [f"{optimizer} tensors of an optimizer's state"] if optimizer else [])
+    out = f" (left out: {'; '.join(left)})" if left else ""
+    return found, f"{sum(n for n, _ in found):,} parameters in {len(found)} tensors of {args.state_dict}{out}"
 
-    def walk(v: Any) -> None:
-        if isinstance(v, torch.Tensor):
+
+def gradients_in(state: Any, tensor: type[Any]) -> tuple[list[tuple[int, int]], int, int]:
+    """[(elements, ndim)] of the tensors of a (nested) state dict that get gradients, then how
+    many floating tensors were left out as buffers (:data:`BUFFERS`, by the last part of their
+    key) and as an optimizer's state (a dict with ``state`` and ``param_groups``). ``tensor``:
+    torch's class (this module imports torch only where a state dict is read)."""
+    found: list[tuple[int, int]] = []
+    left = {"buffers": 0, "optimizer": 0}
+
+    def walk(v: Any, key: str) -> None:
+        if isinstance(v, tensor):
             if v.is_floating_point() and v.numel():
-                found.append((v.numel(), v.dim()))
+                if key.rpartition(".")[2] in BUFFERS:
+                    left["buffers"] += 1
+                else:
+                    found.append((v.numel(), v.dim()))
         elif isinstance(v, dict):
-            for x in v.values():
-                walk(x)
+            if "state" in v and "param_groups" in v:  # an optimizer's state_dict: momenta, not parameters
+                left["optimizer"] += len(_tensors(v, tensor))
+                return
+            for k, x in v.items():
+                walk(x, str(k))
         elif isinstance(v, (list, tuple)):
             for x in v:
-                walk(x)
+                walk(x, key)
 
-    walk(state)
-    if not found:
-        raise GradqError(f"--state-dict {args.state_dict}: no floating-point tensors in it")
-    return found, f"{sum(n for n, _ in found):,} parameters in {len(found)} tensors of {args.state_dict}"
+    walk(state, "")
+    return found, left["buffers"], left["optimizer"]
+
+
+def _tensors(v: Any, tensor: type[Any]) -> list[Any]:
+    if isinstance(v, tensor):
+        return [v] if v.is_floating_point() and v.numel() else []
+    items = v.values() if isinstance(v, dict) else v if isinstance(v, (list, tuple)) else []
+    return [t for x in items for t in _tensors(x, tensor)]
 
 
 @dataclass
@@ -122,6 +160,7 @@ def run(args: argparse.Namespace) -> int:
         raise GradqError(f"--ranks-per-host must divide --ranks ({args.ranks}), not {args.ranks_per_host}")
     if not all(g > 0 for g in args.link_gbps):
         raise GradqError("--link-gbps takes rates above 0 Gbit/s")
+    tab = cpu_cost.use_table(args.cpu_table) if args.cpu_table is not None else cpu_cost.table()
     tensors, source = tensors_of(args)
     ranks, local = args.ranks, args.ranks_per_host
     print(f"model: {source}; {ranks} ranks, {local} a host; optimizer: {args.optimizer}")
@@ -153,8 +192,9 @@ def run(args: argparse.Namespace) -> int:
             print(f"recommendation at {gbps:g} Gbit/s: {best.label}, compression={best.code} (\"{best.spec}\"): "
                   f"{kept} in the study, {fp32 / best.bytes:.1f}x fewer bytes than fp32, modelled "
                   f"{t16 / best.seconds:.1f}x faster than Horovod fp16")
-    print("\nModelled, not measured: bytes from the payload format, time = link + this rank's encode/decode "
-          "(CPU table of the project's 2-core machine, one core a rank; `python -m hvd_gradq calibrate` for yours), "
-          "no overlap with backward. Accuracy: results/quality/quality.md (5 seeds, MNIST-1D MLP and a small "
-          "transformer).")
+    yours = "; `python -m hvd_gradq calibrate --out FILE`, then --cpu-table FILE, for yours" \
+        if tab is cpu_cost.SHIPPED else ""
+    print(f"\nModelled, not measured: bytes from the payload format, time = link + this rank's encode/decode "
+          f"(CPU: {tab.source}, one core a rank{yours}), no overlap with backward. Accuracy: "
+          "results/quality/quality.md (5 seeds, MNIST-1D MLP and a small transformer).")
     return 0

@@ -2,25 +2,27 @@
 
 Each spec is timed through the frontends' own host path (:func:`hvd_gradq.reduce.codec.encode`
 and :func:`hvd_gradq.dequantize`: kernels, framing, checksum) on standard-normal float32 tensors,
-best of a few runs after a warm-up call (a compile is not counted). The cost model that picks
-patterns under ``pattern=auto`` reads such a table (``hvd_gradq/plan/cpu_table.py``, written
-by ``bench/scale/calibrate_cpu.py`` on the project's machine, through :func:`measure` and
-:func:`table_source` here); this command shows how far your CPU is from it, and ``--write FILE``
-writes its figures in that module's form. Every rank must read the same table (each rank picks a
-tensor's pattern from it, and ranks that pick differently split a collective), so a table of
-your own replaces ``hvd_gradq/plan/cpu_table.py`` in the package every host runs. Run it on
-a quiet machine: the load average is printed.
+best of a few runs after a warm-up call (a compile is not counted), and printed beside the figures
+the cost model prices with now. ``--out FILE`` writes them as a table of this machine
+(:func:`hvd_gradq.plan.cpu_cost.write_table`, JSON) for what reads CPU figures: ``advise
+--cpu-table FILE`` models your machine instead of the project's, and a job launched with
+``HVD_GRADQ_CPU_TABLE=FILE`` prices its ``pattern=auto`` decisions with it instead of timing
+at start-up (the ranks still agree on the maximum of their figures, so hosts whose files differ
+cannot choose differently). ``--write FILE`` writes the shipped table's module form
+(``hvd_gradq/plan/cpu_table.py``, which ``bench/scale/calibrate_cpu.py`` regenerates through
+:func:`measure` and :func:`table_source` here). Run it on a quiet machine: the load average is
+printed.
 """
 from __future__ import annotations
 
 import argparse
 import os
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 from ..errors import GradqError
 from ..frontend import probe
-from ..plan.cpu_cost import ns_per_element, table_key
+from ..plan.cpu_cost import ns_per_element, table, table_key, write_table
 from ..schemes.registry import declarations
 from ..spec import parse
 
@@ -34,7 +36,7 @@ def every() -> list[str]:
 
 #: the command's default: the schemes the README's table and `advise` compare
 DEFAULT = ["fp16", "uniform:bits=4", "qsgd:levels=4", "terngrad", "sign", "bingrad", "orq:levels=3",
-           "orq:levels=5"]
+           "orq:levels=5", "orq:levels=9", "topk"]
 
 
 def measure(spec: str, elements: int = 1 << 20, reps: int = 5) -> tuple[float, float]:
@@ -60,8 +62,11 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("specs", nargs="*", help=f"schemes to time (default: {' '.join(DEFAULT)})")
     p.add_argument("--elements", type=int, default=1 << 20, help="tensor size each is timed on (default 1048576)")
     p.add_argument("--reps", type=int, default=3, help="runs of each, the best kept (default 3)")
+    p.add_argument("--out", type=Path, metavar="FILE",
+                   help="write this machine's table (JSON) to FILE, for `advise --cpu-table FILE` and jobs run with "
+                        "HVD_GRADQ_CPU_TABLE=FILE")
     p.add_argument("--write", type=Path, metavar="FILE",
-                   help="also write the figures as a cpu_table.py module (the cost model's table) to FILE")
+                   help="write the figures in the shipped table's module form (hvd_gradq/plan/cpu_table.py) to FILE")
 
 
 def run(args: argparse.Namespace) -> int:
@@ -79,12 +84,23 @@ def run(args: argparse.Namespace) -> int:
         rows[table_key(parse(s).scheme)] = (e, d)
         te, td = ns_per_element(parse(s).scheme)
         print(f"{s:22s} {e:13.2f} {d:13.2f} {te:13.2f} {td:13.2f}", flush=True)
-    print("table: the cost model's figures (hvd_gradq/plan/cpu_table.py, the project's machine; "
-          f"keys such as {table_key(parse(specs[0]).scheme)!r})")
+    print(f"table: what the cost model prices with now, {table().source} (keys such as "
+          f"{table_key(parse(specs[0]).scheme)!r})")
+    measured = {"cpus": os.cpu_count(), "load": [round(load[0], 2), round(os.getloadavg()[0], 2)],
+                "elements": args.elements, "reps": args.reps}
+    if args.out is not None:
+        save(args.out, "--out", lambda path: write_table(path, rows, measured))
+        print(f"wrote {args.out}: `python -m hvd_gradq advise --cpu-table {args.out} ...`, or a job with "
+              f"HVD_GRADQ_CPU_TABLE={args.out}")
     if args.write is not None:
-        try:
-            args.write.write_text(table_source(rows, (load[0], os.getloadavg()[0])))
-        except OSError as e:
-            raise GradqError(f"--write {args.write}: cannot be written ({e.strerror})") from None
+        save(args.write, "--write", lambda path: path.write_text(table_source(rows, (load[0], os.getloadavg()[0]))))
         print(f"wrote {args.write}")
     return 0
+
+
+def save(path: Path, flag: str, write: Callable[[Path], object]) -> None:
+    """``write(path)``, an OSError turned into a GradqError naming the option and the file."""
+    try:
+        write(path)
+    except OSError as e:
+        raise GradqError(f"{flag} {path}: cannot be written ({e.strerror})") from None

@@ -1,5 +1,10 @@
 """Say what a scheme spec means: canonical form, bits an element on the wire, patterns, refusals.
 
+It takes what ``from_spec()`` and ``HVD_GRADQ`` take (a spec, then any compressor options:
+``orq:levels=3,pattern=scatter``; the options are listed, not checked here), and the labels the
+README, the quality study and ``advise`` print (``ORQ-5``, ``BinGrad+EF``, ``Top-K 1%+EF``:
+:func:`hvd_gradq.spec.label_spec`), saying which spec a label stands for.
+
 The bits are the payload's size for a 1-D float32 tensor of ``--elements`` values, from the wire
 format (:func:`hvd_gradq.wire.payload.header_size`: header, dimensions and the canonical spec)
 and the scheme's own sections (per-bucket levels or scales, packed codes): what
@@ -15,12 +20,13 @@ from ..errors import SpecError
 from ..plan.decide import choose, decide
 from ..plan.pattern import REQUESTABLE, Pattern
 from ..schemes.options import NonFinite
-from ..spec import parse
+from ..spec import Config, label_spec, parse, split_options
 from ..wire.payload import header_size
 
 
 def add_arguments(p: argparse.ArgumentParser) -> None:
-    p.add_argument("spec", help="a scheme spec such as 'orq:levels=3' or 'bingrad:bucket=256,ef=false'")
+    p.add_argument("spec", help="a scheme spec such as 'orq:levels=3' or 'bingrad:bucket=256,ef=false' (compressor "
+                                "options after it, as HVD_GRADQ takes them, are listed), or a label such as ORQ-5")
     p.add_argument("--elements", type=int, default=1 << 16,
                    help="size of the tensor the bits are measured on (default 65536)")
     p.add_argument("--ranks", type=int, default=4, help="world size the patterns are asked for (default 4)")
@@ -28,16 +34,34 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
                    help="link rate for the pattern auto would pick (default 1 Gbit/s)")
 
 
+def read(text: str) -> Config:
+    """The config ``text`` names, saying what it was read as: a label (``ORQ-5``) and the spec
+    it stands for, or a spec and the compressor options that follow it."""
+    try:
+        spec, options = split_options(text)
+        config = parse(spec)
+    except SpecError:
+        label = label_spec(text)
+        if label is None:
+            raise
+        print(f"label       {text.strip()}: {label}, as the README and `advise` name it")
+        return parse(label)
+    print(f"spec        {spec}")
+    if options:
+        listed = ", ".join(f"{k}={v}" for k, v in options.items())
+        print(f"options     {listed}: the compressor's (from_spec() and HVD_GRADQ pass them on; not checked here)")
+    return config
+
+
 def run(args: argparse.Namespace) -> int:
     if args.elements < 1 or args.ranks < 2 or not args.link_gbps > 0:
         raise SpecError("--elements must be >= 1, --ranks >= 2 and --link-gbps > 0")
-    config = parse(args.spec)
+    config = read(args.spec)
     scheme, policy = config.scheme, config.policy
     n = args.elements
     body = scheme.nbytes(n)
     nbytes = header_size(scheme.spec, 1) + body
     bits = 8 * nbytes / n
-    print(f"spec        {args.spec}")
     print(f"canonical   {config.spec}")
     print(f"header      names {scheme.spec!r}: the scheme alone (the policy, ef/warmup/nonfinite, stays on this rank)")
     print(f"unbiased    {'yes' if scheme.unbiased else 'no (use ef=true to carry the bias over steps)'}")

@@ -19,7 +19,9 @@ tracing and call-site reading, and hands everything else here, so that the two c
 * **Horovod's final scaling** (:func:`final_scale`) and **the process set** a reduction runs on
   (:meth:`~CompressorCore.reduction_set`);
 * **stats()**: the :class:`~.stats.Stats` the frontend's telemetry fills, and the ``world`` it
-  reports (:meth:`~CompressorCore.world`); ``stats()`` / ``metrics()`` are :class:`~.stats.Reports`'.
+  reports (:meth:`~CompressorCore.world`); ``stats()`` / ``summary()`` / ``metrics()`` are
+  :class:`~.stats.Reports`'; ``log_every`` (:func:`hvd_gradq.log.resolve_every`) says how often
+  the telemetry logs a line.
 
 Its mutable state lives in plain objects (:class:`Agreement`, :class:`~.stats.Stats`), never in a
 dict or list attribute: TensorFlow's compressor is also a ``tf.Module``, which would wrap those
@@ -144,10 +146,12 @@ class CompressorCore(Reports):
     check_ranks: bool
     process_set: Any
     handshake_timeout: float
+    log_every: int
 
     def __init__(self, scheme: SchemeLike, *, seed: int = 0, pattern: str | Pattern = "auto",
                  check_ranks: bool = True, process_set: Any = None, link_gbps: float | None = None,
-                 threads: int | None = None, fallback: bool | None = None, local_size: int | None = None) -> None:
+                 threads: int | None = None, fallback: bool | None = None, local_size: int | None = None,
+                 log_every: int | None = None) -> None:
         """Check and normalise the options both frontends take; ``local_size``: the ranks on
         this host when Horovod can say (else the launcher's count), for the default ``threads``."""
         self.seed = check_seed(seed)
@@ -170,6 +174,7 @@ class CompressorCore(Reports):
         log.env_level()  # a bad HVD_GRADQ_LOG fails at construction, not at the end of a step
         #: seconds each handshake collective waits for the other ranks (HVD_GRADQ_HANDSHAKE_TIMEOUT)
         self.handshake_timeout = handshake.timeout()
+        self.log_every = log.resolve_every(log_every)
         self._stats = Stats(self.TIME_KINDS)
         self._agreement = Agreement()
 
@@ -292,6 +297,11 @@ class CompressorCore(Reports):
         """Ranks a host as the cost model sees them (:func:`hosts.ranks_per_host`)."""
         raise NotImplementedError
 
+    def _hosts(self) -> int | None:
+        """Hosts the job runs on, as Horovod counts them (None where it cannot say: before
+        ``hvd.init()``, hosts not alike): what the log tells a user, beside the cost model's view."""
+        return None
+
     def _world_extra(self) -> dict[str, Any]:
         """What a frontend adds to :meth:`world` (PyTorch: its threads and codec)."""
         return {}
@@ -299,5 +309,6 @@ class CompressorCore(Reports):
     def world(self) -> dict[str, Any]:
         """What ``stats()`` and the log say of the run."""
         return {"frontend": self.WORLD_NAME, "scheme": self.settings.spec, "pattern": self.pattern.value,
-                "ranks": self._ranks(), "ranks_a_host": self._ranks_a_host(), "link_gbps": self.link_gbps,
+                "ranks": self._ranks(), "hosts": self._hosts(), "ranks_a_host": self._ranks_a_host(),
+                "link_gbps": self.link_gbps,
                 **self._world_extra()}

@@ -19,9 +19,8 @@ parameter added to a scheme or an option added to a compressor reaches the facto
 the factory passed uncalled (``compression=gq.ORQ``: its ``compress`` raises, naming
 ``gq.ORQ()``), positional scheme values (``gq.ORQ(5)``), another frontend's option
 (``codec=`` in TensorFlow: :data:`FRONTEND_ONLY`), an unknown keyword (with the closest valid
-one), and ``HVD_GRADQ`` holding a bad spec (the error names the variable and its value) or
-nothing (a warning, :func:`env_scheme`). Kept framework-free so that either frontend imports it
-without the other.
+one). ``from_spec()`` and ``HVD_GRADQ`` (a spec, then compressor options as text) are
+:mod:`.settings`'. Kept framework-free so that either frontend imports it without the other.
 """
 from __future__ import annotations
 
@@ -30,17 +29,15 @@ import difflib
 import enum
 import functools
 import inspect
-import os
 import textwrap
 import typing
-import warnings
 from collections.abc import Callable, Iterable
 from typing import Any, Generic, TypeVar
 
 from ..errors import GradqError, SpecError
 from ..policy import KEYS, Policy
 from ..schemes.registry import Declaration, declarations
-from ..spec import Config, build, parse, scheme_class
+from ..spec import build, scheme_class
 from .frameworks import FRONTENDS
 
 C = TypeVar("C")
@@ -159,26 +156,6 @@ def check_keywords(given: Iterable[str], valid: list[str], frontend: str, who: s
         close = difflib.get_close_matches(key, valid, n=1)
         hint = f" (did you mean {close[0]}=?)" if close else ""
         raise SpecError(f"{who}: unknown keyword {key}={hint}; valid: {', '.join(valid)}")
-
-
-# -- HVD_GRADQ -----------------------------------------------------------------------------------------
-def env_scheme(default: str | None, who: str = "from_env()") -> Config:
-    """The scheme in ``HVD_GRADQ``. A bad spec there raises SpecError naming the variable and its
-    value. Unset or empty: ``default``, with a warning when the caller named none (the fallback
-    is then ``none``, no compression, which is easy to run by mistake)."""
-    raw = os.environ.get(ENV, "")
-    if raw.strip():
-        try:
-            return parse(raw)
-        except SpecError as e:
-            raise SpecError(f"{ENV}={raw!r} (read by {who}) is not a valid spec: {e}") from None
-    if default is None:
-        warnings.warn(
-            f"{ENV} is not set (or empty): {who} builds 'none', fp32 payloads without compression. Set "
-            f"{ENV} to a spec (e.g. {ENV}=orq:levels=5), or pass {who.rstrip('()')}(default='...') to choose "
-            "the fallback yourself", UserWarning, stacklevel=3)
-        default = "none"
-    return parse(default)
 
 
 # -- the factories -----------------------------------------------------------------------------------

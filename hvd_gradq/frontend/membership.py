@@ -51,3 +51,12 @@ def ranks_a_host(horovod: Any, basics: Any, process_set: Any) -> int:
         return 1
     return ranks_per_host(horovod.size(), horovod.rank(), horovod.local_size(), horovod.local_rank(),
                           horovod.cross_rank(), bool(basics.is_homogeneous()))
+
+
+def host_count(horovod: Any, basics: Any) -> int | None:
+    """Hosts the job runs on, asked of one framework's Horovod module and its ``basics``: its
+    size over the ranks of a host where every host runs as many (``is_homogeneous``), else None
+    (Horovod does not say how many hosts of unlike sizes there are to every rank)."""
+    if not basics.is_homogeneous():
+        return None
+    return max(int(horovod.size()) // max(int(horovod.local_size()), 1), 1)

@@ -23,7 +23,7 @@ from numpy.typing import NDArray
 
 from ..api import dequantize, split
 from ..errors import GradqError, RankMismatchError
-from ..plan.cpu_cost import CAST, CAST_NS, Figures, ns_per_element
+from ..plan.cpu_cost import CAST, CAST_NS, TABLE_ENV, Figures, ns_per_element
 from ..plan.pattern import Pattern
 from ..plan.second_phase import reduced_scheme
 from ..reduce import codec
@@ -39,10 +39,12 @@ REPS = 3
 #: ring at the link rate, and on the emulated 1 Gbit/s link that ring ran 4.6x slower than that
 #: (results/e2e/e2e_fallback_on.md), so a default fallback sent ORQ-5 as fp16 and made its step slower.
 FALLBACK_ENV = "HVD_GRADQ_FALLBACK"
-#: ``measure`` (the default) or ``table``: the shipped table's figures instead of timing this
-#: machine, for decisions that are the same from run to run (a reproducible job, a test suite
-#: that asserts a pattern choice). Every rank should be set alike; if not, the maximum still
-#: makes them agree.
+#: ``measure`` (the default) or ``table``: the table's figures instead of timing this machine,
+#: for decisions that are the same from run to run (a reproducible job, a test suite that
+#: asserts a pattern choice). The table is the shipped one, or this machine's where
+#: ``HVD_GRADQ_CPU_TABLE`` names one (``calibrate --out``: :mod:`hvd_gradq.plan.cpu_cost`), and
+#: then ``table`` is the default: the user measured the figures to have them used. Every rank
+#: should be set alike; if not, the maximum still makes them agree.
 FIGURES_ENV = "HVD_GRADQ_FIGURES"
 _WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
@@ -138,8 +140,10 @@ def agreed(scheme: Scheme, nranks: int, local: int, cast: Callable[[NDArray[np.f
 
 
 def figures_source() -> str:
-    """``measure`` or ``table``, from :data:`FIGURES_ENV` (unset: measure)."""
-    raw = os.environ.get(FIGURES_ENV, "measure").strip().lower() or "measure"
+    """``measure`` or ``table``, from :data:`FIGURES_ENV` (unset: ``table`` where
+    :data:`~hvd_gradq.plan.cpu_cost.TABLE_ENV` names a table of this machine, else ``measure``)."""
+    default = "table" if os.environ.get(TABLE_ENV, "").strip() else "measure"
+    raw = os.environ.get(FIGURES_ENV, default).strip().lower() or default
     if raw not in ("measure", "table"):
         raise GradqError(f"{FIGURES_ENV}={raw!r} is not valid: write measure (time this machine at start-up, "
                          "the default) or table (the shipped figures: the same decisions in every run)")

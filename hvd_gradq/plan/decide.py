@@ -29,6 +29,7 @@ from ..schemes.options import NonFinite
 from ..schemes.scheme import Combine, Scheme
 from ..spec import Config, as_config
 from ..wire.payload import header_size
+from . import cpu_cost
 from .cpu_cost import ADD_NS, Figures, cast_ns, figures_for
 from .layout import chunk_bounds, lanes_for
 from .pattern import CROSS, EVERY, HIERARCHICAL_ALONE, REQUESTABLE, Pattern, duration
@@ -288,3 +289,8 @@ def decide(
     if p is Pattern.HIERARCHICAL:
         return Choice(p, why, hier_cross(scheme, n, nranks, local, link_gbps))
     return Choice(p, why)
+
+
+# the decisions that priced with the table (figures None) are stale once another table is in use
+for _cached in (cost, hier_cross, choose, choose_why, decide):  # cost: hierarchical's cross part
+    cpu_cost.on_table_change(_cached.cache_clear)

@@ -12,9 +12,11 @@ threads (:class:`Clock`): ``encode`` (quantizing and packing, own decoded values
 ``decode`` (parsing, decoding and summing received payloads), ``wait`` (blocked on a Horovod
 collective) and ``compressor`` (the training thread inside ``compress()`` / ``decompress()``, what
 a user would get by wrapping them). With worker threads the first three overlap backward and
-each other: they are work, not step time. A frontend reports the kinds it can measure
-(TensorFlow's graph runs its collectives and the summable pattern's arithmetic as ops: only its
-host encode/decode is timed).
+each other: they are work, not step time. TensorFlow reports the same four kinds as it can
+measure them in a graph (:mod:`hvd_gradq.tensorflow.telemetry`): ``encode`` and ``decode`` are
+its host functions, ``wait`` the time from a payload leaving its encoder to the collective's
+result reaching the decoder, ``compressor`` its host functions' time (its ``compress()`` and
+``decompress()`` run once, while Horovod traces); the summable pattern's graph ops are not timed.
 
 **Steps.** ``last_step`` is the most recent step (complete when read between steps: after
 ``opt.step()``, after a ``tf.function`` call returns); ``total`` everything since construction.
@@ -36,6 +38,7 @@ from typing import Any
 
 from ..plan.decide import fp16_cost, fp32_cost
 from ..plan.pattern import why_tag
+from .report import table
 
 #: Every kind of time a frontend may measure (:class:`Times`), in the order reports give them.
 KINDS = ("encode", "wait", "decode", "compressor")
@@ -249,7 +252,7 @@ class Stats:
 
 
 class Reports:
-    """``stats()`` and ``metrics()``, the same for both frontends' compressors (through
+    """``stats()``, ``summary()`` and ``metrics()``, the same for both frontends' compressors (through
     :class:`~.compressor.CompressorCore`), whose ``_telemetry`` makes the summary
     (``hvd_gradq.torch.telemetry``, ``hvd_gradq.tensorflow.telemetry``)."""
 
@@ -268,6 +271,12 @@ class Reports:
         ``add_scalars`` or a print: bytes, ratios to Horovod's fp32/fp16 allreduce,
         milliseconds by kind, tensors by pattern (:func:`flat_metrics`)."""
         return flat_metrics(self.stats(), prefix)
+
+    def summary(self) -> str:
+        """:meth:`stats` as a short text table to print (:func:`hvd_gradq.reduce.report.table`):
+        where the job runs, per pattern the tensors, elements, bytes a step against Horovod's
+        fp32 and fp16 allreduce and why, then the time a step by kind and the bytes in total."""
+        return table(self.stats())
 
 
 def flat_metrics(summary: dict[str, Any], prefix: str = "hvd_gradq/") -> dict[str, float | int]:

@@ -22,17 +22,9 @@ from __future__ import annotations
 
 from typing import Any
 
-from ..frontend.factory import (
-    ENV,
-    SchemeFactory,
-    check_options,
-    env_scheme,
-    install_factories,
-    late_factory,
-    with_options,
-)
+from ..frontend.factory import ENV, SchemeFactory, check_options, install_factories, late_factory, with_options
+from ..frontend.settings import env_settings, spec_settings
 from ..frontend.versions import require_horovod
-from ..spec import parse
 from .compressor import GradqCompressor
 from .ops import TF, TFOps
 
@@ -40,18 +32,22 @@ require_horovod(__name__)  # the Horovod whose calling frames the call-site read
 
 
 def from_spec(spec: str, **options: Any) -> GradqCompressor:
-    """A compressor for ``spec`` (e.g. ``"orq:levels=5,ef=true"``); ``options`` are
+    """A compressor for ``spec`` (e.g. ``"orq:levels=5,ef=true"``, and any compressor options
+    after the scheme's: ``"orq:levels=3,pattern=scatter"``); ``options`` are
     :class:`GradqCompressor`'s (seed, pattern, link_gbps, name, ...)."""
     check_options(options, GradqCompressor, __name__, "from_spec()")
-    return GradqCompressor(parse(spec), **options)
+    config, given = spec_settings(spec, options, GradqCompressor, __name__)
+    return GradqCompressor(config, **given)
 
 
 def from_env(default: str | None = None, **options: Any) -> GradqCompressor:
-    """A compressor for the spec in the ``HVD_GRADQ`` environment variable. Unset or empty:
+    """A compressor for the ``HVD_GRADQ`` environment variable: a spec, then any compressor
+    options (``HVD_GRADQ="orq:levels=3,pattern=scatter,link_gbps=1"``). Unset or empty:
     ``default``, or ``none`` (no compression) with a warning when no default is given. A bad
-    spec in the variable raises an error naming it."""
+    line in the variable raises an error naming it; an option set there and here must agree."""
     check_options(options, GradqCompressor, __name__, "from_env()")
-    return GradqCompressor(env_scheme(default), **options)
+    config, given = env_settings(default, options, GradqCompressor, __name__)
+    return GradqCompressor(config, **given)
 
 
 with_options(from_spec, GradqCompressor)

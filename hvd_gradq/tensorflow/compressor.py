@@ -62,7 +62,7 @@ from ..errors import GradqError
 from ..feedback import Memory
 from ..frontend.compressor import CompressorCore, ranks_on_host
 from ..frontend.guards import check_tensor, instance_only
-from ..frontend.membership import membership, ranks_a_host
+from ..frontend.membership import host_count, membership, ranks_a_host
 from ..plan.decide import Choice, fp32_cost
 from ..plan.pattern import Pattern
 from ..plan.rank_cost import rank_cost
@@ -110,11 +110,13 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
             must agree when both are given). Needed only when ``compress()`` is called by hand.
         loss_scale: the current loss scale (a callable returning it, or a ``tf.Variable``) when
             gradients arrive scaled (mixed precision): residuals are stored divided by it.
-        threads: host codec threads a tensor (:mod:`hvd_gradq.frontend.workers`; default: this rank's cores).
+        threads: host codec threads a tensor (:mod:`hvd_gradq.frontend.workers`). Default:
+            ``HVD_GRADQ_THREADS``, else this rank's cores.
+        log_every: log the first-step line's figures again every this many steps, on rank 0
+            (:mod:`hvd_gradq.log`). Default: ``HVD_GRADQ_LOG_EVERY``, else 0 (off).
     """
 
     FRONTEND, WORLD_NAME, CONFIG_TAG = "hvd_gradq.tensorflow", "tensorflow", "tf"
-    TIME_KINDS = telemetry.KINDS  # its host functions' time only
     #: Patterns with collectives started in ``decompress()``, after a decode that may raise
     UNPOISONABLE = frozenset({Pattern.SCATTER, Pattern.HIERARCHICAL})
     UNPOISONABLE_WHY = ("its later phases start in decompress(), and a step that stops on one tensor's values could "
@@ -123,12 +125,13 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
 
     def __init__(self, scheme: SchemeLike, *, seed: int = 0, pattern: str | Pattern = "auto",
                  check_ranks: bool = True, name: str | None = None, process_set: Any = None, loss_scale: Any = None,
-                 link_gbps: float | None = None, threads: int | None = None, fallback: bool | None = None) -> None:
+                 link_gbps: float | None = None, threads: int | None = None, fallback: bool | None = None,
+                 log_every: int | None = None) -> None:
         tf.Module.__init__(self, name="hvd_gradq_compressor")
         handshake.check_frontend()
         CompressorCore.__init__(self, scheme, seed=seed, pattern=pattern, check_ranks=check_ranks,
                                 process_set=process_set, link_gbps=link_gbps, threads=threads, fallback=fallback,
-                                local_size=ranks_on_host(hvd))
+                                local_size=ranks_on_host(hvd), log_every=log_every)
         self.cid = handshake.check_arguments(self.settings, loss_scale, name)
         self.steps: dict[str, Any] = {}  # tracked: checkpoint keys steps/<variable name>
         self.residuals: dict[str, Any] = {}  # residuals/<variable name> (ef only), unscaled
@@ -136,7 +139,7 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         self._host = Bookkeeping(loss_scale)
         store = SlotStore(self.residuals, self.owners, hvd.rank())
         self.memory = Memory(TF, store, undo=False, variant=self.policy.feedback)
-        self._telemetry = telemetry.Telemetry(self._stats, self.world, self._host.slots.values)
+        self._telemetry = telemetry.Telemetry(self._stats, self.world, self._host.slots.values, self.log_every)
         self._elastic = tf_elastic.attach(self, self.cid)
 
     # -- the core's hooks (frontend/compressor.py) -----------------------------------------------
@@ -148,6 +151,9 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
 
     def _ranks_a_host(self) -> int:
         return ranks_a_host(hvd, mpi_ops._basics, hvd.global_process_set) if hvd.is_initialized() else 1
+
+    def _hosts(self) -> int | None:
+        return host_count(hvd, mpi_ops._basics) if hvd.is_initialized() else None
 
     def _check_ranks(self, ps: Any, size: int, local: int) -> None:
         """The handshake over ``ps``, eagerly (even while a graph is being traced)."""

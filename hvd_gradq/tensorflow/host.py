@@ -35,10 +35,14 @@ Not XLA-compilable (``jit_compile=True``), as Horovod's own collectives are not.
 *Time* (``stats()``): while a compressor traces a tensor's reduction it names, with
 :func:`recording`, where each host function's wall time goes and the step counter of the
 tensor's variable (a tensor of the graph, passed in as one more input), so the seconds land in
-their own step even where two steps' host calls interleave.
+their own step even where two steps' host calls interleave. *Waiting* has no host call of its
+own (Horovod's collectives are graph ops): a :class:`Handoff` notes when each step's payload left
+its encoder, and the decoder that reads the collective's result counts the time since as
+``wait``: the collective, the other ranks' lateness, and the executor's scheduling between.
 """
 from __future__ import annotations
 
+import threading
 import time
 from collections.abc import Callable, Iterator
 from contextlib import contextmanager
@@ -77,10 +81,32 @@ def recording(record: Callable[[str, float, int], None], step: Any) -> Iterator[
         _RECORDER.reset(token)
 
 
-def timed(fn: Callable[..., Any], inputs: list[Any], kind: str) -> tuple[Callable[..., Any], list[Any]]:
+class Handoff:
+    """When each step's payload of one tensor left its encoder (step -> ``perf_counter``), for the
+    decoder of the collective's result to count the time between as ``wait`` (one a tensor's
+    codec: its phases run one after another within a step)."""
+
+    def __init__(self) -> None:
+        self._left: dict[int, float] = {}
+        self._lock = threading.Lock()
+
+    def left(self, step: int) -> None:
+        with self._lock:
+            self._left[step] = time.perf_counter()
+
+    def arrived(self, step: int, now: float) -> float | None:
+        """Seconds since step ``step``'s payload left, once (None: no payload noted)."""
+        with self._lock:
+            t0 = self._left.pop(step, None)
+        return None if t0 is None else max(now - t0, 0.0)
+
+
+def timed(fn: Callable[..., Any], inputs: list[Any], kind: str,
+          handoff: Handoff | None = None) -> tuple[Callable[..., Any], list[Any]]:
     """``fn`` and its inputs for ``tf.numpy_function``, timed into the recorder of the trace, if any
     (the caller makes the op itself: an error it raises names the frames that made it, and a
-    graph's error message lists them before the error's own text)."""
+    graph's error message lists them before the error's own text). With ``handoff``, an encoder
+    notes when its payload left and a decoder records the ``wait`` since."""
     rec = _RECORDER.get()
     if rec is None:
         return fn, inputs
@@ -88,10 +114,15 @@ def timed(fn: Callable[..., Any], inputs: list[Any], kind: str) -> tuple[Callabl
 
     def run(at: Any, *args: Any) -> Any:
         t0 = time.perf_counter()
+        waited = handoff.arrived(int(at), t0) if handoff is not None and kind == "decode" else None
+        if waited is not None:
+            record("wait", waited, int(at))
         try:
             return fn(*args)
         finally:
             record(kind, time.perf_counter() - t0, int(at))
+            if handoff is not None and kind == "encode":
+                handoff.left(int(at))
 
     return run, [step, *inputs]
 

@@ -7,9 +7,13 @@ step is the graph. So the figures a step produces are recorded by the graph itse
   callback (``hvd_gradq_step``), which TensorFlow runs at every call of the function (eager
   reductions count at the call). Its second run is the first step's end: a ``tf.function`` call
   returns only when all its ops are done.
-* **Time**: each host encode/decode (:mod:`.host`) adds its wall time to the step its variable's
-  own step counter names (:func:`.host.recording`). The summable pattern runs in graph ops and
-  Horovod's collectives are ops too: neither is timed.
+* **Time**, the same kinds as PyTorch's, as a graph lets them be measured: each host encode/decode
+  (:mod:`.host`) adds its wall time to the step its variable's own step counter names
+  (:func:`.host.recording`), and to ``compressor`` (``compress()``/``decompress()`` themselves
+  run once, while Horovod traces: per step, the compressor's work on the host is those
+  functions); ``wait`` is the time from a payload leaving its encoder to the collective's result
+  reaching its decoder (:class:`.host.Handoff`). The summable pattern runs in graph ops, not
+  timed.
 * **Bytes**: each slot's static bytes a step, times its step counter (:class:`.state.Slot`).
 
 The first-step line (:func:`hvd_gradq.log.first_step`) is logged once step 1's figures are all
@@ -34,18 +38,17 @@ from . import host
 from .callsite import function_graph
 from .slots import Slot
 
-#: What the TensorFlow frontend can time: its host functions.
-KINDS = ("encode", "decode")
-
 
 class Telemetry:
     """One compressor's figures (``stats``, the compressor's: :class:`~hvd_gradq.frontend.compressor.CompressorCore`
     decides what goes in) and its slots; ``world`` says what the run is."""
 
-    def __init__(self, stats: Stats, world: Callable[[], dict[str, Any]], slots: Callable[[], Iterable[Slot]]) -> None:
+    def __init__(self, stats: Stats, world: Callable[[], dict[str, Any]], slots: Callable[[], Iterable[Slot]],
+                 every: int = 0) -> None:
         self.stats = stats
         self.world = world
         self.slots = slots
+        self.every = every  # log_every: a line every this many steps (0: the first step's only)
         self._graphs: weakref.WeakSet[Any] = weakref.WeakSet()  # traced functions holding a step callback
         self._calls = 0
         self._logged = 0  # the last step logged
@@ -76,9 +79,12 @@ class Telemetry:
         return host.recording(self.record, step)
 
     def record(self, kind: str, seconds: float, step: int) -> None:
-        """A host function's time (:func:`.host.recording`); ``step`` is its variable's step
-        counter before this step (0-based)."""
-        if self.stats.clock.add(kind, seconds, step + 1) and step >= 1:
+        """A host function's time, or a wait (:func:`.host.timed`); ``step`` is its variable's
+        step counter before this step (0-based). Encode and decode count as ``compressor`` too."""
+        newer = self.stats.clock.add(kind, seconds, step + 1)
+        if kind in ("encode", "decode"):
+            self.stats.clock.add("compressor", seconds, step + 1)
+        if newer and step >= 1:
             self._log(step)  # step + 1 began: step is over on every variable
 
     # -- each step ---------------------------------------------------------------------------------
@@ -95,11 +101,7 @@ class Telemetry:
                 return
             first = self._logged == 0
             self._logged = step
-        rank = hvd.rank()
-        if first:
-            log.first_step(self.summary(counted=False, time_of=step), rank)
-        elif log.wants_steps(rank):
-            log.step(self.summary(counted=False, time_of=step), rank)
+        log.step_done(step, hvd.rank(), self.every, lambda: self.summary(counted=False, time_of=step), first)
 
     # -- reading ---------------------------------------------------------------------------------
     def summary(self, counted: bool = True, time_of: int | None = None) -> dict[str, Any]:

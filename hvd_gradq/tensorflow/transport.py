@@ -77,6 +77,7 @@ class GraphCodec:
     def __init__(self, size: int, what: str, own: bool, finite: Any = None,
                  header: tuple[tuple[int, ...], str] | None = None) -> None:
         self.size, self.what, self.own, self.finite, self.header = size, what, own, finite, header
+        self.handoff = host.Handoff()  # the wait between an encoder and its decoder (stats)
 
     def encode(self, config: SchemeLike, x: Any, seed: Seed, what: str) -> tuple[Any, Own]:
         n = TF.shape(x)[0]
@@ -93,8 +94,8 @@ class GraphCodec:
         b = tf.stack([s[1] for s in seeds])  # type: ignore[index]
         lens = tuple(host.chunk_sizes(scheme, bounds, header))
         fn = host.chunk_encoder(scheme, bounds, self.own, header)
-        buf, mine = tf.numpy_function(*host.timed(fn, [x, a, b], "encode"), (tf.uint8, tf.float32), stateful=False,
-                                      name="hvd_gradq_encode")
+        buf, mine = tf.numpy_function(*host.timed(fn, [x, a, b], "encode", self.handoff), (tf.uint8, tf.float32),
+                                      stateful=False, name="hvd_gradq_encode")
         buf = tf.ensure_shape(buf, (sum(lens),))
         mine = tf.ensure_shape(mine, (bounds[-1][1] if self.own else 0,))
         if self.finite is not None:  # every chunk the poison, padded to its traced size
@@ -109,7 +110,7 @@ class GraphCodec:
         rows = tf.reshape(buf, (count, -1))  # one payload a member, all of one size
         fn = host.rows_decoder(rank, self.what, None if ranks is None else tuple(ranks))
         mine = [] if own.values is None else [own.values]
-        total, _ = tf.numpy_function(*host.timed(fn, [rows, *mine], "decode"), (tf.float32, tf.float32),
+        total, _ = tf.numpy_function(*host.timed(fn, [rows, *mine], "decode", self.handoff), (tf.float32, tf.float32),
                                      stateful=False, name="hvd_gradq_decode")
         return tf.ensure_shape(total, (own.n,)), count
 
@@ -117,7 +118,7 @@ class GraphCodec:
                ranks: Sequence[int] | None = None) -> Any:
         fn = host.chunks_decoder(tuple(sizes), rank, self.what, None if ranks is None else tuple(ranks))
         mine = [] if own.values is None else [own.values]
-        out = tf.numpy_function(*host.timed(fn, [buf, *mine], "decode"), tf.float32, stateful=False,
+        out = tf.numpy_function(*host.timed(fn, [buf, *mine], "decode", self.handoff), tf.float32, stateful=False,
                                 name="hvd_gradq_decode_chunks")
         return tf.ensure_shape(out, (sum(sizes),))
 

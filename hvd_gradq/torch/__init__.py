@@ -18,17 +18,9 @@ from typing import Any
 
 import torch
 
-from ..frontend.factory import (
-    ENV,
-    SchemeFactory,
-    check_options,
-    env_scheme,
-    install_factories,
-    late_factory,
-    with_options,
-)
+from ..frontend.factory import ENV, SchemeFactory, check_options, install_factories, late_factory, with_options
+from ..frontend.settings import env_settings, spec_settings
 from ..frontend.versions import require_horovod
-from ..spec import parse
 from .compressor import GradqCompressor
 
 require_horovod(__name__)  # the Horovod whose calling frames the call-site reader knows (frontend/versions.py)
@@ -37,20 +29,24 @@ NamedParameters = Iterable[tuple[str, torch.nn.Parameter]]
 
 
 def from_spec(spec: str, named_parameters: NamedParameters | None = None, **options: Any) -> GradqCompressor:
-    """A compressor for ``spec`` (e.g. ``"orq:levels=5,ef=true"``); ``options`` are
+    """A compressor for ``spec`` (e.g. ``"orq:levels=5,ef=true"``, and any compressor options
+    after the scheme's: ``"orq:levels=3,pattern=scatter"``); ``options`` are
     :class:`GradqCompressor`'s (seed, pattern, link_gbps, threads, ...)."""
     check_options(options, GradqCompressor, __name__, "from_spec()")
-    return GradqCompressor(parse(spec), named_parameters, **options)
+    config, given = spec_settings(spec, options, GradqCompressor, __name__)
+    return GradqCompressor(config, named_parameters, **given)
 
 
 def from_env(
     named_parameters: NamedParameters | None = None, default: str | None = None, **options: Any
 ) -> GradqCompressor:
-    """A compressor for the spec in the ``HVD_GRADQ`` environment variable. Unset or empty:
+    """A compressor for the ``HVD_GRADQ`` environment variable: a spec, then any compressor
+    options (``HVD_GRADQ="orq:levels=3,pattern=scatter,link_gbps=1"``). Unset or empty:
     ``default``, or ``none`` (no compression) with a warning when no default is given. A bad
-    spec in the variable raises an error naming it."""
+    line in the variable raises an error naming it; an option set there and here must agree."""
     check_options(options, GradqCompressor, __name__, "from_env()")
-    return GradqCompressor(env_scheme(default), named_parameters, **options)
+    config, given = env_settings(default, options, GradqCompressor, __name__)
+    return GradqCompressor(config, named_parameters, **given)
 
 
 with_options(from_spec, GradqCompressor)

@@ -52,7 +52,7 @@ from ..feedback import Memory
 from ..frontend import elastic as elastic_jobs
 from ..frontend.compressor import CompressorCore, compresses, final_scale, ranks_on_host
 from ..frontend.guards import check_tensor, instance_only
-from ..frontend.membership import membership, ranks_a_host
+from ..frontend.membership import host_count, membership, ranks_a_host
 from ..frontend.workers import Workers
 from ..plan.decide import fp16_cost, fp32_cost
 from ..plan.pattern import Pattern
@@ -114,6 +114,8 @@ class GradqCompressor(CompressorCore):
         codec: where gather encodes and decodes (:mod:`.device`): ``auto`` (on the gradient's
             device for CUDA tensors, only payload bytes to the host; the compiled host kernels for
             CPU tensors), ``host`` or ``device``. Default: ``HVD_GRADQ_CODEC``, else ``auto``.
+        log_every: log the first-step line's figures again every this many steps, on rank 0
+            (:mod:`hvd_gradq.log`). Default: ``HVD_GRADQ_LOG_EVERY``, else 0 (off).
 
     Example::
 
@@ -139,9 +141,11 @@ class GradqCompressor(CompressorCore):
         codec: str | None = None,
         link_gbps: float | None = None,
         fallback: bool | None = None,
+        log_every: int | None = None,
     ) -> None:
         super().__init__(scheme, seed=seed, pattern=pattern, check_ranks=check_ranks, process_set=process_set,
-                         link_gbps=link_gbps, threads=threads, fallback=fallback, local_size=ranks_on_host(hvd))
+                         link_gbps=link_gbps, threads=threads, fallback=fallback, local_size=ranks_on_host(hvd),
+                         log_every=log_every)
         self._local: int | None = None  # ranks a host (plan/hosts.py), asked of Horovod once
         self._params: dict[str, torch.nn.Parameter] = {}
         seen: set[int] = set()
@@ -160,7 +164,7 @@ class GradqCompressor(CompressorCore):
         self._loss_scale = check_loss_scale(loss_scale)
         self._store = TensorStore()
         self.memory = Memory(TorchOps("cpu"), self._store, variant=self.policy.feedback)
-        self._telemetry: Telemetry = Telemetry(self._stats, self.world)
+        self._telemetry: Telemetry = Telemetry(self._stats, self.world, self.log_every)
         self.workers = Workers(min(self.threads, 1))  # the pipelining pool: one worker, or inline
         self._reducer = Reducer(self.scheme, self.policy, seed, self.memory, self._stats, self.workers,
                                 resolve_codec(codec))
@@ -326,6 +330,9 @@ class GradqCompressor(CompressorCore):
 
     def _ranks_a_host(self) -> int:
         return self._local or 1
+
+    def _hosts(self) -> int | None:
+        return host_count(hvd, mpi_ops._basics) if hvd.is_initialized() else None
 
     def _world_extra(self) -> dict[str, Any]:
         return {"threads": self.workers.threads, "codec": self._reducer.codec}

@@ -1,5 +1,6 @@
 """The PyTorch compressor's steps as telemetry sees them: where one ends, the training thread's
-time inside ``compress()`` / ``decompress()``, and the log lines (:mod:`hvd_gradq.log`).
+time inside ``compress()`` / ``decompress()``, and the log lines (:mod:`hvd_gradq.log`: the
+first step's, one every ``log_every`` steps).
 
 The compressor calls :meth:`Telemetry.compressed` / :meth:`Telemetry.decompressed` as it
 returns, rather than being wrapped by a decorator: ``compress()`` reads Horovod's calling frame
@@ -28,9 +29,10 @@ T = TypeVar("T")
 class Telemetry:
     """Step boundaries and log lines for one compressor; ``world`` says what the run is."""
 
-    def __init__(self, stats: Stats, world: Callable[[], dict[str, Any]]) -> None:
+    def __init__(self, stats: Stats, world: Callable[[], dict[str, Any]], every: int = 0) -> None:
         self.stats = stats
         self.world = world
+        self.every = every  # log_every: a line every this many steps (0: the first step's only)
         self._open = 0  # tensors compressed this step and not yet handed to decompress()
         self._closed = 0  # the last step whose end was seen
 
@@ -62,9 +64,5 @@ class Telemetry:
         if step <= self._closed:
             return
         self._closed = step
-        rank = hvd.rank()
-        if step == 1:
-            log.first_step(self.summary(), rank)
-        elif log.wants_steps(rank):
-            log.step(self.summary(), rank)
+        log.step_done(step, hvd.rank(), self.every, self.summary)
 

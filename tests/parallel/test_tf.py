@@ -138,14 +138,22 @@ def _check_telemetry(reports):
         last, total = st["last_step"]["all"], st["total"]["all"]
         assert st["steps"] == 3 and total["sent"] == 3 * last["sent"] and total["fp32"] == 3 * last["fp32"], st
         assert last["fp32"] == 2 * last["fp16"] and last["vs_fp32_allreduce"] == last["fp32"] / last["sent"] > 2
-        assert set(st["time"]["last_step"]) == {"encode_s", "decode_s"}  # host work only: graph ops are not timed
+        # PyTorch's kinds: host encode/decode, the wait between them, their sum as the compressor's
+        assert set(st["time"]["last_step"]) == {"encode_s", "wait_s", "decode_s", "compressor_s"}, st["time"]
         assert all(v > 0 for w in ("last_step", "total") for v in st["time"][w].values()), st["time"]
+        tl = st["time"]["total"]
+        assert tl["compressor_s"] == pytest.approx(tl["encode_s"] + tl["decode_s"]), tl
         m = t["metrics"]
         assert all(k.startswith("hvd_gradq/") and type(v) in (int, float) for k, v in m.items()), m
         assert (m["hvd_gradq/step"], m["hvd_gradq/bytes_sent"]) == (3, last["sent"]) and m["hvd_gradq/decode_ms"] > 0
-    head = "hvd_gradq INFO: first step: orq (pattern=auto) on 2 ranks, 1 a host, cost model at 1 Gbit/s; 4 tensors: "
-    assert head in reports[0]["telemetry"]["stderr"], reports[0]["telemetry"]["stderr"]
+    where = "2 ranks on 1 host; cost model: 1 Gbit/s, 1 rank a host"  # horovodrun -H localhost:2
+    err = reports[0]["telemetry"]["stderr"]
+    assert f"hvd_gradq INFO: first step: orq (pattern=auto), {where}; 4 tensors: " in err, err
+    assert f"hvd_gradq INFO: step 2: orq (pattern=auto), {where}; " in err, err  # log_every=2, from the spec's line
     assert "hvd_gradq" not in reports[1]["telemetry"]["stderr"], reports[1]["telemetry"]["stderr"]
+    text = reports[0]["telemetry"]["summary"]
+    assert text.startswith(f"hvd_gradq: orq (pattern=auto), {where}; 3 steps"), text
+    assert "  gather " in text and "in its host functions" in text, text
 
 
 def test_tape_features_gloo():

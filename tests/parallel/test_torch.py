@@ -111,10 +111,18 @@ def check_telemetry(runs: dict, size: int) -> None:
         assert all(k.startswith("hvd_gradq/") and type(v) in (int, float) for k, v in m.items()), m
         assert m["hvd_gradq/bytes_sent"] == last["sent"] and m["hvd_gradq/encode_ms"] > 0, m
         assert m["hvd_gradq/step"] == st["steps"] and m["hvd_gradq/tensors_gather"] > 0, m
-    # the default handler: INFO on rank 0, WARNING elsewhere
-    head = f"hvd_gradq INFO: first step: orq (pattern=auto) on {size} ranks, 1 a host, cost model at 10 Gbit/s; "
-    assert runs[0]["telemetry"]["stderr"].startswith(head), runs[0]["telemetry"]["stderr"]
+    # the default handler: INFO on rank 0, WARNING elsewhere; log_every=10: a line at steps 10, 20, ...
+    where = f"{size} ranks on 1 host; cost model: 10 Gbit/s, 1 rank a host; "  # horovodrun -H localhost:N
+    lines = runs[0]["telemetry"]["stderr"].splitlines()
+    assert lines[0].startswith(f"hvd_gradq INFO: first step: orq (pattern=auto), {where}"), lines
+    steps = runs[0]["stats"]["steps"]
+    assert [ln.split(":")[1] for ln in lines[1:]] == [f" step {k}" for k in range(10, steps + 1, 10)], lines
+    assert all(ln.startswith("hvd_gradq INFO: step ") and where in ln for ln in lines[1:]), lines
     assert all("hvd_gradq" not in runs[r]["telemetry"]["stderr"] for r in runs if r), runs[1]["telemetry"]["stderr"]
+    # summary(): the same figures as a short table
+    text = runs[0]["telemetry"]["summary"]
+    assert text.startswith(f"hvd_gradq: orq (pattern=auto), {where.rstrip('; ')}; {steps} steps"), text
+    assert "  gather " in text and "in compress/decompress" in text and len(text.splitlines()) <= 12, text
 
 
 @pytest.mark.parametrize("controller", ["gloo", "mpi"])

@@ -248,7 +248,7 @@ if want("oracle"):
 if want("telemetry"):
     spec, link = "orq:levels=5", 1.0
     model, opt = build(), tf.keras.optimizers.SGD(0.1)
-    comp = gq.from_spec(spec, name="tm", link_gbps=link)
+    comp = gq.from_spec(f"{spec},link_gbps={link:g},log_every=2", name="tm")  # options in the line, as HVD_GRADQ
     step = make_step(model, opt, comp)
     err = io.StringIO()
     with contextlib.redirect_stderr(err):  # the line comes from a host callback of step 2
@@ -259,6 +259,7 @@ if want("telemetry"):
                for v in model.trainable_variables}
     decided = {k: (c.pattern, c.why) for k, c in choices.items()}
     out["telemetry"] = {"stats": comp.stats(), "metrics": comp.metrics(), "stderr": err.getvalue(),
+                        "summary": comp.summary(),
                         "decided": {k: [p.value, why] for k, (p, why) in decided.items()}}
     done("telemetry")
 

@@ -96,7 +96,8 @@ def train(spec: str, steps: int, probe: bool = False, **opt_kw):
     comp = (
         hvd.Compression.none
         if spec == "stock"
-        else gq.from_spec(spec, named_parameters=model.named_parameters(), seed=7 + args.seed)
+        else gq.from_spec(spec, named_parameters=model.named_parameters(), seed=7 + args.seed,
+                          log_every=10 if spec == TELEMETRY else 0)  # the telemetry run: a line every 10 steps
     )
     opt = hvd.DistributedOptimizer(opt, named_parameters=model.named_parameters(), compression=comp, **opt_kw)
     hvd.broadcast_parameters(model.state_dict(), root_rank=0)
@@ -113,8 +114,8 @@ def train(spec: str, steps: int, probe: bool = False, **opt_kw):
             local = torch.autograd.grad(torch.nn.functional.cross_entropy(model(x), y), [p for _, p in named])
         opt.zero_grad()
         torch.nn.functional.cross_entropy(model(x), y).backward()
-        with contextlib.redirect_stderr(log_text) if spec == TELEMETRY and step == 0 else contextlib.nullcontext():
-            opt.step()  # the first step ends at its last decompress(), inside step()
+        with contextlib.redirect_stderr(log_text) if spec == TELEMETRY else contextlib.nullcontext():
+            opt.step()  # a step ends at its last decompress(), inside step()
         if probe:  # after step(), p.grad holds what Horovod's reduction and decompress() returned
             probes.append(probe_step(comp, named, local, step, opt_kw.get("op", hvd.Average)))
         if step % 10 == 9:
@@ -132,7 +133,7 @@ def train(spec: str, steps: int, probe: bool = False, **opt_kw):
                                 link_gbps=comp.link_gbps, fallback=comp.fallback, figures=comp._figures[""])
                    for name, p in named}  # as the compressor decides: its fallback, the ranks' agreed CPU figures
         decided = {name: (c.pattern, c.why) for name, c in choices.items()}
-        out["telemetry"] = {"stderr": log_text.getvalue(), "metrics": comp.metrics(),
+        out["telemetry"] = {"stderr": log_text.getvalue(), "metrics": comp.metrics(), "summary": comp.summary(),
                             "decided": {k: [p.value, why] for k, (p, why) in decided.items()}}
     if probe:
         out["probe"] = {

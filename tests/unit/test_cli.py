@@ -63,6 +63,24 @@ def test_check_gives_canonical_spec_bits_and_refusals(capsys: pytest.CaptureFixt
     assert re.search(r"^limit\s+finite \|x\| >= 1.7e\+38", out, re.M), out  # float32's largest, squared away
 
 
+def test_check_takes_the_labels_advise_and_the_readme_print(capsys: pytest.CaptureFixture[str]) -> None:
+    from hvd_gradq.cli.advise import CANDIDATES
+    from hvd_gradq.spec import label_spec, parse
+
+    for label, spec, _ in CANDIDATES:  # every label advise prints names the spec it ran
+        assert label_spec(label) == spec, label
+        assert main(["check", label]) == 0
+        out = capsys.readouterr().out
+        said = f"label       {label}: {spec}, as" if label.lower() != spec else f"spec        {spec}\n"  # TernGrad
+        assert said in out, out
+        assert re.search(rf"^canonical\s+{re.escape(parse(spec).spec)}$", out, re.M), out
+    assert main(["check", "orq:levels=3,pattern=scatter,link_gbps=1"]) == 0  # HVD_GRADQ's line
+    out = capsys.readouterr().out
+    assert "spec        orq:levels=3\noptions     pattern=scatter, link_gbps=1: the compressor's" in out, out
+    rc, _, err = cli("check", "ORQ-x")
+    assert rc == 2 and "unknown scheme 'orq-x' (did you mean orq?)" in err, err
+
+
 def test_check_a_bad_spec_exits_2_and_says_what_is_valid() -> None:
     rc, out, err = cli("check", "orq:levls=5")
     assert rc == 2 and "unknown parameter" in err and "levels" in err, err
@@ -101,6 +119,18 @@ def test_advise_reads_a_state_dict(tmp_path: Path, capsys: pytest.CaptureFixture
     assert main(["advise", "--state-dict", str(path), "--ranks", "4", "--link-gbps", "1"]) == 0
     out = capsys.readouterr().out
     assert f"{sum(p.numel() for p in model.parameters()):,} parameters in 4 tensors" in out
+    # BatchNorm's running statistics and an optimizer's momenta are in a checkpoint, but get no gradient
+    net = torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3), torch.nn.BatchNorm2d(8), torch.nn.Flatten(),
+                              torch.nn.Linear(8 * 6 * 6, 10))
+    opt = torch.optim.SGD(net.parameters(), lr=0.1, momentum=0.9)
+    net(torch.randn(2, 3, 8, 8)).sum().backward()
+    opt.step()  # momentum buffers, one a parameter
+    torch.save({"model": net.state_dict(), "opt": opt.state_dict()}, path)
+    assert main(["advise", "--state-dict", str(path), "--ranks", "4", "--link-gbps", "1"]) == 0
+    out = capsys.readouterr().out
+    params = list(net.parameters())
+    assert (f"{sum(p.numel() for p in params):,} parameters in {len(params)} tensors of {path} (left out: 2 buffers "
+            "(running_mean, running_var, num_batches_tracked); 6 tensors of an optimizer's state)") in out, out
     rc, _, err = cli("advise", "--state-dict", str(tmp_path / "missing.pt"), "--ranks", "4")
     assert rc == 2 and "missing.pt" in err
     rc, _, err = cli("advise", "--params", "1e6", "--ranks", "6", "--ranks-per-host", "4")
@@ -121,6 +151,52 @@ def test_warm_compiles_into_the_cache_folder_once(tmp_path: Path) -> None:
     assert out.count("from the cache") == 2
     rc, _, err = cli("warm", "orq:levls=3", env=env)
     assert rc == 2 and "levels" in err
+
+
+def test_calibrate_out_is_what_advise_and_jobs_price_with(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    import json
+
+    from hvd_gradq.frontend import probe
+    from hvd_gradq.plan import cpu_cost
+    from hvd_gradq.spec import parse_scheme
+
+    monkeypatch.delenv(cpu_cost.TABLE_ENV, raising=False)
+    mine = tmp_path / "cpu.json"
+    assert main(["calibrate", "--elements", "4096", "--reps", "1", "orq:levels=5", "--out", str(mine)]) == 0
+    out = capsys.readouterr().out
+    assert f"wrote {mine}: `python -m hvd_gradq advise --cpu-table {mine} ...`" in out, out
+    body = json.loads(mine.read_text())
+    assert body["format"] == cpu_cost.FORMAT and set(body["ns_per_element"]) == {"orq:5"}
+    # a table of a machine 1000x slower at ORQ-5: advise prices with it and says so
+    body["ns_per_element"]["orq:5"] = [20000.0, 1000.0]
+    mine.write_text(json.dumps(body))
+    try:
+        assert main(["advise", "--params", "25e6", "--ranks", "8", "--link-gbps", "1", "--cpu-table", str(mine)]) == 0
+        slow = capsys.readouterr().out
+        assert f"(CPU: {mine}, one core a rank)" in slow, slow
+        orq5 = float(re.search(r"^ORQ-5\s+[\d,.]+\s+[\d.]+x\s+([\d,.]+)", slow, re.M).group(1).replace(",", ""))  # type: ignore[union-attr]
+        assert orq5 > 25e6 * 20000 * 1e-9 * 1e3, slow  # ms: at least its own encode at the file's figure
+        assert cpu_cost.ns_per_element(parse_scheme("orq:levels=3")) == cpu_cost.NS_PER_ELEMENT["orq:3"]  # kept
+    finally:
+        cpu_cost.use_table(None)
+    assert cpu_cost.table() is cpu_cost.SHIPPED
+    assert main(["advise", "--params", "25e6", "--ranks", "8", "--link-gbps", "1"]) == 0
+    assert "(CPU: the shipped table" in capsys.readouterr().out
+    # a job: HVD_GRADQ_CPU_TABLE prices its decisions with the file, without timing at start-up
+    monkeypatch.setenv(cpu_cost.TABLE_ENV, str(mine))
+    assert probe.figures_source() == "table"
+    got = probe.agreed(parse_scheme("orq:levels=5"), 2, 1, lambda x: x, lambda row: row.reshape(1, -1))
+    assert got.get("orq") == (20000.0, 1000.0)
+    monkeypatch.delenv(cpu_cost.TABLE_ENV)
+    assert cpu_cost.table() is cpu_cost.SHIPPED
+    # what is not a table is refused, naming the file
+    for text, why in (("{", "not JSON"), ('{"format": "x"}', "its format is not"),
+                      (json.dumps({**body, "ns_per_element": {"orq:5": [1]}}), r"orq:5: \[1\] is not \[encode")):
+        mine.write_text(text)
+        rc, _, err = cli("advise", "--params", "1e6", "--ranks", "2", "--cpu-table", str(mine))
+        assert rc == 2 and re.search(rf"{re.escape(str(mine))}: not a CPU table written by .*calibrate --out.*{why}",
+                                     err), err
 
 
 def test_calibrate_times_the_codec(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -34,6 +34,9 @@ class Core(CompressorCore):
     def _ranks_a_host(self) -> int:
         return 2
 
+    def _hosts(self) -> int | None:
+        return 2
+
 
 class OneRankCore(Core):
     PASSES_ONE_RANK = True
@@ -390,7 +393,7 @@ def test_the_reduction_set_is_horovods_the_constructors_or_the_global_one() -> N
 def test_world_and_stats_report_the_run() -> None:
     c = Core("qsgd:levels=4", pattern="gather", link_gbps=5.0)
     assert c.world() == {"frontend": "fake", "scheme": hvd_gradq.parse("qsgd:levels=4").spec, "pattern": "gather",
-                         "ranks": 4, "ranks_a_host": 2, "link_gbps": 5.0}
+                         "ranks": 4, "hosts": 2, "ranks_a_host": 2, "link_gbps": 5.0}
 
     class Telemetry:
         def summary(self) -> dict[str, Any]:
@@ -403,6 +406,8 @@ def test_world_and_stats_report_the_run() -> None:
     out = c.stats()
     assert out["world"]["frontend"] == "fake" and out["tensors"]["w"]["pattern"] == "gather"
     assert c.metrics()["hvd_gradq/bytes_sent"] == 300
+    assert c.summary().startswith("hvd_gradq: qsgd (pattern=gather), 4 ranks on 2 hosts of 2; cost model: "
+                                  "5 Gbit/s, 2 ranks a host; 1 step\n")
 
 
 def test_ranks_on_host_asks_horovod_and_says_none_before_init() -> None:

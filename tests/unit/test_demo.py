@@ -55,3 +55,27 @@ def test_every_option_has_help_and_rows_name_real_options() -> None:
     named = {m for m in re.findall(r"\((--[a-z-]+)", text)}
     assert named and named <= set(options), (named, text)
     assert "orq:levels=4" in text
+
+
+def test_the_readmes_demo_sample_is_a_committed_transcript_verbatim() -> None:
+    """The README's demo table is copied from a transcript under results/e2e/ that it names, row
+    labels and numbers alike (it once showed an older run's figures under a label the file lacked)."""
+    readme = (ROOT / "README.md").read_text()
+    start = readme.index("The demo (`bash scripts/demo.sh`) as [results/e2e/")
+    named = re.search(r"\]\(([^)]+\.txt)\)", readme[start:])  # the link to the transcript
+    assert named, "the README's demo sample names no transcript"
+    a = readme.index("```\n", start) + 4
+    block = readme[a:readme.index("```", a)]
+    assert "step speed vs no compression" in block and block in (ROOT / named.group(1)).read_text()
+    newest = max((ROOT / "results" / "e2e").glob("demo*.txt"), key=lambda f: _committed(f))
+    assert _committed(ROOT / named.group(1)) == _committed(newest), f"{newest} is newer than the README's sample"
+
+
+def _committed(path: Path) -> int:
+    """When ``path`` was last committed (seconds since the epoch; 0 outside a git checkout)."""
+    try:
+        out = subprocess.run(["git", "log", "-1", "--format=%ct", "--", str(path)], capture_output=True, text=True,
+                             cwd=ROOT, timeout=60).stdout.strip()
+    except OSError:
+        return 0
+    return int(out or 0)

@@ -352,3 +352,41 @@ def test_setup_sh_without_root_or_sudo_says_what_to_do(tmp_path: Path) -> None:
     assert "install sudo" in proc.stderr and "python3-venv" in proc.stderr, proc.stderr
     assert "apt-get install -y --no-install-recommends" in proc.stderr, proc.stderr
     assert "command not found" not in proc.stderr, proc.stderr
+
+
+def _setup_functions(*names: str) -> str:
+    """The named shell functions of scripts/setup.sh, as their text (each ``name() {`` to its ``}``)."""
+    text = SETUP_SH.read_text()
+    out = []
+    for name in names:
+        m = re.search(rf"^{name}\(\) \{{(?: [^\n]*\}}\n|\n.*?^\}}\n)", text, re.M | re.S)  # one line, or to its }
+        assert m, f"scripts/setup.sh has no function {name}()"
+        out.append(m.group(0))
+    return "\n".join(out)
+
+
+def _watch(tmp_path: Path, command: str) -> subprocess.CompletedProcess[str]:
+    script = ("set -euo pipefail\nt0=$(date +%s)\nLOGS=" + str(tmp_path) + "\n"
+              + _setup_functions("say", "failed", "step", "last_step", "kill_tree", "watched")
+              + f"\nwatched build {command}\necho after\n")
+    return subprocess.run(["bash", "-c", script], capture_output=True, text=True, timeout=60, check=False,
+                          env={"PATH": "/usr/bin:/bin", "HVD_GRADQ_SETUP_PROGRESS": "1"})
+
+
+def test_setup_sh_says_how_a_long_step_goes(tmp_path: Path) -> None:
+    """Horovod's build takes 5-30 minutes: setup.sh prints a line every so often (here each second)
+    with the time so far and the build's latest progress line, and still stops on a failure with
+    the step's name and the end of its log."""
+    proc = _watch(tmp_path, "bash -c 'echo configuring; sleep 1.5; echo \"[ 42%] Building CXX object a.o\"; "
+                            "echo; sleep 2'")
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stdout.splitlines()
+    assert lines[-1] == "after" and len(lines) >= 3, lines
+    progress = [ln for ln in lines if "build: " in ln]
+    assert re.search(r"build: 0 min [12] s so far; configuring$", progress[0]), progress
+    assert re.search(r"build: 0 min [2-4] s so far; \[ 42%\] Building CXX object a.o$", progress[-1]), progress
+    assert (tmp_path / "build.log").read_text().startswith("configuring\n")
+    proc = _watch(tmp_path, "bash -c 'echo compiling; echo \"error: no C++17\"; exit 3'")
+    assert proc.returncode == 1 and "after" not in proc.stdout, proc.stdout
+    assert f"setup.sh: step 'build' failed; see {tmp_path}/build.log" in proc.stderr and "no C++17" in proc.stderr
+    assert re.search(r"^\s+watched horovod-build build_horovod$", SETUP_SH.read_text(), re.M)  # the build is watched

@@ -14,6 +14,7 @@ import enum
 import inspect
 import os
 import pydoc
+import re
 import subprocess
 import sys
 import warnings
@@ -225,6 +226,85 @@ def test_from_env_warns_when_hvd_gradq_is_unset_or_empty(monkeypatch, hvd_tf):
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         assert gq_torch.from_env().scheme.spec == hvd_gradq.parse("qsgd:levels=2").spec
+
+
+LINE = "orq:levels=3,pattern=scatter,link_gbps=1,seed=5,fallback=true,threads=0,log_every=7"
+
+
+@pytest.mark.parametrize("via", ["env", "spec"])
+def test_one_line_carries_every_compressor_option(monkeypatch, hvd_tf, via):
+    """HVD_GRADQ (and from_spec's text) take the compressor's options after the scheme's: a launch
+    script sets everything gq.ORQ(levels=3, pattern="scatter", ...) would, without code."""
+    monkeypatch.setenv("HVD_GRADQ", LINE)
+    for gq, extra in ((gq_torch, ",codec=host"), (gq_tf, ",name=tm")):
+        comp = gq.from_env() if via == "env" else gq.from_spec(LINE + extra)
+        assert (comp.scheme.levels, comp.pattern.value, comp.link_gbps, comp.seed) == (3, "scatter", 1.0, 5)
+        assert (comp.fallback, comp.threads, comp.log_every) == (True, 0, 7)
+        assert comp.settings == hvd_gradq.parse("orq:levels=3")
+    assert gq_torch.from_spec(LINE + ",codec=host")._reducer.codec == "host"
+    assert gq_tf.from_spec(LINE + ",name=tm").cid == "tm"
+    # the same option from the line and the call: agreed, or refused naming both places
+    assert gq_torch.from_env(pattern="scatter", seed=5).pattern.value == "scatter"
+    with pytest.raises(SpecError, match=r"^pattern is set twice: pattern='scatter' by HVD_GRADQ and "
+                                        r"pattern='gather' by from_env\(\); set it in one place"):
+        gq_torch.from_env(pattern="gather")
+    with pytest.raises(SpecError, match=r"seed is set twice: seed=5 by the spec .* and seed=6 by from_spec"):
+        gq_tf.from_spec(LINE, seed=6)
+
+
+def test_a_bad_option_in_the_line_says_what_to_write(monkeypatch, hvd_tf):
+    cases = [
+        ("orq:levels=3,paterns=scatter", r"orq: unknown parameter\(s\) paterns \(did you mean pattern\?\); valid: the "
+                                         r"scheme's .*levels.*, then the compressor's seed, pattern, .*link_gbps.* "
+                                         r"\(.*link_gbps: HVD_GRADQ_LINK_GBPS, .*threads: HVD_GRADQ_THREADS"),
+        ("orq:link_gbps=fast", r"link_gbps='fast' is not a number"),
+        ("orq:threads=1.5", r"threads='1.5' is not an integer"),
+        ("orq:fallback=maybe", r"fallback='maybe' is not true or false"),
+        ("orq:loss_scale=2", r"loss_scale= cannot be given as text: pass it in code, from_env\(loss_scale=...\)"),
+    ]
+    for line, message in cases:
+        monkeypatch.setenv("HVD_GRADQ", line)
+        for gq in (gq_torch, gq_tf):
+            with pytest.raises(SpecError, match=rf"^HVD_GRADQ='{re.escape(line)}' \(read by from_env\(\)\) is not a "
+                                                rf"valid spec: {message}"):
+                gq.from_env()
+    monkeypatch.setenv("HVD_GRADQ", "orq:codec=host")
+    with pytest.raises(SpecError, match=r"codec= is PyTorch only \(hvd_gradq.torch\)"):
+        gq_tf.from_env()
+    with pytest.raises(SpecError, match=r"a spec is the scheme's name, a colon, then key=value pairs, e.g. "
+                                        r"'orq:levels=3'"):
+        hvd_gradq.parse("orq,levels=3")
+    with pytest.raises(SpecError, match=r"name= is TensorFlow only"):
+        gq_torch.from_spec("orq:name=x")
+
+
+def test_parse_says_where_a_compressor_option_belongs():
+    with pytest.raises(SpecError, match=r"pattern= is an option of the compressor, not of the scheme .*"
+                                        r"gq.ORQ\(\.\.\., pattern=\.\.\.\).*HVD_GRADQ.*'orq:\.\.\.,pattern=scatter'"):
+        hvd_gradq.parse("orq:levels=3,pattern=scatter,link_gbps=1")
+    with pytest.raises(SpecError, match=r"did you mean orq:levels=5\? 'ORQ-5' is how the README and `advise` label it"):
+        hvd_gradq.parse("ORQ-5")
+    with pytest.raises(SpecError, match=r"unknown scheme 'orqq' \(did you mean orq\?\)"):
+        hvd_gradq.parse("orqq:levels=3")
+
+
+def test_the_parser_knows_every_compressor_option_and_no_scheme_shares_a_name():
+    from hvd_gradq.spec import COMPRESSOR_OPTIONS
+
+    assert set(COMPRESSOR_OPTIONS) == set(_compressor_keywords(gq_torch)) | set(_compressor_keywords(gq_tf))
+    for d in declarations():
+        assert not set(_expected_scheme_keywords(d.name)) & set(COMPRESSOR_OPTIONS), d.name
+
+
+def test_the_option_variables_are_the_ones_the_compressors_read():
+    from hvd_gradq.frontend.settings import OPTION_VARIABLES
+    from hvd_gradq.torch import device
+
+    assert OPTION_VARIABLES["codec"] == device.ENV
+    for key, var in OPTION_VARIABLES.items():  # each compressor's docstring names its variable
+        for gq in (gq_torch, gq_tf):
+            if key in _compressor_keywords(gq):
+                assert var in gq.GradqCompressor.__doc__, (key, var)
 
 
 # -- patterns -----------------------------------------------------------------------------------------------

@@ -19,7 +19,8 @@ import hvd_gradq
 from hvd_gradq import log
 from hvd_gradq.plan.decide import Choice, decide, seconds
 from hvd_gradq.plan.pattern import CROSS, EVERY, ONE_RANK_WHY, Pattern, duration, warmup_why, why_tag
-from hvd_gradq.reduce.stats import Clock, Reports, Stats, flat_metrics, ratio, tally
+from hvd_gradq.reduce.report import placement
+from hvd_gradq.reduce.stats import KINDS, Clock, Reports, Stats, flat_metrics, ratio, tally
 from hvd_gradq.spec import parse_scheme
 from hvd_gradq.wire.payload import header_size
 
@@ -245,7 +246,7 @@ def _summary() -> dict[str, Any]:
         st.record(name, sent, sent)
     st.clock.add("encode", 0.0042)
     st.clock.add("decode", 2.5)
-    return st.summary({"scheme": parse_scheme("orq:levels=3").spec, "pattern": "auto", "ranks": 2,
+    return st.summary({"scheme": parse_scheme("orq:levels=3").spec, "pattern": "auto", "ranks": 2, "hosts": 1,
                        "ranks_a_host": 1, "link_gbps": 10.0})
 
 
@@ -274,8 +275,8 @@ def test_first_step_line_on_rank_0_not_on_the_others() -> None:
     assert r0.stdout == r1.stdout == "False\n"
     line, warning = r0.stderr.splitlines()
     assert warning == "hvd_gradq WARNING: a warning shows on every rank"
-    assert line.startswith("hvd_gradq INFO: first step: orq:levels=3 (pattern=auto) on 2 ranks, 1 a host, "
-                           "cost model at 10 Gbit/s; 4 tensors: ")
+    assert line.startswith("hvd_gradq INFO: first step: orq:levels=3 (pattern=auto), 2 ranks on 1 host; "
+                           "cost model: 10 Gbit/s, 1 rank a host; 4 tensors: ")
     assert re.search(r"gather 2 \(auto\), fp32 2 \(1 (no saving, 1 warm-up|warm-up, 1 no saving)\)", line), line
     assert "sent 2.27 kB, Horovod's fp32 allreduce 22.1 kB (x9.76), fp16 11.1 kB (x4.88)" in line, line
     assert "time encode 4.2 ms, wait 0 us, decode 2.5 s, in compress/decompress 0 us" in line, line
@@ -301,6 +302,94 @@ def test_an_application_that_configured_logging_keeps_its_handlers() -> None:
     """)
     out = r.stdout.splitlines()
     assert r.stderr == "" and out[0].startswith("app hvd_gradq first step: orq:levels=3") and out[1] == "[] 0", r
+
+
+def test_log_every_k_steps_on_rank_0() -> None:
+    r0, r1 = (_run(f"""
+        made = []
+        def summary():
+            made.append(1)
+            return S
+        for k in range(1, 8):
+            log.step_done(k, {rank}, 3, summary)
+        print(len(made))
+    """) for rank in (0, 1))
+    lines = r0.stderr.splitlines()
+    assert [ln.split(":")[1].strip() for ln in lines] == ["first step", "step 3", "step 6"], r0.stderr
+    assert lines[1].startswith("hvd_gradq INFO: step 3: orq:levels=3 (pattern=auto), 2 ranks on 1 host; ")
+    assert r0.stdout == "3\n", "a summary is made only where a line is due"
+    assert r1.stderr == "" and r1.stdout == "0\n", "other ranks: warnings only"
+    r = _run("for k in range(1, 4): log.step_done(k, 0, 0, lambda: S)", {log.ENV: "debug"})
+    assert [ln.split(":")[1].strip() for ln in r.stderr.splitlines()] == ["first step", "step 2", "step 3"]
+
+
+def test_log_every_from_the_option_or_the_variable(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv(log.EVERY_ENV, raising=False)
+    assert log.resolve_every() == 0 and log.resolve_every(50) == 50
+    monkeypatch.setenv(log.EVERY_ENV, "200")
+    assert log.resolve_every() == 200 and log.resolve_every(0) == 0  # the option wins
+    monkeypatch.setenv(log.EVERY_ENV, "often")
+    with pytest.raises(hvd_gradq.GradqError, match=r"HVD_GRADQ_LOG_EVERY='often' is not a step count"):
+        log.resolve_every()
+    for bad in (-1, 2.5, True):
+        with pytest.raises(hvd_gradq.GradqError, match=r"log_every=.* is not a step count: give a whole number"):
+            log.resolve_every(bad)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("world,said", [
+    ({"ranks": 2, "hosts": 1, "ranks_a_host": 1}, "2 ranks on 1 host; cost model: 10 Gbit/s, 1 rank a host"),
+    ({"ranks": 8, "hosts": 2, "ranks_a_host": 4}, "8 ranks on 2 hosts of 4; cost model: 10 Gbit/s, 4 ranks a host"),
+    ({"ranks": 2, "hosts": 2, "ranks_a_host": 1}, "2 ranks on 2 hosts; cost model: 10 Gbit/s, 1 rank a host"),
+    ({"ranks": 1, "hosts": 1, "ranks_a_host": 1}, "1 rank on 1 host; cost model: 10 Gbit/s, 1 rank a host"),
+    ({"ranks": 6, "hosts": None, "ranks_a_host": 1}, "6 ranks on hosts not alike; cost model: 10 Gbit/s, 1 rank a host"),
+    ({"ranks": 2, "ranks_a_host": 1}, "2 ranks; cost model: 10 Gbit/s, 1 rank a host"),
+])
+def test_where_the_ranks_run_in_words_a_user_counts(world: dict[str, Any], said: str) -> None:
+    # two ranks on one machine once read "on 2 ranks, 1 a host"; the cost model's view is apart
+    assert placement({**world, "link_gbps": 10.0}) == said
+
+
+def test_summary_is_a_short_table_of_the_same_figures() -> None:
+    st = Stats()
+    for _ in range(2):
+        st.begin_step()
+        for name, n, pattern, why, sent in (("w1", 5000, "gather", "auto: gather 1 ms at 10 Gbit/s", 1900),
+                                            ("w2", 512, "gather", "auto: gather 3 us at 10 Gbit/s", 301),
+                                            ("b1", 7, "fp32", "no saving: ...", 28), ("b2", 9, "fp32", "warm-up: ...", 36)):
+            st.decide(name, pattern, why, n, 2)
+            st.record(name, sent, sent)
+        for kind, took in zip(KINDS, (0.004, 0.001, 0.002, 0.008)):
+            st.clock.add(kind, took)
+    world = {"frontend": "torch", "scheme": parse_scheme("orq:levels=3").spec, "pattern": "auto", "ranks": 2,
+             "hosts": 1, "ranks_a_host": 1, "link_gbps": 10.0}
+    comp = _Compressor(st)
+    comp._telemetry = _Telemetry(st, world)
+    text = comp.summary()
+    lines = text.splitlines()
+    assert len(lines) <= 10 and len(text) < 1000, text
+    assert lines[0] == "hvd_gradq: orq:levels=3 (pattern=auto), 2 ranks on 1 host; cost model: 10 Gbit/s, " \
+                       "1 rank a host; 2 steps"
+    rows = {ln.split()[0]: ln.strip() for ln in lines[3:6]}
+    assert list(rows) == ["gather", "fp32", "all"], text  # the most elements first
+    assert re.fullmatch(r"gather\s+2\s+5,512\s+2.2 kB\s+22 kB \(x10\)\s+11 kB \(x5.01\)\s+auto 2", rows["gather"])
+    assert re.fullmatch(r"fp32\s+2\s+16\s+64 B\s+64 B \(x1\)\s+32 B \(x0.5\)\s+(no saving 1, warm-up 1|"
+                        r"warm-up 1, no saving 1)", rows["fp32"]), rows["fp32"]
+    assert re.fullmatch(r"all\s+4\s+5,528\s+2.27 kB\s+22.1 kB \(x9.76\)\s+11.1 kB \(x4.88\)", rows["all"])
+    assert lines[6] == "time, last step: encode 4 ms, wait 1 ms, decode 2 ms, in compress/decompress 8 ms"
+    assert lines[7] == ("time, mean a step over 2 steps (the first's one-time compiling included): encode 4 ms, "
+                        "wait 1 ms, decode 2 ms, in compress/decompress 8 ms")
+    assert lines[8] == "in total: sent 4.53 kB, Horovod's fp32 allreduce 44.2 kB (x9.76), fp16 22.1 kB (x4.88)"
+    # TensorFlow names its compressor time for what it is
+    comp._telemetry = _Telemetry(st, {**world, "frontend": "tensorflow"})
+    assert "in its host functions 8 ms" in comp.summary()
+
+
+class _Telemetry:
+    def __init__(self, stats: Stats, world: dict[str, Any]) -> None:
+        self.stats, self.world = stats, world
+
+    def summary(self) -> dict[str, Any]:
+        return self.stats.summary(self.world)
 
 
 def test_short_spec() -> None:

@@ -269,6 +269,31 @@ def test_compressor_payload_is_the_reference_payload(hvd, spec):
     assert [s["steps"] for s in comp.slots()] == [2, 2]
 
 
+def test_compressor_reports_pytorchs_metrics_and_a_summary(hvd):
+    """metrics() has PyTorch's keys in TensorFlow too: wait (a payload's encoder to the
+    collective's decoder) and compressor (its host functions' time) measured as a graph allows."""
+    import hvd_gradq.tensorflow as gq
+    from hvd_gradq.reduce.stats import Stats, flat_metrics
+
+    comp = gq.from_spec("orq:levels=3", pattern="gather")
+    run = tf.function(lambda *ts: _reduce(comp, hvd, ts))
+    gs = [tf.constant(np.linspace(-1, 1, 3000, dtype=np.float32).reshape(60, 50)), tf.constant(np.ones(7, np.float32))]
+    for _ in range(3):
+        run(*gs)
+    torch_like = Stats()  # PyTorch's kinds of time (the default)
+    torch_like.begin_step()
+    torch_like.decide("w", "gather", "requested", 3000, 1)
+    torch_like.record("w", 1, 1)
+    m = comp.metrics()
+    assert set(m) == set(flat_metrics(torch_like.summary())), sorted(m)
+    assert m["hvd_gradq/step"] == 3 and m["hvd_gradq/tensors_gather"] == 2
+    assert m["hvd_gradq/encode_ms"] > 0 and m["hvd_gradq/decode_ms"] > 0 and m["hvd_gradq/wait_ms"] > 0, m
+    assert m["hvd_gradq/compressor_ms"] == pytest.approx(m["hvd_gradq/encode_ms"] + m["hvd_gradq/decode_ms"])
+    text = comp.summary()
+    assert text.startswith("hvd_gradq: orq:levels=3 (pattern=gather), 1 rank on 1 host; ") and "3 steps" in text, text
+    assert "  gather " in text and "in its host functions" in text, text
+
+
 def test_compressor_compresses_when_horovod_torch_is_imported_too():
     """A process that imports horovod.torch as well as horovod.tensorflow: Horovod's shared
     process-set helper then asks torch's library, and ``global_process_set.included()`` says
