@@ -80,7 +80,13 @@ def _package_files() -> dict[str, str]:
 @pytest.fixture
 def toy(tmp_path, monkeypatch):
     """The toy scheme, registered by importing its module (and nothing else); taken out of the
-    registry and the caches that saw it afterwards, since the registry refuses a name twice."""
+    registry and the caches that saw it afterwards, since the registry refuses a name twice. The
+    frontends are imported first, as a plugin meets them in a running program: the toy reaches
+    them through their module ``__getattr__`` and leaves their exports as they were (a frontend
+    imported while the toy is registered would export it for the rest of the process)."""
+    import hvd_gradq.tensorflow
+    import hvd_gradq.torch  # noqa: F401
+
     before = _package_files()
     (tmp_path / "gradq_toy_scheme.py").write_text(TOY)
     monkeypatch.syspath_prepend(str(tmp_path))
