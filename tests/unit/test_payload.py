@@ -82,16 +82,57 @@ def test_header_layout_is_as_documented():
     p = hvd_gradq.quantize(x, "orq:levels=3")
     raw = p.to_bytes()
     magic, version, dcode, ndim, flags, total, check, speclen = struct.unpack("<4sBBBBQIH", raw[:22])
-    assert (magic, version, ndim, flags, total) == (b"HVGQ", 2, 2, 0, len(raw))
+    assert (magic, version, ndim, flags, total) == (b"HVGQ", 3, 2, 0, len(raw))
     assert pl.DTYPES[dcode] == "float64"
     assert struct.unpack("<2Q", raw[22:38]) == (4, 6)
     assert raw[38 : 38 + speclen].decode() == p.scheme.spec == "orq:levels=3"  # non-defaults only
-    # the checksum, written out independently: sum(byte_i * (1 + i mod 65521)) mod 2**32
+    # the checksum, written out independently: CRC-32 (reflected 0xEDB88320, zlib's) of the
+    # payload with the check field zeroed
     zeroed = raw[:16] + b"\0\0\0\0" + raw[20:]
-    assert check == sum(b * (1 + i % 65521) for i, b in enumerate(zeroed)) % (1 << 32)
+    assert check == _crc32_bitwise(zeroed)
     # sections follow in the scheme's order with their exact sizes
     body = raw[38 + speclen :]
     assert len(body) == p.body_nbytes == sum(s.nbytes for s in p.scheme.sections(24))
+
+
+def _crc32_bitwise(data: bytes) -> int:
+    """CRC-32 (IEEE 802.3, as zlib computes it), one bit at a time: the definition, no table."""
+    crc = 0xFFFFFFFF
+    for byte in data:
+        crc ^= byte
+        for _ in range(8):
+            crc = (crc >> 1) ^ (0xEDB88320 if crc & 1 else 0)
+    return crc ^ 0xFFFFFFFF
+
+
+def _weighted_v2(data: bytes) -> int:
+    """Version 2's checksum, kept here to show what it missed: sum(byte_i * (1 + i mod 65521)) mod 2**32."""
+    return sum(b * (1 + i % 65521) for i, b in enumerate(data)) % (1 << 32)
+
+
+def test_errors_that_cancel_under_the_old_weighted_sum_are_caught_by_the_crc():
+    """Issue 35, item 7: +2 at the byte of weight w, -1 at the byte of weight 2w leaves the
+    version-2 weighted sum unchanged (2w - 2w = 0); CRC-32 catches it, and catches every one
+    of a sample of such pairs, bit flips included (+2 and -1 by flipping bit 1 of a byte that
+    has it clear, and bit 0 of one that has it set)."""
+    raw = bytearray(hvd_gradq.quantize(_data((5000,), np.float32), "orq:levels=5", seed=3).to_bytes())
+    hlen = 33
+    rng = np.random.default_rng(7)
+    pairs = 0
+    for _ in range(2000):
+        a = int(rng.integers(hlen, (len(raw) - 1) // 2))  # weight a + 1; weight 2(a + 1) at byte 2a + 1
+        b = 2 * a + 1
+        if raw[a] & 2 or not raw[b] & 1:
+            continue
+        bad = bytearray(raw)
+        bad[a] ^= 2  # +2
+        bad[b] ^= 1  # -1
+        zeroed, bad_zeroed = (bytes(x[:16]) + bytes(4) + bytes(x[20:]) for x in (raw, bad))
+        assert _weighted_v2(bad_zeroed) == _weighted_v2(zeroed)  # passed the old check (failing before)
+        with pytest.raises(PayloadError, match="CRC-32"):  # refused now (passing after)
+            hvd_gradq.Payload.from_bytes(bytes(bad))
+        pairs += 1
+    assert pairs > 200
 
 
 def _with_spec(raw: bytes, text: str, version: int = pl.VERSION) -> bytes:
@@ -103,9 +144,10 @@ def _with_spec(raw: bytes, text: str, version: int = pl.VERSION) -> bytes:
     return reseal(bytes(head) + body)
 
 
-#: Every scheme's defaults, as a version-2 header leaves them out. Changing one changes what a
-#: header means (``orq`` would decode with other levels): it needs a new wire.payload.VERSION.
-DEFAULTS_V2 = {
+#: Every scheme's defaults, as a version-3 header leaves them out (version 2's: version 3 changed
+#: the checksum alone). Changing one changes what a header means (``orq`` would decode with
+#: other levels): it needs a new wire.payload.VERSION.
+DEFAULTS_V3 = {
     "bingrad": "bucket=512,clip=0.0,scales=fp32,variant=b",
     "fp16": "bucket=512,overflow=inf",
     "none": "bucket=512",
@@ -123,14 +165,14 @@ def test_the_defaults_a_header_leaves_out_are_pinned_to_the_version():
 
     from hvd_gradq.spec import names, scheme_class
 
-    assert pl.VERSION == 2, "a new version: write its own table of defaults"
+    assert pl.VERSION == 3, "a new version: write its own table of defaults"
     got = {}
     for name in names():
         fields = [f for f in dataclasses.fields(scheme_class(name)) if f.init]
         got[name] = ",".join(f"{f.name}={getattr(f.default, 'value', f.default)}" for f in fields)
         # spelled out, the defaults name the scheme whose header is the name alone
-        assert parse_scheme(f"{name}:{DEFAULTS_V2[name]}").spec == name
-    assert got == DEFAULTS_V2
+        assert parse_scheme(f"{name}:{DEFAULTS_V3[name]}").spec == name
+    assert got == DEFAULTS_V3
 
 
 def test_header_of_a_512_element_orq5_payload_is_33_bytes_not_112():
@@ -154,7 +196,19 @@ def test_a_version_1_payload_is_refused_saying_what_it_is_and_what_to_do():
         hvd_gradq.Payload.from_bytes(v1)
     msg = str(e.value)
     assert msg.startswith("payload version 1: written by an older hvd_gradq")
-    assert "reads version 2 only" in msg and "Re-encode the tensor with this version (hvd_gradq.quantize)" in msg
+    assert "reads version 3 only" in msg and "Re-encode the tensor with this version (hvd_gradq.quantize)" in msg
+
+
+def test_a_version_2_payload_is_refused_saying_what_it_is_and_what_to_do():
+    """Version 2 had this layout and the weighted checksum: refused, even with a valid CRC."""
+    raw = hvd_gradq.quantize(_data((512,), np.float32), "orq").to_bytes()
+    v2 = _with_spec(raw, "orq", 2)
+    assert v2[5:16] == raw[5:16] and v2[20:] == raw[20:]  # the version byte and the check field alone
+    with pytest.raises(PayloadError) as e:
+        hvd_gradq.Payload.from_bytes(v2)
+    msg = str(e.value)
+    assert msg.startswith("payload version 2: written by an older hvd_gradq, whose checksum was a weighted byte sum")
+    assert "reads version 3 only" in msg and "Re-encode the tensor with this version (hvd_gradq.quantize)" in msg
 
 
 @pytest.mark.parametrize("text", [
@@ -220,7 +274,8 @@ def test_specific_corruptions_have_clear_messages():
 
     cases = [
         (b"XXXX" + raw[4:], "magic"),
-        (edit(4, "<B", 3, seal=False), "version 3 is not supported"),
+        (edit(4, "<B", 4, seal=False), "version 4 is not supported"),
+        (edit(4, "<B", 2), "payload version 2: written by an older hvd_gradq.*Re-encode the tensor with this version"),
         (edit(4, "<B", 1), "payload version 1: written by an older hvd_gradq.*Re-encode the tensor with this version"),
         (edit(4, "<B", 0), "version 0"),
         (edit(5, "<B", 99), "dtype code 99"),
@@ -229,7 +284,7 @@ def test_specific_corruptions_have_clear_messages():
         (edit(8, "<Q", len(raw) + 1000), f"header says {len(raw) + 1000} bytes, {len(raw)} present"),
         (edit(8, "<Q", (1 << 64) - 1), "truncated"),
         (edit(8, "<Q", 10), "shorter than its header"),
-        (edit(8, "<Q", len(raw) - 1), "checksum|trailing"),  # the checksum then covers one byte less
+        (edit(8, "<Q", len(raw) - 1), "checksum|trailing"),  # the CRC then covers one byte less
         (edit(16, "<I", 12345, seal=False), "checksum"),
         (raw + b"\0", "1 trailing bytes"),
         (raw + raw, f"trailing bytes after a payload of {len(raw)} bytes"),

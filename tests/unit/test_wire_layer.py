@@ -5,6 +5,7 @@ from __future__ import annotations
 import ast
 import pathlib
 import re
+import zlib
 
 import numpy as np
 
@@ -14,7 +15,7 @@ from hvd_gradq import wire
 ROOT = pathlib.Path(hvd_gradq.__file__).parent
 
 # What lays bytes: struct packing, bitcasts and byte views, bytes read back into arrays, the
-# checksum's modulus and check field, and functions named pack*/unpack*.
+# the check field, and functions named pack*/unpack*.
 _MARKERS = re.compile(r"struct\.|\.view\(np\.uint8\)|\.view\(np\.dtype|bitcast|frombuffer\(|65521|\b_MOD\b|CHECK_OFFSET")
 _NAMES = re.compile(r"^_?(un)?pack")
 
@@ -76,9 +77,14 @@ def _code(path: pathlib.Path) -> str:
     return re.sub(r"#.*|\"\"\"[\s\S]*?\"\"\"", "", path.read_text())  # comments and docstrings out
 
 
-def test_checksum_modulus_is_declared_once():
-    hits = [f.relative_to(ROOT).as_posix() for f in _modules(ROOT) if "65521" in _code(f)]
-    assert hits == ["wire/payload.py"], hits
+def test_the_checks_of_the_bytes_live_in_wire():
+    """Payloads are checked by CRC-32 (version 3; version 2's weighted sum mod 65521 is gone),
+    the other carriers by wire/integrity.py: no module computes a check of bytes elsewhere."""
+    assert not [f for f in _modules(ROOT) if "65521" in _code(f)]
+    hits = {f.relative_to(ROOT).as_posix() for f in _modules(ROOT) if re.search(r"\bcrc32\(", _code(f))}
+    # reduce/names.py: a tensor name's stable key (no bytes on the wire)
+    assert hits <= {"wire/payload.py", "wire/integrity.py", "reduce/names.py"}, hits
+    assert {"wire/payload.py", "wire/integrity.py"} <= hits
 
 
 def test_header_spec_is_read_as_text():
@@ -91,7 +97,7 @@ def test_header_spec_is_read_as_text():
     raw[i : i + 3] = b"zzz"  # "zzz:bucket=..." names no registered scheme
     raw[wire.CHECK_OFFSET : wire.CHECK_OFFSET + 4] = b"\0\0\0\0"
     buf = np.frombuffer(bytes(raw), np.uint8).copy()
-    check = sum(int(b) * (1 + k % 65521) for k, b in enumerate(buf)) % (1 << 32)  # written out independently
+    check = zlib.crc32(bytes(raw))  # the payload's CRC-32, its check field zeroed
     buf[wire.CHECK_OFFSET : wire.CHECK_OFFSET + 4] = np.frombuffer(check.to_bytes(4, "little"), np.uint8)
     head = wire.read_header(buf)
     assert head.spec == "zzz" + p.scheme.spec[3:]
