@@ -171,7 +171,8 @@ class GradqCompressor(CompressorCore):
         self._decompressing = True  # the next compress() starts a new step
         self._elastic = Elastic(self)  # elastic Horovod: generation, commit/restore/sync (.elastic)
         # resuming: the first step's check of the counters (not in elastic jobs: state.sync() aligns them)
-        self._resume = resume.Resume(armed=self.check_ranks and not elastic_jobs.active())
+        # armed on every rank whatever its check_ranks, as the handshake: ranks run the same collectives
+        self._resume = resume.Resume(armed=not elastic_jobs.active())
 
     @property
     def _residuals(self) -> dict[str, torch.Tensor]:
