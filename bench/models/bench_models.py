@@ -29,6 +29,7 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import IO, Any
@@ -73,6 +74,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--note", default="", help="a line in bold at the top of the report (e.g. a smoke run)")
     ap.add_argument("--out", default="", help="report (default results/models/<model>_<framework>.md; "
                     "--quick: results/raw/models_<model>_<framework>_quick.md)")
+    ap.add_argument("--raw", default=str(ROOT / "results" / "raw"), help="folder for the raw results and the log")
     args = ap.parse_args(argv)
     defaults = {"steps": 5, "warmup": 3, "rounds": 3, "links": ",".join(LINKS), "threads": "default,1",
                 "image": 64, "batch": catalog.MODELS[args.model].batch, "seq": 128, "layers": catalog.BERT_LAYERS,
@@ -131,10 +133,12 @@ def launch_loopback(argv: list[str], timeout: float, log: IO[str]) -> str | None
                             start_new_session=True)
     try:
         out, _ = proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
+    except BaseException as e:  # the timeout, or this process told to stop (see main): no orphaned ranks
         os.killpg(proc.pid, signal.SIGKILL)  # horovodrun and both ranks: its own session
         out, _ = proc.communicate()
         log.write(out)
+        if not isinstance(e, subprocess.TimeoutExpired):
+            raise
         return f"timeout after {timeout:.0f} s"
     log.write(out)
     return None if proc.returncode == 0 else f"horovodrun exited with {proc.returncode}: {out[-1500:]}"
@@ -173,6 +177,9 @@ def run_one(args: argparse.Namespace, link: str, threads: str, log: IO[str]) -> 
 
 def main(argv: list[str] | None = None) -> int:
     args = parse_args(argv)
+    if threading.current_thread() is threading.main_thread():
+        # SIGTERM (a test's timeout, a scheduler) unwinds like Ctrl-C, so the launch's ranks are killed
+        signal.signal(signal.SIGTERM, lambda sig, _frame: sys.exit(128 + sig))
     if any(link != "loopback" for link in args.links):
         from bench import netemu
 
@@ -189,11 +196,12 @@ def main(argv: list[str] | None = None) -> int:
         "machine": f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}",
         "load_before": list(os.getloadavg()), "runs": [],
     }
-    raw = ROOT / "results" / "raw"
+    raw = Path(args.raw)
     raw.mkdir(parents=True, exist_ok=True)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     plan = [(link, t) for link in args.links for t in args.threads]
-    with open(raw / f"models_{args.out.stem}.log", "w") as log:
+    stem = args.out.stem if args.out.stem.startswith("models_") else f"models_{args.out.stem}"
+    with open(raw / f"{stem}.log", "w") as log:
         for k, (link, threads) in enumerate(plan, 1):
             run = run_one(args, link, threads, log)
             doc["runs"].append(run)
@@ -201,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"bench_models: [{k}/{len(plan)}] {args.model} {args.framework} {link}, threads {threads} "
                   f"({run['seconds']:.0f} s, load {run['load_before'][0]:.1f}->{run['load_after'][0]:.1f}): "
                   f"{progress_line(run)}", flush=True)
-            (raw / f"models_{args.out.stem}.json").write_text(json.dumps(doc, indent=1))
+            (raw / f"{stem}.json").write_text(json.dumps(doc, indent=1))
             args.out.write_text(markdown(doc))
     print(f"bench_models: wrote {args.out}")
     failed = [r for r in doc["runs"] if "error" in r or not all(
