@@ -20,6 +20,7 @@ Keras ``keras_models.py``; the table: ``models_report.py``.
 from __future__ import annotations
 
 import argparse
+import collections
 import datetime
 import json
 import os
@@ -66,8 +67,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seq", type=int, default=None, help="BERT sequence length (128)")
     ap.add_argument("--layers", type=int, default=None, help=f"BERT encoder layers ({catalog.BERT_LAYERS}; fewer "
                     "for speed on a small machine)")
-    ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--lr", type=float, default=0.01)
+    ap.add_argument("--seed", type=int, default=catalog.RUN["seed"])
+    ap.add_argument("--lr", type=float, default=catalog.RUN["lr"])
     ap.add_argument("--quick", action="store_true", help="smoke run: " + ", ".join(f"{k}={v}" for k, v in QUICK.items())
                     + f", compressions {QUICK_COMPRESSIONS} (flags given still win)")
     ap.add_argument("--timeout", type=float, default=3600.0, help="seconds a launch")
@@ -76,9 +77,8 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
                     "--quick: results/raw/models_<model>_<framework>_quick.md)")
     ap.add_argument("--raw", default=str(ROOT / "results" / "raw"), help="folder for the raw results and the log")
     args = ap.parse_args(argv)
-    defaults = {"steps": 5, "warmup": 3, "rounds": 3, "links": ",".join(LINKS), "threads": "default,1",
-                "image": 64, "batch": catalog.MODELS[args.model].batch, "seq": 128, "layers": catalog.BERT_LAYERS,
-                "compressions": "fp32,fp16,orq,bingrad"}
+    defaults = {**catalog.RUN, "links": ",".join(LINKS), "threads": "default,1",
+                "batch": catalog.MODELS[args.model].batch}
     if args.quick:
         defaults.update(QUICK, compressions=QUICK_COMPRESSIONS)
     for k, v in defaults.items():
@@ -125,23 +125,35 @@ def run_env() -> dict[str, str]:
 
 
 def launch_loopback(argv: list[str], timeout: float, log: IO[str]) -> str | None:
-    """``horovodrun --gloo -np 2`` on this host; None, or why it failed."""
+    """``horovodrun --gloo -np 2`` on this host, its output into ``log`` as it comes; None, or why
+    it failed."""
     hr = Path(sys.executable).with_name("horovodrun")
     cmd = [str(hr) if hr.exists() else "horovodrun", "--gloo", "-np", "2", "-H", "localhost:2", *argv]
     env = {**os.environ, **run_env()}
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             start_new_session=True)
+    tail: collections.deque[str] = collections.deque(maxlen=40)
+
+    def pump() -> None:
+        assert proc.stdout is not None
+        for line in proc.stdout:
+            tail.append(line)
+            log.write(line)
+            log.flush()
+
+    reader = threading.Thread(target=pump, daemon=True)
+    reader.start()
     try:
-        out, _ = proc.communicate(timeout=timeout)
+        code = proc.wait(timeout=timeout)
     except BaseException as e:  # the timeout, or this process told to stop (see main): no orphaned ranks
         os.killpg(proc.pid, signal.SIGKILL)  # horovodrun and both ranks: its own session
-        out, _ = proc.communicate()
-        log.write(out)
+        proc.wait()
+        reader.join(timeout=5)
         if not isinstance(e, subprocess.TimeoutExpired):
             raise
         return f"timeout after {timeout:.0f} s"
-    log.write(out)
-    return None if proc.returncode == 0 else f"horovodrun exited with {proc.returncode}: {out[-1500:]}"
+    reader.join(timeout=5)
+    return None if code == 0 else f"horovodrun exited with {code}: {''.join(tail)[-1500:]}"
 
 
 def launch_emulated(argv: list[str], rate: str, timeout: float, log: IO[str]) -> str | None:

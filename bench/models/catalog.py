@@ -11,6 +11,7 @@ builds every model in both frameworks and checks it against these figures.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 #: BERT-base's shape (Devlin et al. 2019): vocabulary, width, heads, feed-forward width, positions.
 BERT_VOCAB, BERT_HIDDEN, BERT_HEADS, BERT_FFN, BERT_POSITIONS, BERT_TYPES = 30522, 768, 12, 3072, 512, 2
@@ -61,6 +62,12 @@ MODELS: dict[str, Model] = {
     "mobilenet_v2": Model("mobilenet_v2", "MobileNetV2-like", "cnn", 3_504_872, 158, 16, "img"),
     "bert": Model("bert", "BERT-base-like encoder", "text", *bert_params(), 8, "seq"),
 }
+
+
+#: A launch's defaults, for the worker and the driver alike: timed steps a compression a round,
+#: untimed steps first, rounds, CNN input size, BERT tokens and layers, seed, SGD's rate, the list.
+RUN: dict[str, Any] = {"steps": 5, "warmup": 3, "rounds": 3, "image": 64, "seq": 128, "layers": BERT_LAYERS,
+                       "seed": 0, "lr": 0.01, "compressions": "fp32,fp16,orq,bingrad"}
 
 
 def expected(name: str, layers: int = BERT_LAYERS) -> tuple[int, int]:

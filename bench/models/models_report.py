@@ -19,7 +19,7 @@ def throughput(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
         rounds = [per_block / b for b in blocks]
         rows[spec] = {"per_s": per_block * len(blocks) / sum(blocks), "min": min(rounds), "max": max(rounds),
                       "ranks_equal": c["ranks_equal"], "bytes_vs_fp32": c.get("bytes_vs_fp32")}
-    for spec, row in rows.items():
+    for row in rows.values():
         for base in ("fp16", "fp32"):
             ref = rows.get(base)
             row[f"vs_{base}"] = row["per_s"] / ref["per_s"] if ref else None
