@@ -192,7 +192,8 @@ def main(argv: list[str] | None = None) -> int:
     if threading.current_thread() is threading.main_thread():
         # SIGTERM (a test's timeout, a scheduler) unwinds like Ctrl-C, so the launch's ranks are killed
         signal.signal(signal.SIGTERM, lambda sig, _frame: sys.exit(128 + sig))
-    if any(link != "loopback" for link in args.links):
+    emulated = any(link != "loopback" for link in args.links)  # root: namespaces and tc
+    if emulated:
         from bench import netemu
 
         try:
@@ -203,7 +204,7 @@ def main(argv: list[str] | None = None) -> int:
     given = list(sys.argv[1:] if argv is None else argv)
     doc: dict[str, Any] = {
         "model": args.model, "framework": args.framework, "note": args.note,
-        "command": ".venv/bin/python bench/models/bench_models.py " + shlex.join(given),
+        "command": ("sudo " if emulated else "") + ".venv/bin/python bench/models/bench_models.py " + shlex.join(given),
         "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
         "machine": f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}",
         "load_before": list(os.getloadavg()), "runs": [],
