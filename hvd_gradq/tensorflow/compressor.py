@@ -49,6 +49,7 @@ that tensor; another's may: docs/usage.md); ``nonfinite=skip`` is refused (sizes
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Callable
 from typing import Any, TypeVar, cast
 
@@ -151,6 +152,10 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
 
     def _ranks_a_host(self) -> int:
         return ranks_a_host(hvd, mpi_ops._basics, hvd.global_process_set) if hvd.is_initialized() else 1
+
+    def _intra_op_threads(self) -> int | None:
+        # 0: TensorFlow's default, a thread per core of the machine
+        return int(tf.config.threading.get_intra_op_parallelism_threads()) or os.cpu_count()
 
     def _hosts(self) -> int | None:
         return host_count(hvd, mpi_ops._basics) if hvd.is_initialized() else None
