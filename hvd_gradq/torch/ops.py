@@ -145,9 +145,11 @@ class TorchOps:
         """A NumPy array sharing ``x``'s memory (flat), for a contiguous float32 or bool CPU tensor;
         else None. The optional hook compiled host code (:class:`hvd_gradq.feedback.Memory`) asks
         for: it then opens no parallel region of torch's intra-op pool."""
-        if (isinstance(x, torch.Tensor) and x.device.type == "cpu" and x.dtype in (torch.float32, torch.bool)
-                and x.is_contiguous() and not x.requires_grad):
-            return x.numpy().reshape(-1)
+        # a few microseconds: asked several times a tensor, so the cheapest tests (is_cpu, not device.type)
+        if (isinstance(x, torch.Tensor) and x.is_cpu and (x.dtype is torch.float32 or x.dtype is torch.bool)
+                and not x.requires_grad and x.is_contiguous()):
+            v = x.numpy()
+            return v if v.ndim == 1 else v.reshape(-1)
         return None
 
     def orq_levels(self, x: Array, s: int) -> Array | None:
