@@ -308,13 +308,15 @@ class CompressorCore(Reports):
         return {}
 
     def _intra_op_threads(self) -> int | None:
-        """The threads the framework's own operations use (its intra-op pool), or None."""
+        """The threads the framework's own operations use (its intra-op pool; 0: the framework's
+        default, a thread a core of the machine), or None where it cannot say."""
         return None
 
     def world(self) -> dict[str, Any]:
         """What ``stats()`` and the log say of the run: ``intra_op_threads`` beside ``rank_cores``
         (this rank's share of its host's cores) lets the log say when they oversubscribe."""
+        threads = self._intra_op_threads()
         return {"frontend": self.WORLD_NAME, "scheme": self.settings.spec, "pattern": self.pattern.value,
                 "ranks": self._ranks(), "hosts": self._hosts(), "ranks_a_host": self._ranks_a_host(),
-                "link_gbps": self.link_gbps, "intra_op_threads": self._intra_op_threads(),
+                "link_gbps": self.link_gbps, "intra_op_threads": parallel.cores() if threads == 0 else threads,
                 "rank_cores": parallel.rank_cores(), **self._world_extra()}
