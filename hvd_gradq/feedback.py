@@ -45,6 +45,7 @@ from collections.abc import Callable
 from typing import Any, ClassVar, Protocol, TypeVar
 
 from .errors import SpecError
+from .kernels import feedback as fused
 from .xp import Array, Ops
 
 REDUCED = "#reduce"
@@ -183,11 +184,21 @@ class Memory:
         self.scale: Any = None  # the step's loss scale: None (or 1.0) when gradients are unscaled
         self._undo: dict[str, Array | None] | None = {} if undo else None
         self._zero = ops.full((), 0.0)  # a 0-d zero: broadcasts, and torch lets it meet CUDA tensors
+        # the classic rule on host arrays runs compiled where the Ops hand out host views
+        self._view: Callable[[Array], Any] | None = getattr(ops, "host_view", None) if isinstance(
+            self.rule, Classic) else None
+        # per key, last step's residual buffer, once no undo needs it: the next residual is written there
+        # (no allocation a step; nothing outside holds residuals: checkpoints and elastic commits copy them)
+        self._spare: dict[str, Any] = {}
 
     def begin_step(self, scale: Any = None) -> None:
         """A new step: forget the undo log; ``scale`` is the step's loss scale."""
         self.scale = scale
         if self._undo is not None:
+            for key, old in self._undo.items():  # the last step's old residuals: now no one's
+                spare = None if old is None else self._host(old)
+                if spare is not None:
+                    self._spare[key] = spare[0]
             self._undo.clear()
 
     def _scaled(self) -> bool:
@@ -199,6 +210,9 @@ class Memory:
         e = self.store.read(key, x)
         if e is None:
             return x
+        views = self._host(x, e)
+        if views is not None:  # one compiled pass on the host (:mod:`hvd_gradq.kernels.feedback`)
+            return self.ops.from_numpy(fused.compensate(views[0], views[1], self._host_scale()))
         return self.rule.compensate(x, e * self.scale if self._scaled() else e)
 
     def update(self, key: str, sent: Array, decoded: Array, keep: Array | None = None) -> None:
@@ -207,6 +221,13 @@ class Memory:
         old = self.store.read(key, sent)
         if self._undo is not None and key not in self._undo:
             self._undo[key] = old
+        views = self._host(sent, decoded, old, keep)
+        if views is not None:  # one compiled pass, into a buffer no one else holds (_spare)
+            out = self._spare.pop(key, None)
+            out = out if out is not None and out.shape == views[0].shape else None
+            new = fused.residual(views[0], views[1], self._host_scale(), views[3], views[2], out)
+            self.store.write(key, self.ops.from_numpy(new))
+            return
         e = self.rule.residual(sent, decoded)
         if self._scaled():
             e = e / self.scale
@@ -214,6 +235,20 @@ class Memory:
         if keep is not None:
             bad = bad | keep
         self.store.write(key, self.ops.where(bad, self._zero if old is None else old, e))
+
+    def _host_scale(self) -> float | None:
+        return float(self.scale) if self._scaled() else None
+
+    def _host(self, *arrays: Array | None) -> list[Any] | None:
+        """NumPy views of ``arrays`` (None stays None) sharing their memory, where every one has
+        one (contiguous float32 or bool host arrays, and the Ops hand them out: torch on the CPU,
+        NumPy) and the scale is a host number; else None, and the framework's operations run."""
+        if self._view is None or not (self.scale is None or isinstance(self.scale, float)):
+            return None
+        views = [None if a is None else self._view(a) for a in arrays]
+        if any(v is None for v, a in zip(views, arrays) if a is not None):
+            return None
+        return views
 
     def rollback(self) -> None:
         """Undo every residual written since :meth:`begin_step` (the step was skipped)."""

@@ -200,6 +200,13 @@ class NumpyOps:
     def from_numpy(self, x: NDArray[Any]) -> Array:
         return x
 
+    def host_view(self, x: Array) -> NDArray[Any] | None:
+        """``x`` itself (flat) where it is a contiguous float32 or bool array, else None: the optional
+        hook through which compiled host code (:class:`hvd_gradq.feedback.Memory`) takes arrays."""
+        if isinstance(x, np.ndarray) and x.dtype in (np.float32, np.bool_) and x.flags.c_contiguous:
+            return x.reshape(-1)
+        return None
+
     def host(self, fn: Callable[[NDArray[Any]], NDArray[Any]], x: Array, shape: tuple[int, ...]) -> Array:
         return _host_result(fn(np.asarray(x)), shape)
 

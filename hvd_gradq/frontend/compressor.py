@@ -40,6 +40,7 @@ from numpy.typing import NDArray
 
 from .. import log
 from ..errors import GradqError
+from ..kernels import parallel
 from ..plan import hosts
 from ..plan.cpu_cost import Figures
 from ..plan.decide import Choice, choose, decide
@@ -306,9 +307,16 @@ class CompressorCore(Reports):
         """What a frontend adds to :meth:`world` (PyTorch: its threads and codec)."""
         return {}
 
+    def _intra_op_threads(self) -> int | None:
+        """The threads the framework's own operations use (its intra-op pool; 0: the framework's
+        default, a thread a core of the machine), or None where it cannot say."""
+        return None
+
     def world(self) -> dict[str, Any]:
-        """What ``stats()`` and the log say of the run."""
+        """What ``stats()`` and the log say of the run: ``intra_op_threads`` beside ``rank_cores``
+        (this rank's share of its host's cores) lets the log say when they oversubscribe."""
+        threads = self._intra_op_threads()
         return {"frontend": self.WORLD_NAME, "scheme": self.settings.spec, "pattern": self.pattern.value,
                 "ranks": self._ranks(), "hosts": self._hosts(), "ranks_a_host": self._ranks_a_host(),
-                "link_gbps": self.link_gbps,
-                **self._world_extra()}
+                "link_gbps": self.link_gbps, "intra_op_threads": parallel.cores() if threads == 0 else threads,
+                "rank_cores": parallel.rank_cores(), **self._world_extra()}

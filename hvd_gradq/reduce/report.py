@@ -71,9 +71,32 @@ def placement(world: dict[str, Any]) -> str:
 
 
 def heading(summary: dict[str, Any], what: str) -> str:
-    """``what: orq (pattern=auto), 2 ranks on 1 host; cost model: 10 Gbit/s, 1 rank a host``."""
+    """``what: orq (pattern=auto), 2 ranks on 1 host; cost model: 10 Gbit/s, 1 rank a host``,
+    and what to set where the framework's threads oversubscribe the rank's cores (:func:`crowding`)."""
     w = summary["world"]
-    return f"{what}: {short_spec(w.get('scheme', '?'))} (pattern={w.get('pattern', '?')}), {placement(w)}"
+    return (f"{what}: {short_spec(w.get('scheme', '?'))} (pattern={w.get('pattern', '?')}), {placement(w)}"
+            + crowding(w))
+
+
+#: how a user sets the intra-op threads of each frontend's framework
+_SET_THREADS = {
+    "torch": "OMP_NUM_THREADS={n} in each rank's environment (or torch.set_num_threads({n}) before training)",
+    "tensorflow": "TF_NUM_INTRAOP_THREADS={n} in each rank's environment (or "
+                  "tf.config.threading.set_intra_op_parallelism_threads({n}) before any op runs)",
+}
+
+
+def crowding(world: dict[str, Any]) -> str:
+    """``; oversubscribed: ...`` where the framework's intra-op threads exceed this rank's share
+    of its host's cores (every rank of the host runs that many, so its parallel regions wait for
+    time slices: PyTorch's default of all cores a process made a ResNet-18 step 2.5x slower at 2
+    ranks on 2 cores), with what to set; else nothing. hvd_gradq's own work keeps to the share."""
+    threads, share = world.get("intra_op_threads"), world.get("rank_cores")
+    if not threads or not share or threads <= share:
+        return ""
+    how = _SET_THREADS.get(str(world.get("frontend")), "the framework's intra-op threads to {n}").format(n=share)
+    return (f"; oversubscribed: {world.get('frontend')} runs {threads} intra-op threads in each rank, this rank's "
+            f"share of the host's cores is {share}: set {how}")
 
 
 def times(summary: dict[str, Any], which: str = "last_step", per: int = 1) -> str:

@@ -28,9 +28,7 @@ against CPU (:func:`hvd_gradq.plan.decide.decide`) and hands a tensor whose comp
 traffic would not beat an fp32 ring (a bias), or whose shape is not static, to Horovod's own
 allreduce (whose fusion makes a sum's bits beyond 2 ranks depend on what it fused: set
 ``HOROVOD_FUSION_THRESHOLD=0`` or ``pattern=gather`` to reproduce runs bit for bit). Horovod's
-allreduce carries a float32 ``[1.0]`` that comes back as ``v = post * pre * N`` (Sum) or
-``post * pre`` (Average): the result is ``sum_of_decoded * v / N`` (``/ N`` when ``v == 1``,
-as is when ``v == N``).
+``[1.0]`` scales the result as in PyTorch (:func:`hvd_gradq.frontend.compressor.final_scale`).
 
 **Warm-up** (``warmup=K``): the first K steps of each variable's gradient are an exact fp32
 sum (``hvd.allreduce``, named ``w<i>``), chosen by a ``tf.cond`` on the slot's step counter.
@@ -43,8 +41,7 @@ residual wherever the result is not finite (``loss_scale=`` keeps residuals unsc
 ``nonfinite=raise`` stops the step on every rank with an ``InvalidArgumentError`` that says so
 (the rank with NaN takes part, with a poison payload or +inf statistics, so no rank waits for
 that tensor; another's may: docs/usage.md); ``nonfinite=skip`` is refused (sizes are traced).
-**Elastic Horovod**: the reduction runs eagerly at each step in the world of the moment
-(:mod:`.elastic`).
+**Elastic Horovod**: the reduction runs eagerly at each step in the world of the moment (:mod:`.elastic`).
 """
 from __future__ import annotations
 
@@ -151,6 +148,9 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
 
     def _ranks_a_host(self) -> int:
         return ranks_a_host(hvd, mpi_ops._basics, hvd.global_process_set) if hvd.is_initialized() else 1
+
+    def _intra_op_threads(self) -> int | None:
+        return int(tf.config.threading.get_intra_op_parallelism_threads())
 
     def _hosts(self) -> int | None:
         return host_count(hvd, mpi_ops._basics) if hvd.is_initialized() else None

@@ -64,7 +64,7 @@ from .callsite import CallSite, inspect_call
 from .context import Ctx, Pass
 from .device import resolve_codec
 from .elastic import Elastic, register
-from .ops import TorchOps
+from .ops import HOST, all_finite
 from .reduce import Reducer
 from .store import LossScale, TensorStore, check_loss_scale, read_loss_scale
 from .telemetry import Telemetry
@@ -163,7 +163,7 @@ class GradqCompressor(CompressorCore):
         self._steps: dict[str, int] = {}
         self._loss_scale = check_loss_scale(loss_scale)
         self._store = TensorStore()
-        self.memory = Memory(TorchOps("cpu"), self._store, variant=self.policy.feedback)
+        self.memory = Memory(HOST, self._store, variant=self.policy.feedback)
         self._telemetry: Telemetry = Telemetry(self._stats, self.world, self.log_every)
         self.workers = Workers(min(self.threads, 1))  # the pipelining pool: one worker, or inline
         self._reducer = Reducer(self.scheme, self.policy, seed, self.memory, self._stats, self.workers,
@@ -289,7 +289,10 @@ class GradqCompressor(CompressorCore):
         if not isinstance(ctx, Ctx) or ctx.flow is None:
             raise GradqError("decompress() got a context hvd_gradq did not make")
         # Horovod reduced our [1.0] with this call's op and scale factors (frontend/compressor.py)
-        total: torch.Tensor = final_scale(self._reducer.finish(ctx.flow), float(tensor.reshape(-1)[0]), ctx.group.size)
+        total = self._reducer.finish(ctx.flow)
+        view = HOST.host_view(total)  # on the CPU, NumPy's division: no parallel region of torch's pool
+        scaled = final_scale(total if view is None else view, float(tensor.reshape(-1)[0]), ctx.group.size)
+        total = scaled if view is None else torch.from_numpy(scaled)
         out = total.reshape(ctx.shape).to(device=ctx.device, dtype=ctx.dtype)
         self._check_output(out)
         return self._telemetry.decompressed(t0, out)
@@ -297,7 +300,7 @@ class GradqCompressor(CompressorCore):
     def _check_output(self, out: torch.Tensor) -> None:
         """A step whose reduced gradients hold NaN/Inf is skipped by GradScaler on every rank
         (every rank sees the same bits): the residuals it wrote are rolled back."""
-        if self.policy.ef and out.is_floating_point() and not bool(torch.isfinite(out).all()):
+        if self.policy.ef and out.is_floating_point() and not all_finite(out):
             self.memory.rollback()
 
     # -- state ----------------------------------------------------------------------------------
@@ -334,6 +337,9 @@ class GradqCompressor(CompressorCore):
 
     def _hosts(self) -> int | None:
         return host_count(hvd, mpi_ops._basics) if hvd.is_initialized() else None
+
+    def _intra_op_threads(self) -> int | None:
+        return int(torch.get_num_threads())
 
     def _world_extra(self) -> dict[str, Any]:
         return {"threads": self.workers.threads, "codec": self._reducer.codec}

@@ -8,6 +8,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
+from ..kernels import feedback as fused
 from ..xp import _host_result
 
 Array = Any
@@ -140,6 +141,17 @@ class TorchOps:
     def from_numpy(self, x: NDArray[Any]) -> Array:
         return torch.from_numpy(np.ascontiguousarray(x)).to(self.device)
 
+    def host_view(self, x: Array) -> NDArray[Any] | None:
+        """A NumPy array sharing ``x``'s memory (flat), for a contiguous float32 or bool CPU tensor;
+        else None. The optional hook compiled host code (:class:`hvd_gradq.feedback.Memory`) asks
+        for: it then opens no parallel region of torch's intra-op pool."""
+        # a few microseconds: asked several times a tensor, so the cheapest tests (is_cpu, not device.type)
+        if (isinstance(x, torch.Tensor) and x.is_cpu and (x.dtype is torch.float32 or x.dtype is torch.bool)
+                and not x.requires_grad and x.is_contiguous()):
+            v = x.numpy()
+            return v if v.ndim == 1 else v.reshape(-1)
+        return None
+
     def orq_levels(self, x: Array, s: int) -> Array | None:
         """ORQ's ``s`` levels of buckets ``x`` (rows, w) searched on this device
         (:mod:`.device_levels`, the host search's bits), or None for an ``s`` it leaves to
@@ -151,3 +163,17 @@ class TorchOps:
     def host(self, fn: Callable[[NDArray[Any]], NDArray[Any]], x: Array, shape: tuple[int, ...]) -> Array:
         """``fn`` on a NumPy copy of ``x`` (``.cpu().numpy()``), the float32 result back on the device."""
         return self.from_numpy(_host_result(fn(self.to_numpy(x)), shape))
+
+
+#: the namespace of CPU tensors
+HOST = TorchOps("cpu")
+
+
+def all_finite(x: torch.Tensor) -> bool:
+    """Whether every element of ``x`` is finite: for a CPU float32 tensor one compiled pass on this
+    rank's codec threads (:func:`hvd_gradq.kernels.feedback.all_finite`), never a parallel region
+    of torch's intra-op pool; else torch's."""
+    view = HOST.host_view(x)
+    if view is not None:
+        return fused.all_finite(view)
+    return bool(torch.isfinite(x).all())

@@ -43,10 +43,8 @@ from ..reduce.stats import Stats
 from ..schemes.scheme import Scheme
 from ..spec import Config
 from . import device
-from .ops import TorchOps
+from .ops import HOST, TorchOps
 from .transport import HorovodTransport, TorchCodec
-
-_CPU = TorchOps("cpu")
 
 
 @dataclass
@@ -87,13 +85,13 @@ class Reducer:
         """Start the chosen pattern for tensor ``name`` at ``step`` over ``group`` on ``x`` (float32,
         flat, error feedback already added): its first segment, up to its first collective."""
         row = table.entry(choice.pattern)
-        red = core.Reduction(self.config, self.seed, hvd.rank(), self.memory, self.stats, _CPU)
+        red = core.Reduction(self.config, self.seed, hvd.rank(), self.memory, self.stats, HOST)
         on_dev = device.on_device(self.codec, x) and not row.host_fp32  # host_fp32: pieces on the host
         part = core.Part(name, step, group, TorchCodec(on_dev, "cpu" if row.host_fp32 else x.device))
         if not on_dev and not row.encodes_first:  # the host codec's encode copies to the host itself
             x = x.detach().cpu()
         transport = HorovodTransport(group.process_set, self.stats.clock)
-        flow = Flow(row.run(red, part, x, TorchOps(x.device) if on_dev else _CPU, choice), transport)
+        flow = Flow(row.run(red, part, x, TorchOps(x.device) if on_dev else HOST, choice), transport)
         if row.encodes_first:
             # the job reads x's values; nothing writes the gradient before the step settles the job
             flow.job = self.workers.submit(lambda: self._advance(flow))

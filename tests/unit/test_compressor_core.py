@@ -393,7 +393,8 @@ def test_the_reduction_set_is_horovods_the_constructors_or_the_global_one() -> N
 def test_world_and_stats_report_the_run() -> None:
     c = Core("qsgd:levels=4", pattern="gather", link_gbps=5.0)
     assert c.world() == {"frontend": "fake", "scheme": hvd_gradq.parse("qsgd:levels=4").spec, "pattern": "gather",
-                         "ranks": 4, "hosts": 2, "ranks_a_host": 2, "link_gbps": 5.0}
+                         "ranks": 4, "hosts": 2, "ranks_a_host": 2, "link_gbps": 5.0,
+                         "intra_op_threads": None, "rank_cores": parallel.rank_cores()}
 
     class Telemetry:
         def summary(self) -> dict[str, Any]:

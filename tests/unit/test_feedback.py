@@ -75,3 +75,43 @@ def test_keys_and_loss_scale_reader() -> None:
     for bad in (0.0, -1.0, float("inf"), float("nan")):
         with pytest.raises(GradqError, match="positive finite"):
             read_loss_scale(lambda b=bad: b)
+
+
+class _FrameworkOps(TorchOps):
+    """torch's operations only: no host views, so Memory runs the rule as framework operations
+    (the oracle of the compiled passes, which share no code with it)."""
+
+    def host_view(self, x: object) -> None:
+        return None
+
+
+def _steps(ops: TorchOps, n: int, seed: int) -> list[torch.Tensor]:
+    """Five steps of the rule on ``n`` elements (scales, NaN/Inf, keep masks, an undone step),
+    returning every residual written, copied."""
+    rng = np.random.default_rng(seed)
+    store = TensorStore()
+    m = Memory(ops, store)
+    seen = []
+    for step, scale in enumerate([None, 1024.0, 512.0, 2.0**-3, 65536.0]):
+        m.begin_step(scale)
+        g = torch.from_numpy(rng.standard_normal(n).astype(np.float32) * 10.0 ** rng.integers(-3, 3))
+        x = m.compensate("w", g)
+        dec = (x + torch.from_numpy(rng.standard_normal(n).astype(np.float32))).contiguous()
+        dec[rng.integers(0, n, 3)] = float("nan")
+        dec[rng.integers(0, n, 2)] = float("inf")
+        keep = torch.from_numpy(rng.random(n) < 0.1) if step % 2 else None
+        m.update("w", x, dec, keep=keep)
+        m.update("w#reduce", x[: n // 2].contiguous(), dec[: n // 2].contiguous())
+        if step == 3:
+            m.rollback()  # a skipped step: the residuals of step 2 are back, and step 4 starts from them
+        seen += [store.residuals["w"].clone(), store.residuals["w#reduce"].clone(), x.clone()]
+    return seen
+
+
+@pytest.mark.parametrize("n", [1, 1000, 300_001])  # 300,001: split over two threads' ranges
+def test_compiled_rule_is_the_framework_rule_bit_for_bit(n: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HVD_GRADQ_THREADS", "2")
+    want = _steps(_FrameworkOps("cpu"), n, n)
+    got = _steps(TorchOps("cpu"), n, n)
+    for w, g in zip(want, got):
+        assert torch.equal(w.view(torch.int32), g.view(torch.int32))  # bits, NaN and signed zeros included

@@ -175,3 +175,27 @@ def test_broadcast_state_checks_its_root_and_keeps_one_ranks_state(hvd) -> None:
             comp.broadcast_state(root_rank=bad)
     comp.broadcast_state(root_rank=0)
     assert comp._steps == {"w": 3} and torch.equal(comp._residuals["w"], torch.ones(12))
+
+
+def test_compiled_error_feedback_writes_into_no_checkpoints_tensors(hvd) -> None:
+    """Error feedback writes each step's residual into the buffer of the step before last
+    (hvd_gradq.feedback.Memory): a checkpoint loaded, and one taken, must not change under it."""
+    import torch
+
+    import hvd_gradq.torch as gq
+
+    comp = gq.BinGrad(ef=True)
+    loaded = {"w": torch.full((12,), 0.5)}
+    comp.load_state_dict(_state(comp, dict(loaded), {"w": [12]}))
+    taken = []
+    for step in range(4):
+        comp.memory.begin_step(None)
+        x = comp.memory.compensate("w", torch.ones(12))
+        comp.memory.update("w", x, torch.full((12,), float(step)))
+        state = comp.state_dict()
+        taken.append((state, state["residuals"]["w"].clone()))
+    assert torch.equal(loaded["w"], torch.full((12,), 0.5))
+    for state, copy in taken:
+        assert torch.equal(state["residuals"]["w"], copy)
+    # e <- (1 + e) - step, from the loaded 0.5: the rule ran on the residuals it wrote
+    assert [float(copy[0]) for _, copy in taken] == [1.5, 1.5, 0.5, -1.5]

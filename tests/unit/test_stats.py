@@ -19,7 +19,7 @@ import hvd_gradq
 from hvd_gradq import log
 from hvd_gradq.plan.decide import Choice, decide, seconds
 from hvd_gradq.plan.pattern import CROSS, EVERY, ONE_RANK_WHY, Pattern, duration, warmup_why, why_tag
-from hvd_gradq.reduce.report import placement
+from hvd_gradq.reduce.report import crowding, placement
 from hvd_gradq.reduce.stats import KINDS, Clock, Reports, Stats, flat_metrics, ratio, tally
 from hvd_gradq.spec import parse_scheme
 from hvd_gradq.wire.payload import header_size
@@ -347,6 +347,19 @@ def test_log_every_from_the_option_or_the_variable(monkeypatch: pytest.MonkeyPat
 def test_where_the_ranks_run_in_words_a_user_counts(world: dict[str, Any], said: str) -> None:
     # two ranks on one machine once read "on 2 ranks, 1 a host"; the cost model's view is apart
     assert placement({**world, "link_gbps": 10.0}) == said
+
+
+@pytest.mark.parametrize("frontend,threads,share,setting", [
+    ("torch", 2, 1, "OMP_NUM_THREADS=1"), ("tensorflow", 8, 2, "TF_NUM_INTRAOP_THREADS=2"),
+    ("torch", 1, 1, None), ("torch", 4, 4, None), ("torch", None, 2, None)])
+def test_the_line_says_when_the_frameworks_threads_oversubscribe_the_cores(
+        frontend: str, threads: int | None, share: int, setting: str | None) -> None:
+    said = crowding({"frontend": frontend, "intra_op_threads": threads, "rank_cores": share})
+    if setting is None:
+        assert said == ""
+    else:
+        assert f"oversubscribed: {frontend} runs {threads} intra-op threads in each rank" in said
+        assert f"share of the host's cores is {share}: set {setting}" in said
 
 
 def test_summary_is_a_short_table_of_the_same_figures() -> None:

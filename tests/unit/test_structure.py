@@ -138,8 +138,9 @@ def test_no_cycle_even_through_annotation_imports() -> None:
 
 
 #: Every layer of the package, from the ground up, and what each may import (every import counts,
-#: those inside functions too): a scheme is maths on ``xp.Ops`` laid out by ``wire``; the kernels,
-#: the spec parser and the policy sit above it; the plan (the cost model and what decides) below
+#: those inside functions too): a scheme is maths on ``xp.Ops`` laid out by ``wire``; the kernels
+#: above it, then error feedback (whose classic rule runs compiled on host arrays), the policy and
+#: the spec parser; the plan (the cost model and what decides) below
 #: the reduction core, which cuts tensors by the plan's layout; the frontends' shared middle
 #: above the core; the command line and the two frameworks' compressors on top. A lower layer
 #: that needs something from above offers a slot the upper one fills (``schemes/searches.py``,
@@ -149,9 +150,9 @@ LAYERS: dict[str, tuple[str, ...]] = {
     "hvd_gradq.xp": ("hvd_gradq.errors",),
     "hvd_gradq.wire": ("hvd_gradq.errors", "hvd_gradq.xp"),
     "hvd_gradq.schemes": ("hvd_gradq.errors", "hvd_gradq.xp", "hvd_gradq.wire"),
-    "hvd_gradq.feedback": ("hvd_gradq.errors", "hvd_gradq.xp"),
-    "hvd_gradq.policy": ("hvd_gradq.errors", "hvd_gradq.feedback", "hvd_gradq.schemes.options"),
     "hvd_gradq.kernels": ("hvd_gradq.errors", "hvd_gradq.xp", "hvd_gradq.wire", "hvd_gradq.schemes"),
+    "hvd_gradq.feedback": ("hvd_gradq.errors", "hvd_gradq.xp", "hvd_gradq.kernels"),
+    "hvd_gradq.policy": ("hvd_gradq.errors", "hvd_gradq.feedback", "hvd_gradq.schemes.options"),
     "hvd_gradq.spec": ("hvd_gradq.errors", "hvd_gradq.feedback", "hvd_gradq.policy", "hvd_gradq.schemes"),
     "hvd_gradq.api": ("hvd_gradq.errors", "hvd_gradq.xp", "hvd_gradq.wire", "hvd_gradq.schemes",
                       "hvd_gradq.kernels", "hvd_gradq.spec"),
