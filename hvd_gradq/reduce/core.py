@@ -16,6 +16,8 @@ group (flat float32). Who runs the collectives is the driver's business:
 * the quality study's simulator (:mod:`.loopback`) runs N generators in lock step and hands
   each the result an in-process collective would give (so the study runs this code).
 
+Every pattern's last collective is the verdict round (:mod:`.integrity`: what each rank found
+wrong with the bytes it received, so that every rank raises on corruption in transit).
 Requests say whether another collective follows (``last``): after the last one a pattern only
 decodes, which a driver may put on a worker thread, and before it the driver starts every
 pending tensor's next phase before waiting on any (Horovod needs every rank to start the same
@@ -116,17 +118,27 @@ class Codec(Protocol):
         the other, their sizes in bytes and their own values; raises as :meth:`encode`."""
         ...
 
+    def verify(self, buf: Any, finder: int, phase: int, ranks: Sequence[int] | None = None,
+               whole: bool = True) -> Any:
+        """This rank's finding on a received buffer of payloads (member i is rank ``ranks[i]``, by
+        default i): float64 (1,), 0.0 where every payload passes its header and CRC-32, else the
+        :func:`~hvd_gradq.reduce.integrity.finding` naming ``finder`` (this rank), ``phase`` and
+        the sender. Never raises: every rank must reach the verdict round. ``whole``: one payload
+        a member, all of one size (what :meth:`sum` takes; else :meth:`concat`'s)."""
+        ...
+
     def sum(self, buf: Any, rank: int, own: Any, what: str,
-            ranks: Sequence[int] | None = None) -> tuple[Array, int]:
+            ranks: Sequence[int] | None = None, unless: Any = None) -> tuple[Array, int]:
         """The decoded sum, in member order, of a gathered buffer's payloads (``own`` stands for
-        member ``rank``'s), and their count; a poison raises the error naming its ranks."""
+        member ``rank``'s), and their count; a poison raises the error naming its ranks.
+        ``unless``: a finding of :meth:`verify`; where it is not 0.0, zeros without decoding."""
         ...
 
     def concat(self, buf: Any, rank: int, own: Any, sizes: Sequence[int], what: str,
-               ranks: Sequence[int] | None = None) -> Array:
+               ranks: Sequence[int] | None = None, unless: Any = None) -> Array:
         """A gathered buffer's payloads (of ``sizes`` elements) decoded and concatenated in member
         order, ``own`` standing for member ``rank``'s; with ``ranks`` (member i is rank
-        ``ranks[i]``), a poison raises the error naming its ranks first."""
+        ``ranks[i]``), a poison raises the error naming its ranks first. ``unless``: as in :meth:`sum`."""
         ...
 
     def values(self, own: Any) -> Array:

@@ -15,6 +15,12 @@ once the collective is done, the others the error naming it (:func:`hvd_gradq.re
 In the scatter pattern such a rank poisons *every* chunk: each rank owns one and must learn of
 it in the first phase, since the second is then started by nobody.
 
+*Integrity*: every payload carries its CRC-32; each rank checks what it received
+(``Codec.verify``) and the ranks compare their findings in the verdict round, the last
+collective (:mod:`.integrity`), so that a payload corrupted on its way to one rank stops every
+rank with an error that names it. A scatter owner that received a corrupted chunk sums zeros in
+its place and sends that, well-formed: the verdict names the corruption before anyone decodes it.
+
 *Draws*: gather from the stream of ``<name>``, scatter chunk j from ``<name>#j``, the reduced
 chunk from ``<name>#reduce`` (:meth:`~.core.Reduction.words`: the tags of the part's own rule,
 or :func:`hvd_gradq.reduce.names.words` of rank and step).
@@ -33,6 +39,7 @@ from ..plan.second_phase import reduced_scheme
 from ..wire.poison import Stop, poison
 from ..xp import Array
 from .core import Allgather, Alltoall, Part, Phases, Reduction, halt
+from .integrity import Phase, judged, round_
 from .names import Kind, collective
 from .stop import stop_of, stops_of
 
@@ -50,7 +57,9 @@ def gather(red: Reduction, t: Part, x: Array) -> Phases:
     red.took("encode", t0)
     if error is None and red.ef:
         red.sent(t, x, t.codec.values(own))
-    gathered = yield Allgather(collective(g.key, Kind.GATHER, t.name), buf, last=True)
+    gathered = yield Allgather(collective(g.key, Kind.GATHER, t.name), buf, last=False)
+    verdict = yield from round_(t, t.codec.verify(gathered, g.rank, Phase.GATHER))
+    gathered = yield from judged(red, t, red.ops, verdict, gathered)
     if error is not None:
         yield from halt(t, error)
     try:
@@ -92,11 +101,12 @@ def scatter(red: Reduction, t: Part, x: Array) -> Phases:
     if error is None and red.ef:
         red.sent(t, x, red.ops.concat([t.codec.values(o) for o in owns], 0))
     recv = yield Alltoall(collective(g.key, Kind.ALLTOALL, t.name), buf, lens)
+    found = t.codec.verify(recv, g.rank, Phase.CHUNKS)  # zeros in its place, named in the verdict round
     if error is not None:  # every chunk was a poison: every rank stops here
         yield from halt(t, error)
     try:
         with red.timed("decode"):  # where the chunks were encoded
-            part, _count = t.codec.sum(recv, g.rank, owns[g.rank], t.name)
+            part, _count = t.codec.sum(recv, g.rank, owns[g.rank], t.name, unless=found)
     except GradqError as e:
         if not stops_of(e):  # only a poison received is a stop every member meets alike
             raise
@@ -109,7 +119,10 @@ def scatter(red: Reduction, t: Part, x: Array) -> Phases:
         rbuf, rown = t.codec.encode(fine, part, red.words(t, REDUCED), f"{t.name} (step {t.step}, reduced)")
     if owner:
         red.update(key, part, t.codec.values(rown))
-    gathered = yield Allgather(collective(g.key, Kind.REDUCED, t.name), rbuf, last=True)
+    gathered = yield Allgather(collective(g.key, Kind.REDUCED, t.name), rbuf, last=False)
+    found = red.ops.maximum(found, t.codec.verify(gathered, g.rank, Phase.REDUCED, whole=False))
+    verdict = yield from round_(t, found)
+    gathered = yield from judged(red, t, red.ops, verdict, gathered)
     with red.timed("decode"):
         out = t.codec.concat(gathered, g.rank, rown, [hi - lo for lo, hi in bounds], t.what)
     if red.stats is not None:

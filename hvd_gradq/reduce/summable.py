@@ -9,6 +9,12 @@ statistics and the lanes cross. The arithmetic is four pure functions (:func:`_l
 :func:`_verdict`, :func:`_encode`, :func:`_decode`) that a graph builds once and runs exactly as
 written (:meth:`~.core.Reduction.pure`); between them the pattern only yields its collectives.
 
+*Integrity.* The lanes carry a checksum linear over their sum (:func:`hvd_gradq.wire.integrity.with_check`:
+eight more int32 lanes) that every rank checks on the summed lanes; each rank checks that the
+statistics it received are not below those it sent and sends their digest to the verdict round
+(the last collective, :mod:`.integrity`), where ranks that received different statistics, or a
+rank whose lanes or statistics failed, stop every rank with an error that names it.
+
 *Values it cannot take.* The statistics carry the news, so nobody waits: a rank with NaN/Inf
 under ``nonfinite=raise`` sends +inf in every bucket; a rank with a finite value beyond the
 scheme's float32 range sends :func:`hvd_gradq.reduce.stop.range_stat` (the max names the
@@ -35,10 +41,12 @@ from ..plan.pattern import Pattern
 from ..schemes.level import EvenLevelScheme
 from ..schemes.options import NonFinite
 from ..schemes.summable import decode_codes, encode_shared, local_stats
+from ..wire.integrity import checked, digest, with_check
 from ..wire.packing import pack_lanes, unpack_lanes
 from ..wire.poison import Stop
 from ..xp import Array, Ops, Seed
 from .core import Allreduce, Part, Phases, Reduction, halt
+from .integrity import Carrier, Phase, error_of, finding, raise_if, round_
 from .names import Kind, collective
 from .stop import names_a_rank, peer_message, range_rank, range_stat
 
@@ -55,19 +63,26 @@ def summable(red: Reduction, t: Part, x: Array, ops: Ops) -> Phases:
     raise_ = policy.nonfinite is NonFinite.RAISE
     t0 = time.perf_counter()
     n = int(ops.shape(x)[0])
-    stats, x, mine = red.pure(_local, scheme, raise_, g.rank)(ops, x)
+    sent, x, mine = red.pure(_local, scheme, raise_, g.rank)(ops, x)
     seed = red.words(t)
     red.took("encode", t0)  # the statistics
-    stats = yield Allreduce(collective(g.key, Kind.STATS, t.name), stats, "max")
+    received = yield Allreduce(collective(g.key, Kind.STATS, t.name), sent, "max")
 
     t0 = time.perf_counter()
-    send, stats, bad_rows, ours = red.pure(_verdict, raise_)(ops, x, stats, mine)
+    send, stats, bad_rows, ours = red.pure(_verdict, raise_)(ops, x, received, mine)
     lanes, meta, own = red.pure(_encode, scheme, g.size)(ops, send, stats, seed)
-    red.took("encode", t0)  # codes, lanes and own values
-    summed = yield Allreduce(collective(g.key, Kind.LANES, t.name), lanes, "sum", last=True)
+    red.took("encode", t0)  # codes, lanes (and their checksum) and own values
+    summed = yield Allreduce(collective(g.key, Kind.LANES, t.name), lanes, "sum")
+    t0 = time.perf_counter()
+    summed, found = red.pure(_check, g.rank)(ops, summed, received, sent)
+    red.took("decode", t0)
+    verdict = yield from round_(t, found)
 
-    read = red.read(ops, ops.concat([mine, ours], 0))
+    read = red.read(ops, ops.concat([mine, ours], 0), verdict)
     if read is not None:  # eagerly: stop here, or know whether a bucket was non-finite
+        corrupt = error_of(t.what, read[1], g.size)
+        if corrupt is not None:  # every rank read the same verdict: the stop's barrier
+            yield from halt(t, corrupt)
         facts = read[0]
         error = _stop(t, scheme, policy.nonfinite, facts[:3], facts[3:])
         if error is not None:
@@ -82,8 +97,12 @@ def summable(red: Reduction, t: Part, x: Array, ops: Ops) -> Phases:
     t0 = time.perf_counter()
     nan = not raise_ and (read is None or read[0][4] > 0.0)  # buckets that were non-finite somewhere
     out: Array = red.pure(_decode, scheme, g.size, n, nan)(ops, summed, meta, bad_rows)
-    if red.graph is not None:  # in a graph: the same decision, as a check on the result
-        out = red.graph.check(out, lambda a, b: _raise(_stop(t, scheme, policy.nonfinite, a, b)), [mine, ours])
+    if red.graph is not None:  # in a graph: the same decisions, as a check on the result
+        def decide(a: Any, b: Any, v: Any) -> None:
+            raise_if(error_of(t.what, v, g.size))  # corruption first: it may be why a rank stopped
+            _raise(_stop(t, scheme, policy.nonfinite, a, b))
+
+        out = red.graph.check(out, decide, [mine, ours, verdict])
     red.took("decode", t0)
     return out
 
@@ -167,8 +186,22 @@ def _encode(scheme: EvenLevelScheme, size: int, ops: Ops, x: Array, stats: Array
     decode it: what error feedback subtracts)."""
     codes, meta = encode_shared(scheme, ops, x, stats, seed)
     lay = lanes_for(scheme.symbols, size)
-    lanes = pack_lanes(ops, codes, lay.field_bits, lay.fields)
+    lanes = with_check(ops, pack_lanes(ops, codes, lay.field_bits, lay.fields))
     return lanes, meta, decode_codes(scheme, ops, codes, meta, int(ops.shape(x)[0]))
+
+
+def _check(rank: int, ops: Ops, summed: Array, received: Array, sent: Array) -> tuple[Array, Array]:
+    """After the lanes crossed: (the summed lanes without their check lanes, this rank's verdict
+    vector float64[5]: its finding (the summed lanes fail their checksum, or the statistics it
+    received are below those it sent: :func:`hvd_gradq.reduce.integrity.finding`, else 0.0), then
+    the digest of the statistics it received, twice, the second time negated (:mod:`.integrity`))."""
+    lanes, ok = checked(ops, summed)
+    flat_r, flat_s = ops.reshape(received, (-1,)), ops.reshape(sent, (-1,))
+    low = 1.0 - ops.amin(ops.f32(ops.concat([flat_r >= flat_s, ops.full((1,), 1.0) > 0.0], 0)), 0)
+    code = (ops.f64(1.0 - ok) * finding(rank, Carrier.LANES, Phase.LANES)
+            + ops.f64(ok * low) * finding(rank, Carrier.STATS, Phase.STATS))
+    d = ops.f64(ops.host(digest, received, (2,)))
+    return lanes, ops.concat([code, d, -d], 0)
 
 
 def _decode(scheme: EvenLevelScheme, size: int, n: int, nan: bool, ops: Ops, summed: Array, meta: Array,

@@ -15,8 +15,9 @@ ever *starts* collectives inside ``compress()`` (see :mod:`hvd_gradq.torch.compr
 * :meth:`Reducer.flush`, at the first ``decompress()`` of a step, when every ``compress()`` of
   that step has run on this rank, waits for each tensor's collective and starts its next one,
   one round for all tensors before any waits on the next (so no rank waits on a phase another
-  rank starts only after a phase it waits on), until every tensor's last collective is out;
-  with workers, what remains (decoding) is queued on the worker;
+  rank starts only after a phase it waits on), until every tensor's last collective (the
+  verdict round, :mod:`hvd_gradq.reduce.integrity`) is out; with workers, what remains
+  (decoding) is queued on the worker as soon as a tensor's verdict round is out;
 * :meth:`Reducer.finish` hands ``decompress()`` the decoded sum over the group.
 
 Bits: a pattern's result depends on its inputs only (seeds are per rank, step and tensor; sums
@@ -77,7 +78,6 @@ class Reducer:
     codec: str = "auto"  # where payloads are encoded and decoded: :mod:`.device`
     encoding: list[Flow] = field(default_factory=list)  # first segments on a worker, not settled
     flows: list[Flow] = field(default_factory=list)  # a collective out, another to follow
-    done: list[Flow] = field(default_factory=list)  # the last collective out, decoding not queued
     decoding: list[Future[torch.Tensor]] = field(default_factory=list)  # the last step's queued decodings
 
     def __post_init__(self) -> None:  # the patterns encode with the policy: its nonfinite=raise applies
@@ -150,12 +150,14 @@ class Reducer:
             ctx.job = None
             flows.append(ctx)
         self.flows = []
+        if self.workers.threads:
+            self.decoding = [f for f in self.decoding if not f.done()]
         while flows:  # one phase of every tensor is out before any waits for the next
             later = []
             for ctx in flows:
                 assert ctx.request is not None
                 if ctx.request.last:
-                    self.done.append(ctx)
+                    self._decode(ctx)
                     continue
                 try:
                     self._advance(ctx)
@@ -164,14 +166,18 @@ class Reducer:
                     continue
                 later.append(ctx)
             flows = later
-        done, self.done = self.done, []
-        if self.workers.threads:
-            self.decoding = [f for f in self.decoding if not f.done()]
-            for ctx in done:
-                ctx.result = self.workers.submit(lambda c=ctx: self._finish(c))  # type: ignore[misc]
-                self.decoding.append(ctx.result)
         if error is not None:
             raise error
+
+    def _decode(self, ctx: Flow) -> None:
+        """A flow whose last collective (the verdict round) is out: its decoding queued on the
+        worker at once, where there is one (it overlaps the other tensors' collectives, which this
+        thread goes on waiting for; the verdict it waits for was started by every rank's flush,
+        whatever the order of tensors), else left to :meth:`finish`."""
+        if not self.workers.threads:
+            return
+        ctx.result = self.workers.submit(lambda c=ctx: self._finish(c))  # type: ignore[misc]
+        self.decoding.append(ctx.result)
 
     def forget(self) -> None:
         """Drop the tensors of a step that will not finish (its collectives died with the world),
@@ -181,5 +187,4 @@ class Reducer:
         futures.wait(jobs + self.decoding)
         self.encoding.clear()
         self.flows.clear()
-        self.done.clear()
         self.decoding.clear()

@@ -1,0 +1,316 @@
+"""Corruption in transit (issue 35, items 7 and 11): every byte hvd_gradq sends is checked, and a
+mismatch stops every rank with an error naming the tensor, the step, the rank that found it and
+the sender.
+
+The patterns run on the loopback's N ranks; :func:`tampered` changes what one rank receives from
+one collective (a bit flipped, a pair of errors that cancel under a weighted sum), as a bad link
+or NIC would. The drive here records each rank's outcome, so that a rank that goes on while
+another raises is seen. Before the checks, these corruptions went through silently (the ranks'
+results differed from that step on) or raised on the receiving rank only, naming nothing.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import numpy as np
+import pytest
+import torch
+
+import hvd_gradq
+from hvd_gradq import reduce as core
+from hvd_gradq.feedback import Memory
+from hvd_gradq.plan.decide import Choice
+from hvd_gradq.plan.pattern import Pattern
+from hvd_gradq.reduce.names import Kind, collective
+from hvd_gradq.reduce.stats import Stats
+from hvd_gradq.reduce.table import phases
+from hvd_gradq.torch.ops import TorchOps
+from hvd_gradq.torch.store import TensorStore
+from hvd_gradq.torch.transport import TorchCodec
+
+CPU = TorchOps("cpu")
+SEED = 11
+STEP = 4
+
+#: (request, rank, result) -> what that rank receives
+Corrupt = Callable[[Any, int, Any], Any]
+
+
+def tampered(gen: core.Phases, rank: int, corrupt: Corrupt) -> core.Phases:
+    """``gen`` with every result it receives passed through ``corrupt`` first."""
+    req = next(gen)
+    while True:
+        got = yield req
+        try:
+            req = gen.send(corrupt(req, rank, got))
+        except StopIteration as stop:
+            return stop.value
+
+
+def drive(gens: list[core.Phases]) -> list[Any]:
+    """The loopback's lock step, with each rank's outcome kept: its result, or the exception it
+    raised. Ranks still running must ask for the same collective (else a real job would hang)."""
+    out: list[Any] = [None] * len(gens)
+    live = {r: next(g) for r, g in enumerate(gens)}
+    while live:
+        names = {type(q).__name__ + q.name for q in live.values()}
+        assert len(names) == 1, f"ranks {sorted(live)} ask for different collectives {names}: a real job hangs"
+        ranks = sorted(live)
+        answers = core.loopback._answer(CPU, [live[r] for r in ranks])
+        if len(ranks) < len(gens):
+            raise AssertionError(f"ranks {sorted(set(range(len(gens))) - set(ranks))} ended, ranks {ranks} "
+                                 f"wait in {next(iter(names))}: a real job hangs")
+        for r, a in zip(ranks, answers):
+            try:
+                live[r] = gens[r].send(a)
+            except StopIteration as stop:
+                out[r] = stop.value
+                del live[r]
+            except Exception as e:  # kept, to compare ranks
+                out[r] = e
+                del live[r]
+    return out
+
+
+def run(spec: str, xs: list[torch.Tensor], pattern: Pattern, corrupt: Corrupt | None = None,
+        cross: Pattern = Pattern.GATHER, local: int = 1) -> list[Any]:
+    cfg = hvd_gradq.parse(spec)
+    gens = []
+    for r, x in enumerate(xs):
+        red = core.Reduction(cfg, SEED, r, Memory(CPU, TensorStore()), Stats(), CPU)
+        red.stats.decide("t", "p", "", x.numel(), len(xs))
+        part = core.Part("t", STEP, core.Group(r, len(xs), "", local), TorchCodec(False))
+        gen = phases(Choice(pattern, "", cross), red, part, x, CPU)
+        gens.append(gen if corrupt is None else tampered(gen, r, corrupt))
+    return drive(gens)
+
+
+def grads(w: int, n: int, seed: int = 0) -> list[torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(n, generator=g) for _ in range(w)]
+
+
+def at(kind: Kind, victim: int, change: Callable[[Any], Any], phase: int | None = None) -> Corrupt:
+    """Change what rank ``victim`` receives from the collective of ``kind`` (a copy: results may
+    be shared between ranks)."""
+    name = collective("", kind, "t", phase)
+
+    def corrupt(req: Any, rank: int, got: Any) -> Any:
+        if rank != victim or req.name != name:
+            return got
+        copy = got.copy() if isinstance(got, np.ndarray) else got.clone()
+        return change(copy)
+
+    return corrupt
+
+
+def flip(index: int, bit: int) -> Callable[[Any], Any]:
+    def change(a: Any) -> Any:
+        if isinstance(a, np.ndarray):
+            a[index] ^= np.uint8(1 << bit)
+        elif a.is_floating_point():
+            v = a.view(torch.int32)
+            v[index] ^= 1 << bit
+        else:
+            a[index] ^= 1 << bit
+        return a
+    return change
+
+
+def every_rank_raised(outs: list[Any], finder: int, sender: int | None, words: str) -> None:
+    """Every rank raised the same CorruptionError, naming the tensor and step, the finder and the sender."""
+    assert all(isinstance(o, hvd_gradq.CorruptionError) for o in outs), [type(o).__name__ for o in outs]
+    texts = {str(o) for o in outs}
+    assert len(texts) == 1, texts
+    text = texts.pop()
+    assert text.startswith(f"t (step {STEP}): data corrupted in transit")
+    assert f"found by rank {finder}" in text and words in text, text
+    if sender is not None:
+        assert f"rank {sender} sent" in text, text
+
+
+def payload_at(buf: np.ndarray, k: int) -> int:
+    """Where the k-th payload of a gathered buffer starts."""
+    pos = 0
+    for _ in range(k):
+        pos = hvd_gradq.wire.read_header(buf, pos).end
+    return pos
+
+
+# -- clean runs: the checks change no result ----------------------------------------------------
+
+
+@pytest.mark.parametrize("pattern", [Pattern.GATHER, Pattern.SCATTER, Pattern.SUMMABLE])
+def test_without_corruption_every_rank_gets_the_same_sum(pattern: Pattern) -> None:
+    outs = run("qsgd:levels=4", grads(3, 3000), pattern)
+    assert all(isinstance(o, torch.Tensor) for o in outs)
+    assert all(torch.equal(o, outs[0]) for o in outs)
+
+
+# -- gather: payloads ----------------------------------------------------------------------------
+
+
+def test_a_flipped_bit_in_a_gathered_payload_stops_every_rank_naming_sender_and_finder() -> None:
+    def change(buf: np.ndarray) -> np.ndarray:
+        buf[payload_at(buf, 2) + 100] ^= 0x10  # in rank 2's payload, as rank 1 receives it
+        return buf
+
+    outs = run("orq:levels=5", grads(3, 3000), Pattern.GATHER, at(Kind.GATHER, 1, change))
+    every_rank_raised(outs, finder=1, sender=2, words="the allgather of payloads fails its CRC-32")
+
+
+def test_errors_that_cancel_under_the_old_weighted_sum_stop_every_rank() -> None:
+    """+2 at byte a, -1 at byte 2a + 1 of a payload (weights a + 1 and 2(a + 1) under the
+    version-2 checksum: it did not change) went through and decoded to other values on one rank."""
+    def change(buf: np.ndarray) -> np.ndarray:
+        start = payload_at(buf, 1)
+        end = payload_at(buf, 2)
+        raw = buf[start:end]
+        for a in range(40, (raw.shape[0] - 1) // 2):
+            b = 2 * a + 1
+            if not raw[a] & 2 and raw[b] & 1:
+                raw[a] ^= 2
+                raw[b] ^= 1
+                zeroed = raw.copy()
+                zeroed[16:20] = 0
+                weights = 1 + np.arange(raw.shape[0]) % 65521
+                before = (np.dot(zeroed.astype(np.int64), weights) - 2 * (a + 1) + 2 * (a + 1)) % (1 << 32)
+                assert before == np.dot(zeroed.astype(np.int64), weights) % (1 << 32)
+                return buf
+        raise AssertionError("no pair to change")
+
+    outs = run("orq:levels=5", grads(3, 3000), Pattern.GATHER, at(Kind.GATHER, 0, change))
+    every_rank_raised(outs, finder=0, sender=1, words="fails its CRC-32")
+
+
+# -- scatter: chunks and reduced chunks ----------------------------------------------------------
+
+
+def test_a_corrupted_chunk_stops_every_rank_though_only_its_owner_received_it() -> None:
+    def change(buf: np.ndarray) -> np.ndarray:
+        buf[payload_at(buf, 0) + 40] ^= 0x01  # rank 0's chunk, at its owner rank 2
+        return buf
+
+    outs = run("orq:levels=5", grads(3, 6000), Pattern.SCATTER, at(Kind.ALLTOALL, 2, change))
+    every_rank_raised(outs, finder=2, sender=0, words="the alltoall of chunk payloads")
+
+
+def test_a_corrupted_reduced_chunk_stops_every_rank() -> None:
+    outs = run("orq:levels=5", grads(3, 6000), Pattern.SCATTER, at(Kind.REDUCED, 0, flip(-5, 3)))
+    every_rank_raised(outs, finder=0, sender=2, words="the allgather of reduced chunks")
+
+
+# -- summable: lanes and statistics ---------------------------------------------------------------
+
+
+@pytest.mark.parametrize("bit", [0, 7, 30])
+def test_a_flipped_bit_in_the_summed_lanes_stops_every_rank(bit: int) -> None:
+    outs = run("qsgd:levels=4", grads(3, 4096, seed=2), Pattern.SUMMABLE, at(Kind.LANES, 1, flip(17, bit)))
+    every_rank_raised(outs, finder=1, sender=None, words="the summed lanes of the Sum-allreduce of lanes fail their "
+                                                          "checksum: the sum of ranks 0..2's lanes was corrupted")
+
+
+def test_lane_errors_that_cancel_under_fixed_weights_stop_every_rank() -> None:
+    """+2 at lane a, -1 at lane 2a + 1: what a checksum of weights 1 + i (the old payload sum's)
+    would miss; the lanes' weights are pseudo-random, mod 2**31 - 1."""
+    def change(lanes: torch.Tensor) -> torch.Tensor:
+        lanes[30] += 2
+        lanes[61] -= 1
+        return lanes
+
+    outs = run("terngrad", grads(4, 4096, seed=3), Pattern.SUMMABLE, at(Kind.LANES, 3, change))
+    every_rank_raised(outs, finder=3, sender=None, words="fail their checksum")
+
+
+def test_statistics_corrupted_on_the_way_to_one_rank_stop_every_rank() -> None:
+    """A flipped exponent bit raises a maximum on rank 2 alone: it encodes against another scale
+    than the others (its lanes pass their checksum); the ranks' digests differ."""
+    outs = run("qsgd:levels=4", grads(3, 4096, seed=4), Pattern.SUMMABLE, at(Kind.STATS, 2, flip(3, 24)))
+    assert all(isinstance(o, hvd_gradq.CorruptionError) for o in outs), outs
+    assert {str(o) for o in outs} == {
+        f"t (step {STEP}): data corrupted in transit: the ranks received different statistics from the "
+        "Max-allreduce of statistics (their CRC-32 digests differ); every rank stops here, since their results "
+        "would differ from this step on (check the network, NICs and memory of the ranks named, and resume from a "
+        "checkpoint)"}
+
+
+def test_statistics_lowered_below_a_ranks_own_are_named_by_that_rank() -> None:
+    """Every rank received the same statistics (a corruption before the result was spread), one
+    of them lowered below rank 1's own: rank 1 names it."""
+    xs = grads(3, 4096, seed=5)
+    xs[1][600] = 50.0  # bucket 1's maximum is rank 1's
+    def lower(stats: torch.Tensor) -> torch.Tensor:
+        stats[1] = stats[1] / 4
+        return stats
+
+    corrupt = [at(Kind.STATS, r, lower) for r in range(3)]
+    outs = run("qsgd:levels=4", xs, Pattern.SUMMABLE, lambda q, r, got: corrupt[r](q, r, got))
+    every_rank_raised(outs, finder=1, sender=None, words="the statistics it received from the Max-allreduce of "
+                                                          "statistics are below its own")
+
+
+# -- hierarchical: fp32 pieces and cross payloads --------------------------------------------------
+
+
+@pytest.mark.parametrize("phase,victim,index,sender", [(1, 1, 10, 0), (1, 3, 1600, 3), (3, 0, 2000, 1)])
+def test_a_flipped_bit_in_an_fp32_piece_stops_every_rank(phase: int, victim: int, index: int, sender: int) -> None:
+    # 4 ranks, 2 a host, 3000 elements: pieces of 1536 and 1464 (+2 check elements each)
+    outs = run("orq:levels=5", grads(4, 3000, seed=6), Pattern.HIERARCHICAL,
+               at(Kind.HIER, victim, flip(index, 5), phase), local=2)
+    every_rank_raised(outs, finder=victim, sender=sender, words=f"the fp32 piece rank {sender} sent in hierarchical "
+                                                                 f"phase h{phase} fails its CRC-32")
+
+
+def test_a_corrupted_cross_payload_stops_every_rank() -> None:
+    outs = run("orq:levels=5", grads(4, 3000, seed=7), Pattern.HIERARCHICAL, at(Kind.HIER, 3, flip(-9, 2), 2),
+               local=2)
+    every_rank_raised(outs, finder=3, sender=3, words="hierarchical phase h2 fails its CRC-32")
+
+
+# -- the lanes' checksum itself -------------------------------------------------------------------
+
+
+def test_the_lane_checksum_survives_the_sum_and_catches_random_double_errors() -> None:
+    from hvd_gradq.wire.integrity import CHECK_LANES, checked, with_check
+    from hvd_gradq.xp import NUMPY
+
+    rng = np.random.default_rng(0)
+    ranks = [rng.integers(0, 1 << 28, 5000, dtype=np.int64) for _ in range(4)]
+    summed = sum(with_check(NUMPY, r) for r in ranks)
+    lanes, ok = checked(NUMPY, summed)
+    assert ok.tolist() == [1.0] and np.array_equal(lanes, sum(ranks)) and summed.shape == (5000 + CHECK_LANES,)
+    missed = 0
+    for _ in range(3000):  # two flipped bits anywhere, the check lanes included
+        bad = summed.copy()
+        for i, b in zip(rng.integers(0, bad.shape[0], 2), rng.integers(0, 31, 2)):
+            bad[i] ^= 1 << int(b)
+        if np.array_equal(bad, summed):
+            continue
+        missed += int(checked(NUMPY, bad)[1][0] == 1.0)
+    assert missed == 0
+
+
+def test_the_lane_checksum_is_the_same_in_every_namespace() -> None:
+    from hvd_gradq.wire.integrity import with_check
+    from hvd_gradq.xp import NUMPY
+
+    lanes = np.random.default_rng(1).integers(0, (1 << 31) - 1, 3001, dtype=np.int64)
+    want = with_check(NUMPY, lanes)
+    assert np.array_equal(with_check(CPU, torch.from_numpy(lanes)).numpy(), want)
+    tf = pytest.importorskip("tensorflow")
+    from hvd_gradq.tensorflow.ops import TF
+
+    assert np.array_equal(with_check(TF, tf.constant(lanes)).numpy(), want)
+
+
+def test_a_finding_names_the_lowest_finder_and_round_trips() -> None:
+    from hvd_gradq.reduce.integrity import Carrier, Phase, _parse, finding
+
+    a = finding(3, Carrier.PAYLOAD, Phase.GATHER, 7)
+    b = finding(12, Carrier.LANES, Phase.LANES)
+    assert max(a, b) == a and float(np.float64(a)) == a
+    assert _parse(a) == (3, Carrier.PAYLOAD, Phase.GATHER, 7)
+    assert _parse(b) == (12, Carrier.LANES, Phase.LANES, None)
+    assert _parse(finding(1_000_000, Carrier.PIECE, Phase.H4, 2_000_000)) == (1_000_000, Carrier.PIECE, Phase.H4,
+                                                                            2_000_000)
