@@ -114,7 +114,8 @@ def test_value_beyond_the_range_on_one_rank_stops_every_rank() -> None:
     float32 ranges end at 2**127) in the gather, summable and scatter patterns: rank 1 raises
     hvd_gradq's RangeError with the magnitude, and tells the others (a poison payload saying
     why; in summable a statistic naming it), which raise one naming the tensor and rank 1. No
-    Horovod shutdown error, and a collective after it runs on both (nobody is left waiting)."""
+    Horovod shutdown error, and a collective after it runs on both (nobody is left waiting).
+    Then corruption in transit, in the same launch."""
     reps = launch("worker_torch_hardening.py", np=2, args=["--mode", "range"], timeout=300)
     for key in ("orq:levels=5/gather", "qsgd:levels=4/summable", "orq:levels=5/scatter"):
         e1, e0 = reps[1][key], reps[0][key]
@@ -122,6 +123,16 @@ def test_value_beyond_the_range_on_one_rank_stops_every_rank() -> None:
         assert re.match(r"4\.weight \(step 2\): (this rank had )?a finite value of magnitude 2e\+38", e1["error"]), e1
         assert re.match(r"4\.weight( \(step 2\))?: rank(\(s\) \[1\]| 1) had a finite value in this gradient that "
                         r"the scheme cannot quantize", e0["error"]), e0
+        assert e1["after"] == e0["after"] == 2, (key, e0, e1)
+    # the same launch: a bit flipped in 4.weight's gathered payloads (in rank 0's) or summed lanes
+    # as rank 1 receives them (issue 35, item 7): the same CorruptionError on both ranks, naming
+    # the tensor, the step and rank 1 (before: rank 1 alone raised a bare checksum mismatch, or,
+    # for the lanes, nobody noticed and the ranks' parameters differed from then on)
+    for key, words in (("corrupt/gather", "the payload rank 0 sent in the allgather of payloads fails its CRC-32"),
+                       ("corrupt/summable", "the summed lanes of the Sum-allreduce of lanes fail their checksum")):
+        e1, e0 = reps[1][key], reps[0][key]
+        assert e0["type"] == e1["type"] == "CorruptionError" and e0["error"] == e1["error"], (key, e0, e1)
+        assert e0["error"].startswith("4.weight (step 2): data corrupted in transit, found by rank 1: " + words), e0
         assert e1["after"] == e0["after"] == 2, (key, e0, e1)
 
 

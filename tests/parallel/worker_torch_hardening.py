@@ -6,7 +6,9 @@ without it; a different world size and another scheme are refused, the latter lo
 ``strict=False``; ``state_dict(all_ranks=True)`` on rank 0 alone fails within its timeout), ``nonfinite`` (NaN on rank 1 at step 2, ``SPEC`` and
 ``PATTERN`` from the environment: every rank stops with an error, none hangs), ``range`` (a
 finite value beyond the scheme's float32 range on rank 1, one case a pattern: every rank stops
-with an error naming the tensor and the rank, and a collective after it still runs), ``disagree``
+with an error naming the tensor and the rank, and a collective after it still runs; then a bit
+flipped in what rank 1 receives, gather and summable: every rank stops with the CorruptionError
+naming the tensor, the step and rank 1), ``disagree``
 (rank 1 builds its compressor otherwise, one case each: another spec, check_ranks, fallback past
 a long seed, link_gbps under gather and auto: every rank stops with an error naming the ranks and
 the difference, or every rank runs; none waits),
@@ -208,6 +210,46 @@ elif args.mode == "range":
             out[key] = {"error": "RuntimeError: " + str(e), "type": "RuntimeError"}
         # every collective of the failed step was started on every rank: all of them finish, and
         # the next one runs (nobody is left waiting in a collective another rank never joined)
+        for handle in list(mpi_ops._handle_map):
+            hvd.synchronize(handle)
+        out[key]["after"] = int(hvd.allreduce(torch.ones(1), op=hvd.Sum, name=f"after.{key}").item())
+    # corruption in transit: rank 1 receives 4.weight's collective of step 2 with a bit flipped
+    # (its gathered payloads: in rank 0's; its summed lanes). Every rank raises the same
+    # CorruptionError naming the tensor, the step and the rank that found it, and goes on.
+    from hvd_gradq.torch.transport import HorovodTransport
+
+    real_wait = HorovodTransport.wait
+    for spec, pattern, kind in (("orq:levels=5", "gather", "g"), ("qsgd:levels=4", "summable", "l")):
+        key = f"corrupt/{pattern}"
+        armed = {"on": False}
+
+        def wait(self, handle, _target=f"hvd_gradq.{kind}.4.weight", _armed=armed):
+            got = real_wait(self, handle)
+            if rank == 1 and _armed["on"] and handle[0].name == _target:
+                _armed["on"] = False
+                got = got.copy() if hasattr(got, "copy") else got.clone()
+                if got.dtype == torch.int64:
+                    got[5] ^= 1 << 3
+                else:
+                    got[got.shape[0] // 4] ^= 0x10
+            return got
+
+        HorovodTransport.wait = wait
+        model, opt, comp = model_and_opt(spec, pattern=pattern)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        run(model, opt, 0, 2)
+        armed["on"] = True
+        x, y = data(3)
+        try:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+            out[key] = {"error": ""}
+        except hvd_gradq.GradqError as e:
+            out[key] = {"error": str(e), "type": type(e).__name__}
+        except RuntimeError as e:  # Horovod's shutdown: what must not happen
+            out[key] = {"error": "RuntimeError: " + str(e), "type": "RuntimeError"}
+        HorovodTransport.wait = real_wait
         for handle in list(mpi_ops._handle_map):
             hvd.synchronize(handle)
         out[key]["after"] = int(hvd.allreduce(torch.ones(1), op=hvd.Sum, name=f"after.{key}").item())
