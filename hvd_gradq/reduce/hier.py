@@ -155,6 +155,7 @@ def _checked(ops: Ops, x: Array, sizes: list[int]) -> Array:
 def _pieces(ops: Ops, got: Array, sizes: list[int], finder: int, phase: int, h: Hosts) -> tuple[Array, Array]:
     """The pieces of ``got`` (one from each of the host's ranks, of ``sizes``, each with its
     CRC-32), their checks dropped and all zero if one fails, and this rank's finding (float64 (1,))."""
+    got = ops.reshape(got, (sum(sizes) + 2 * len(sizes),))  # an alltoall's result: its size known here
     bad = ops.host(lambda a: first_bad_piece(a, sizes), got, (1,))  # [i + 1] for piece i, [0.0]
     first = h.local_peers()[0]  # piece i from rank first + i
     code = ops.f64(ops.f32(bad > 0.0)) * finding(finder, Carrier.PIECE, hier_phase(phase), first - 1) + ops.f64(bad)
