@@ -48,7 +48,7 @@ def tampered(gen: core.Phases, rank: int, corrupt: Corrupt) -> core.Phases:
             return stop.value
 
 
-def drive(gens: list[core.Phases]) -> list[Any]:
+def drive(gens: list[core.Phases], ops: Any = CPU) -> list[Any]:
     """The loopback's lock step, with each rank's outcome kept: its result, or the exception it
     raised. Ranks still running must ask for the same collective (else a real job would hang)."""
     out: list[Any] = [None] * len(gens)
@@ -57,7 +57,7 @@ def drive(gens: list[core.Phases]) -> list[Any]:
         names = {type(q).__name__ + q.name for q in live.values()}
         assert len(names) == 1, f"ranks {sorted(live)} ask for different collectives {names}: a real job hangs"
         ranks = sorted(live)
-        answers = core.loopback._answer(CPU, [live[r] for r in ranks])
+        answers = core.loopback._answer(ops, [live[r] for r in ranks])
         if len(ranks) < len(gens):
             raise AssertionError(f"ranks {sorted(set(range(len(gens))) - set(ranks))} ended, ranks {ranks} "
                                  f"wait in {next(iter(names))}: a real job hangs")
@@ -99,7 +99,7 @@ def at(kind: Kind, victim: int, change: Callable[[Any], Any], phase: int | None 
     def corrupt(req: Any, rank: int, got: Any) -> Any:
         if rank != victim or req.name != name:
             return got
-        copy = got.copy() if isinstance(got, np.ndarray) else got.clone()
+        copy = got.copy() if isinstance(got, np.ndarray) else got.clone() if isinstance(got, torch.Tensor) else got
         return change(copy)
 
     return corrupt
@@ -266,6 +266,38 @@ def test_a_corrupted_cross_payload_stops_every_rank() -> None:
     outs = run("orq:levels=5", grads(4, 3000, seed=7), Pattern.HIERARCHICAL, at(Kind.HIER, 3, flip(-9, 2), 2),
                local=2)
     every_rank_raised(outs, finder=3, sender=3, words="hierarchical phase h2 fails its CRC-32")
+
+
+# -- TensorFlow's codec (its host functions, run eagerly) ------------------------------------------
+
+
+@pytest.mark.parametrize("pattern,kind,index,bit", [(Pattern.GATHER, Kind.GATHER, 500, 3),
+                                                    (Pattern.SCATTER, Kind.ALLTOALL, 40, 0),
+                                                    (Pattern.SUMMABLE, Kind.LANES, 17, 2)])
+def test_tensorflows_codec_stops_every_rank_too(pattern: Pattern, kind: Kind, index: int, bit: int) -> None:
+    tf = pytest.importorskip("tensorflow")
+    from hvd_gradq.tensorflow.ops import TF
+    from hvd_gradq.tensorflow.transport import GraphCodec
+
+    def run_tf(corrupt: Corrupt | None) -> list[Any]:
+        spec = "qsgd:levels=4" if pattern is Pattern.SUMMABLE else "orq:levels=5"
+        gens = []
+        for r, x in enumerate(grads(3, 3000, seed=8)):
+            red = core.Reduction(hvd_gradq.parse(spec), SEED, r, None, None, TF)
+            part = core.Part("t", STEP, core.Group(r, 3, ""), GraphCodec(3, f"t (step {STEP})", False))
+            gen = phases(Choice(pattern, ""), red, part, tf.constant(x.numpy()), TF)
+            gens.append(gen if corrupt is None else tampered(gen, r, corrupt))
+        return drive(gens, TF)
+
+    def change(a: Any) -> Any:
+        a = a.numpy().copy()
+        a[index] ^= a.dtype.type(1 << bit)
+        return tf.constant(a)
+
+    clean = run_tf(None)
+    assert all(np.array_equal(c.numpy(), clean[0].numpy()) for c in clean)
+    outs = run_tf(at(kind, 1, lambda a: change(a)))
+    every_rank_raised(outs, finder=1, sender=None if pattern is Pattern.SUMMABLE else 0, words="fail")
 
 
 # -- the lanes' checksum itself -------------------------------------------------------------------
