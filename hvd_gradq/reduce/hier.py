@@ -24,8 +24,9 @@ Phases, for the piece this rank owns (``m`` elements, 1/local of the tensor on b
 
 Integrity: the fp32 pieces of the first and last phases travel with a CRC-32 each (two float32
 elements after a piece: :mod:`hvd_gradq.wire.integrity`), the payloads with theirs; what a rank
-finds in any phase goes into the verdict round after the last one (:mod:`.integrity`), where
-every rank learns of it (a rank that found a corrupted part goes on with zeros in its place).
+finds in any phase goes into the comparison of findings after the last one (:mod:`.integrity`:
+a verdict round, or the driver's one verdict a step), where every rank learns of it (a rank that
+found a corrupted part goes on with zeros in its place, and sends them on as an owner).
 
 Draws: the ``#host`` tag's stream (sub-piece k: ``#host#k``; the second pass: ``#host#reduce``),
 by :meth:`~.core.Reduction.words`; residuals keyed ``<key>#host`` and ``<key>#host#reduce``.
@@ -114,9 +115,10 @@ def hierarchical(red: Reduction, t: Part, x: Array, hosts: Hosts, cross: Pattern
     flag = ops.full((1,), 0.0 if st.stop is None else stop_flag(*st.stop))
     out = _checked(ops, ops.concat([piece, flag], 0), [m + 1])
     last = 4 if cross is Pattern.SCATTER else 3
-    got = yield _send(t, last, ops.concat([out] * h.local, 0), {r: m + 3 for r in h.local_peers()}, h)
+    got = yield _send(t, last, ops.concat([out] * h.local, 0), {r: m + 3 for r in h.local_peers()}, h,
+                      not red.verdict_round)
     got, more = _pieces(ops, got, [e - s + 1 for s, e in pieces], t.group.rank, last, h)
-    verdict = yield from round_(t, ops.maximum(found, more))
+    verdict = yield from round_(red, t, ops, ops.maximum(found, more))
     res, at, flags = [], 0, []
     for s, e in pieces:
         res.append(got[at:at + e - s])

@@ -13,12 +13,18 @@ ever *starts* collectives inside ``compress()`` (see :mod:`hvd_gradq.torch.compr
   worker thread (:mod:`hvd_gradq.frontend.workers`) while backward goes on, settled in the order
   the tensors came; otherwise (summable: statistics only; hierarchical: fp32 pieces) inline;
 * :meth:`Reducer.flush`, at the first ``decompress()`` of a step, when every ``compress()`` of
-  that step has run on this rank, waits for each tensor's collective and starts its next one,
-  one round for all tensors before any waits on the next (so no rank waits on a phase another
-  rank starts only after a phase it waits on), until every tensor's last collective (the
-  verdict round, :mod:`hvd_gradq.reduce.integrity`) is out; with workers, what remains
-  (decoding) is queued on the worker as soon as a tensor's verdict round is out;
-* :meth:`Reducer.finish` hands ``decompress()`` the decoded sum over the group.
+  that step has run on this rank, reads the previous step's verdicts, then waits for each
+  tensor's collective and starts its next one, one round for all tensors before any waits on
+  the next (so no rank waits on a phase another rank starts only after a phase it waits on),
+  until every tensor's last collective is out; with workers, what remains (decoding) is queued
+  on the worker;
+* :meth:`Reducer.finish` hands ``decompress()`` the decoded sum over the group, or raises the
+  step's CorruptionError where this rank found corruption in that tensor.
+
+Integrity: the patterns note what each rank found wrong with the bytes it received in the step's
+record (no collective a tensor); the step's findings are compared once, in one verdict a step
+and process set (:mod:`.verdict`, :mod:`hvd_gradq.reduce.verdicts`), which
+:meth:`Reducer.begin_step` starts for the previous step at the first ``compress()`` of a step.
 
 Bits: a pattern's result depends on its inputs only (seeds are per rank, step and tensor; sums
 run in rank order), so threads, rounds and the order of tensors change no bit.
@@ -41,11 +47,13 @@ from ..plan.decide import Choice
 from ..policy import Policy
 from ..reduce import table
 from ..reduce.stats import Stats
+from ..reduce.verdicts import StepRecord
 from ..schemes.scheme import Scheme
 from ..spec import Config
 from . import device
 from .ops import TorchOps
 from .transport import HorovodTransport, TorchCodec
+from .verdict import StepVerdicts
 
 _CPU = TorchOps("cpu")
 
@@ -62,6 +70,8 @@ class Flow:
     job: Future[None] | None = None  # the first segment, on a worker
     result: Future[torch.Tensor] | None = None  # the last segment (decoding), on a worker
     error: GradqError | None = None  # the reduction stopped with this error earlier in the step
+    record: StepRecord | None = None  # the step's record its pattern notes its finding in
+    name: str = ""
 
 
 @dataclass
@@ -78,22 +88,30 @@ class Reducer:
     codec: str = "auto"  # where payloads are encoded and decoded: :mod:`.device`
     encoding: list[Flow] = field(default_factory=list)  # first segments on a worker, not settled
     flows: list[Flow] = field(default_factory=list)  # a collective out, another to follow
+    done: list[Flow] = field(default_factory=list)  # the last collective out, decoding not queued
     decoding: list[Future[torch.Tensor]] = field(default_factory=list)  # the last step's queued decodings
 
     def __post_init__(self) -> None:  # the patterns encode with the policy: its nonfinite=raise applies
         self.config = Config(self.scheme, self.policy)
+        self.verdicts = StepVerdicts(self.stats.clock)
+
+    def begin_step(self) -> None:
+        """At the first ``compress()`` of a step: the previous step's verdicts started."""
+        self.verdicts.begin_step()
 
     def start(self, choice: Choice, name: str, step: int, group: core.Group, x: torch.Tensor) -> Flow:
         """Start the chosen pattern for tensor ``name`` at ``step`` over ``group`` on ``x`` (float32,
         flat, error feedback already added): its first segment, up to its first collective."""
         row = table.entry(choice.pattern)
-        red = core.Reduction(self.config, self.seed, hvd.rank(), self.memory, self.stats, _CPU)
+        record = self.verdicts.record(group, name, step)
+        red = core.Reduction(self.config, self.seed, hvd.rank(), self.memory, self.stats, _CPU, findings=record)
         on_dev = device.on_device(self.codec, x) and not row.host_fp32  # host_fp32: pieces on the host
         part = core.Part(name, step, group, TorchCodec(on_dev, "cpu" if row.host_fp32 else x.device))
         if not on_dev and not row.encodes_first:  # the host codec's encode copies to the host itself
             x = x.detach().cpu()
         transport = HorovodTransport(group.process_set, self.stats.clock)
-        flow = Flow(row.run(red, part, x, TorchOps(x.device) if on_dev else _CPU, choice), transport)
+        flow = Flow(row.run(red, part, x, TorchOps(x.device) if on_dev else _CPU, choice), transport, record=record,
+                    name=name)
         if row.encodes_first:
             # the job reads x's values; nothing writes the gradient before the step settles the job
             flow.job = self.workers.submit(lambda: self._advance(flow))
@@ -128,19 +146,25 @@ class Reducer:
             ctx.handle = ctx.transport.start(ctx.request)
 
     def finish(self, flow: Flow) -> torch.Tensor:
-        """Wait for the flow's collectives and return the decoded sum over the group (float32, flat)."""
+        """Wait for the flow's collectives and return the decoded sum over the group (float32,
+        flat); where this rank found corruption in it, the step's CorruptionError instead."""
         self.flush()
         if flow.error is not None:
             raise flow.error
         if flow.result is not None:
             future, flow.result = flow.result, None
-            return future.result()
-        return self._finish(flow)
+            out = future.result()
+        else:
+            out = self._finish(flow)
+        self.verdicts.finder(flow.record, flow.name)
+        return out
 
     def flush(self) -> None:
-        """Settle the first segments, run every tensor's phases up to its last collective (one
-        round for all tensors at a time) and, with workers, queue their decoding: called at the
-        first ``decompress()`` of a step, when every ``compress()`` of that step has run here."""
+        """Read the previous step's verdicts, settle the first segments, run every tensor's
+        phases up to its last collective (one round for all tensors at a time) and, with workers,
+        queue their decoding: called at the first ``decompress()`` of a step, when every
+        ``compress()`` of that step has run here."""
+        self.verdicts.check()
         encoding, self.encoding = self.encoding, []
         error: GradqError | None = None
         flows = self.flows
@@ -150,14 +174,12 @@ class Reducer:
             ctx.job = None
             flows.append(ctx)
         self.flows = []
-        if self.workers.threads:
-            self.decoding = [f for f in self.decoding if not f.done()]
         while flows:  # one phase of every tensor is out before any waits for the next
             later = []
             for ctx in flows:
                 assert ctx.request is not None
                 if ctx.request.last:
-                    self._decode(ctx)
+                    self.done.append(ctx)
                     continue
                 try:
                     self._advance(ctx)
@@ -166,18 +188,14 @@ class Reducer:
                     continue
                 later.append(ctx)
             flows = later
+        done, self.done = self.done, []
+        if self.workers.threads:
+            self.decoding = [f for f in self.decoding if not f.done()]
+            for ctx in done:
+                ctx.result = self.workers.submit(lambda c=ctx: self._finish(c))  # type: ignore[misc]
+                self.decoding.append(ctx.result)
         if error is not None:
             raise error
-
-    def _decode(self, ctx: Flow) -> None:
-        """A flow whose last collective (the verdict round) is out: its decoding queued on the
-        worker at once, where there is one (it overlaps the other tensors' collectives, which this
-        thread goes on waiting for; the verdict it waits for was started by every rank's flush,
-        whatever the order of tensors), else left to :meth:`finish`."""
-        if not self.workers.threads:
-            return
-        ctx.result = self.workers.submit(lambda c=ctx: self._finish(c))  # type: ignore[misc]
-        self.decoding.append(ctx.result)
 
     def forget(self) -> None:
         """Drop the tensors of a step that will not finish (its collectives died with the world),
@@ -187,4 +205,6 @@ class Reducer:
         futures.wait(jobs + self.decoding)
         self.encoding.clear()
         self.flows.clear()
+        self.done.clear()
         self.decoding.clear()
+        self.verdicts.forget()

@@ -14,8 +14,13 @@ payloads fails its own (every payload carries a CRC-32: :mod:`.payload`).
   chance of about 2**-31, not 1. All int64 arithmetic on values below 2**63, in any ``Ops``
   (a TensorFlow graph runs it as written).
 * **Statistics** (the summable pattern's Max-allreduce) are not linear; :func:`digest` is the
-  CRC-32 of what a rank received, as two 16-bit halves in float32 (exact), so that ranks can
-  compare what they received (the reduction core's verdict round: :mod:`hvd_gradq.reduce.integrity`).
+  CRC-32 of what a rank received, as two 16-bit halves in float32 (exact). Every rank appends
+  it (mod P, :data:`DIGEST_LANES` lanes of 8-bit pieces, covered by the lanes' checksum) to the
+  lanes it sends next, so the lanes' sum brings each rank the sum of every rank's digest: where
+  it is not ``size`` times the rank's own, the ranks received different statistics
+  (:func:`digest_lanes`, :func:`digests_agree`). Every rank whose lanes arrived intact learns
+  it in the same collective, so every rank can stop at once (a corrupted statistic can also
+  look like a peer's stop signal: a stop decided on it must not be the only news).
 * **fp32 pieces** (the hierarchical pattern's alltoalls inside a host): each piece travels with
   its CRC-32 as two float32 elements after it (:func:`piece_checks`, :func:`first_bad_piece`).
 
@@ -42,6 +47,8 @@ _PIECE_BITS = 8
 _PIECES = 4  # 8-bit pieces of a value below 2**31
 #: Lanes appended to a rank's lanes: its two checksums, in 8-bit pieces.
 CHECK_LANES = 2 * _PIECES
+#: Lanes of the digest of the statistics a rank received, in 8-bit pieces (before its checksums).
+DIGEST_LANES = _PIECES
 #: Ranks whose summed pieces still fit an int32 lane.
 MAX_RANKS = (1 << 31) // (1 << _PIECE_BITS) - 1
 _BLOCK = 1 << 20
@@ -104,6 +111,28 @@ def checked(ops: Ops, summed: Array) -> tuple[Array, Array]:
     ok1 = ops.f32(_dot(ops, w, lanes) == _whole(ops, tail[:_PIECES]))
     ok2 = ops.f32(_dot(ops, w2, lanes) == _whole(ops, tail[_PIECES:]))
     return lanes, ops.minimum(ok1, ok2)
+
+
+def digest_lanes(ops: Ops, halves: Array) -> Array:
+    """A :func:`digest` (float32 [low 16 bits, high 16 bits]) mod P as int64 (:data:`DIGEST_LANES`,)
+    lanes of 8-bit pieces: what a rank appends to its lanes before :func:`with_check`."""
+    return _pieces(ops, _digest_mod(ops, halves))
+
+
+def _digest_mod(ops: Ops, halves: Array) -> Array:
+    d = ops.i64(halves)  # exact: both halves are below 2**16
+    return ops.mod(d[0:1] + d[1:2] * (1 << 16), P)
+
+
+def digests_agree(ops: Ops, lanes: Array, halves: Array, size: int) -> tuple[Array, Array]:
+    """(summed lanes without the :data:`DIGEST_LANES` at their end, float32 (1,): 1.0 where the
+    summed digests are ``size`` times this rank's own ``halves`` mod P, 0.0 where some rank
+    received other statistics). Differences that cancel (two ranks whose digests differ from
+    this one's by opposite amounts mod P) pass with a chance of about 2**-31."""
+    lanes = ops.i64(lanes)
+    k = int(ops.shape(lanes)[0]) - DIGEST_LANES
+    own = _digest_mod(ops, halves)
+    return lanes[:k], ops.f32(_whole(ops, lanes[k:]) == ops.mod(own * size, P))
 
 
 def _halves(crc: int) -> list[float]:

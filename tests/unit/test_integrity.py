@@ -22,12 +22,15 @@ from hvd_gradq import reduce as core
 from hvd_gradq.feedback import Memory
 from hvd_gradq.plan.decide import Choice
 from hvd_gradq.plan.pattern import Pattern
+from hvd_gradq.reduce.integrity import error_of
 from hvd_gradq.reduce.names import Kind, collective
 from hvd_gradq.reduce.stats import Stats
 from hvd_gradq.reduce.table import phases
+from hvd_gradq.reduce.verdicts import Verdicts, settle
 from hvd_gradq.torch.ops import TorchOps
 from hvd_gradq.torch.store import TensorStore
 from hvd_gradq.torch.transport import TorchCodec
+from hvd_gradq.xp import NUMPY
 
 CPU = TorchOps("cpu")
 SEED = 11
@@ -74,16 +77,30 @@ def drive(gens: list[core.Phases], ops: Any = CPU) -> list[Any]:
 
 
 def run(spec: str, xs: list[torch.Tensor], pattern: Pattern, corrupt: Corrupt | None = None,
-        cross: Pattern = Pattern.GATHER, local: int = 1) -> list[Any]:
+        cross: Pattern = Pattern.GATHER, local: int = 1, name: str = "t",
+        verdicts: list[Verdicts] | None = None) -> list[Any]:
+    """Each rank's outcome of tensor ``name``'s reduction; with ``verdicts`` (one a rank), one
+    verdict a step, as PyTorch's driver runs it: the findings go to each rank's record."""
     cfg = hvd_gradq.parse(spec)
     gens = []
     for r, x in enumerate(xs):
-        red = core.Reduction(cfg, SEED, r, Memory(CPU, TensorStore()), Stats(), CPU)
-        red.stats.decide("t", "p", "", x.numel(), len(xs))
-        part = core.Part("t", STEP, core.Group(r, len(xs), "", local), TorchCodec(False))
+        group = core.Group(r, len(xs), "", local)
+        record = None if verdicts is None else verdicts[r].record(group, name, STEP)
+        red = core.Reduction(cfg, SEED, r, Memory(CPU, TensorStore()), Stats(), CPU, findings=record)
+        red.stats.decide(name, "p", "", x.numel(), len(xs))
+        part = core.Part(name, STEP, group, TorchCodec(False))
         gen = phases(Choice(pattern, "", cross), red, part, x, CPU)
         gens.append(gen if corrupt is None else tampered(gen, r, corrupt))
     return drive(gens)
+
+
+def settle_all(verdicts: list[Verdicts]) -> list[Any]:
+    """Each rank's outcome of the step's verdict (None, or the error it raised): the records
+    closed, one a rank (one group), under one name."""
+    records = [v.close() for v in verdicts]
+    assert all(len(r) == 1 for r in records)
+    assert len({r[0].name for r in records}) == 1, [r[0].name for r in records]
+    return drive([settle(r[0]) for r in records], NUMPY)
 
 
 def grads(w: int, n: int, seed: int = 0) -> list[torch.Tensor]:
@@ -91,10 +108,10 @@ def grads(w: int, n: int, seed: int = 0) -> list[torch.Tensor]:
     return [torch.randn(n, generator=g) for _ in range(w)]
 
 
-def at(kind: Kind, victim: int, change: Callable[[Any], Any], phase: int | None = None) -> Corrupt:
+def at(kind: Kind, victim: int, change: Callable[[Any], Any], phase: int | None = None, tensor: str = "t") -> Corrupt:
     """Change what rank ``victim`` receives from the collective of ``kind`` (a copy: results may
     be shared between ranks)."""
-    name = collective("", kind, "t", phase)
+    name = collective("", kind, tensor, phase)
 
     def corrupt(req: Any, rank: int, got: Any) -> Any:
         if rank != victim or req.name != name:
@@ -118,16 +135,17 @@ def flip(index: int, bit: int) -> Callable[[Any], Any]:
     return change
 
 
-def every_rank_raised(outs: list[Any], finder: int, sender: int | None, words: str) -> None:
+def every_rank_raised(outs: list[Any], finder: int, sender: int | None, words: str, tensor: str = "t") -> str:
     """Every rank raised the same CorruptionError, naming the tensor and step, the finder and the sender."""
     assert all(isinstance(o, hvd_gradq.CorruptionError) for o in outs), [type(o).__name__ for o in outs]
     texts = {str(o) for o in outs}
     assert len(texts) == 1, texts
     text = texts.pop()
-    assert text.startswith(f"t (step {STEP}): data corrupted in transit")
+    assert text.startswith(f"{tensor} (step {STEP}): data corrupted in transit")
     assert f"found by rank {finder}" in text and words in text, text
     if sender is not None:
         assert f"rank {sender} sent" in text, text
+    return text
 
 
 def payload_at(buf: np.ndarray, k: int) -> int:
@@ -151,12 +169,17 @@ def test_without_corruption_every_rank_gets_the_same_sum(pattern: Pattern) -> No
 # -- gather: payloads ----------------------------------------------------------------------------
 
 
-def test_a_flipped_bit_in_a_gathered_payload_stops_every_rank_naming_sender_and_finder() -> None:
+def in_payload(k: int, offset: int, mask: int) -> Callable[[np.ndarray], np.ndarray]:
+    """Flip ``mask`` in byte ``offset`` of the k-th payload of a received buffer."""
     def change(buf: np.ndarray) -> np.ndarray:
-        buf[payload_at(buf, 2) + 100] ^= 0x10  # in rank 2's payload, as rank 1 receives it
+        buf[payload_at(buf, k) + offset] ^= mask
         return buf
+    return change
 
-    outs = run("orq:levels=5", grads(3, 3000), Pattern.GATHER, at(Kind.GATHER, 1, change))
+
+def test_a_flipped_bit_in_a_gathered_payload_stops_every_rank_naming_sender_and_finder() -> None:
+    # in rank 2's payload, as rank 1 receives it
+    outs = run("orq:levels=5", grads(3, 3000), Pattern.GATHER, at(Kind.GATHER, 1, in_payload(2, 100, 0x10)))
     every_rank_raised(outs, finder=1, sender=2, words="the allgather of payloads fails its CRC-32")
 
 
@@ -188,11 +211,8 @@ def test_errors_that_cancel_under_the_old_weighted_sum_stop_every_rank() -> None
 
 
 def test_a_corrupted_chunk_stops_every_rank_though_only_its_owner_received_it() -> None:
-    def change(buf: np.ndarray) -> np.ndarray:
-        buf[payload_at(buf, 0) + 40] ^= 0x01  # rank 0's chunk, at its owner rank 2
-        return buf
-
-    outs = run("orq:levels=5", grads(3, 6000), Pattern.SCATTER, at(Kind.ALLTOALL, 2, change))
+    # rank 0's chunk, at its owner rank 2
+    outs = run("orq:levels=5", grads(3, 6000), Pattern.SCATTER, at(Kind.ALLTOALL, 2, in_payload(0, 40, 0x01)))
     every_rank_raised(outs, finder=2, sender=0, words="the alltoall of chunk payloads")
 
 
@@ -223,16 +243,32 @@ def test_lane_errors_that_cancel_under_fixed_weights_stop_every_rank() -> None:
     every_rank_raised(outs, finder=3, sender=None, words="fail their checksum")
 
 
+DIFFERENT_STATISTICS = (
+    f"t (step {STEP}): data corrupted in transit: the ranks received different statistics from the Max-allreduce of "
+    "statistics (the digests summed in the lanes differ from each rank's own); every rank stops here, since their "
+    "results would differ from this step on (check the network, NICs and memory of the ranks named, and resume from "
+    "a checkpoint)")
+
+
 def test_statistics_corrupted_on_the_way_to_one_rank_stop_every_rank() -> None:
     """A flipped exponent bit raises a maximum on rank 2 alone: it encodes against another scale
-    than the others (its lanes pass their checksum); the ranks' digests differ."""
+    than the others (its lanes pass their checksum); the digests it and the others sent in the
+    lanes differ, which every rank sees in the summed lanes."""
     outs = run("qsgd:levels=4", grads(3, 4096, seed=4), Pattern.SUMMABLE, at(Kind.STATS, 2, flip(3, 24)))
     assert all(isinstance(o, hvd_gradq.CorruptionError) for o in outs), outs
-    assert {str(o) for o in outs} == {
-        f"t (step {STEP}): data corrupted in transit: the ranks received different statistics from the "
-        "Max-allreduce of statistics (their CRC-32 digests differ); every rank stops here, since their results "
-        "would differ from this step on (check the network, NICs and memory of the ranks named, and resume from a "
-        "checkpoint)"}
+    assert {str(o) for o in outs} == {DIFFERENT_STATISTICS}
+
+
+def test_statistics_corrupted_into_a_peers_stop_signal_stop_every_rank_alike() -> None:
+    """A flipped top exponent bit turns a statistic in [0.5, 1) into one above 2**127, which reads
+    as "rank r's value is beyond the range" (a stop every rank would have met alike): rank 0 alone
+    reads it. Every rank raises the CorruptionError instead (the digests in the lanes come first),
+    none a RangeError that the others never pass the barrier of."""
+    xs = [x.clamp(-0.5, 0.5) for x in grads(3, 4096, seed=9)]
+    xs[1][5] = 0.75  # bucket 0's maximum in [0.5, 1): exponent 126, flipped to 254 (2.55e38)
+    outs = run("qsgd:levels=4", xs, Pattern.SUMMABLE, at(Kind.STATS, 0, flip(0, 30)))
+    assert all(isinstance(o, hvd_gradq.CorruptionError) for o in outs), outs
+    assert {str(o) for o in outs} == {DIFFERENT_STATISTICS}
 
 
 def test_statistics_lowered_below_a_ranks_own_are_named_by_that_rank() -> None:
@@ -266,6 +302,111 @@ def test_a_corrupted_cross_payload_stops_every_rank() -> None:
     outs = run("orq:levels=5", grads(4, 3000, seed=7), Pattern.HIERARCHICAL, at(Kind.HIER, 3, flip(-9, 2), 2),
                local=2)
     every_rank_raised(outs, finder=3, sender=3, words="hierarchical phase h2 fails its CRC-32")
+
+
+# -- one verdict a step (PyTorch's driver): the patterns note their findings, one collective -------
+
+#: (pattern, spec, ranks, elements, seed, local, corrupt, finder, sender, words, forwarded): the
+#: corruptions above; ``forwarded``: the ranks the finder passes its zeros on to in this step
+STEP_CASES = {
+    "gather": (Pattern.GATHER, "orq:levels=5", 3, 3000, 0, 1, at(Kind.GATHER, 1, in_payload(2, 100, 0x10)), 1, 2,
+               "the allgather of payloads fails its CRC-32", set()),
+    "chunk": (Pattern.SCATTER, "orq:levels=5", 3, 6000, 0, 1, at(Kind.ALLTOALL, 2, in_payload(0, 40, 0x01)), 2, 0,
+              "the alltoall of chunk payloads", {0, 1}),  # the owner's reduced chunk, to every rank
+    "reduced": (Pattern.SCATTER, "orq:levels=5", 3, 6000, 0, 1, at(Kind.REDUCED, 0, flip(-5, 3)), 0, 2,
+                "the allgather of reduced chunks", set()),
+    "lanes": (Pattern.SUMMABLE, "qsgd:levels=4", 3, 4096, 2, 1, at(Kind.LANES, 1, flip(17, 7)), 1, None,
+              "the summed lanes of the Sum-allreduce of lanes fail their checksum", set()),
+    "piece": (Pattern.HIERARCHICAL, "orq:levels=5", 4, 3000, 6, 2, at(Kind.HIER, 1, flip(10, 5), 1), 1, 0,
+              "the fp32 piece rank 0 sent in hierarchical phase h1 fails its CRC-32", {0, 2, 3}),  # its host sum
+    "cross": (Pattern.HIERARCHICAL, "orq:levels=5", 4, 3000, 7, 2, at(Kind.HIER, 3, flip(-9, 2), 2), 3, 3,
+              "hierarchical phase h2 fails its CRC-32", {2}),  # its piece's sum, to its host
+}
+
+
+@pytest.mark.parametrize("case", sorted(STEP_CASES))
+def test_one_verdict_a_step_stops_every_rank_naming_the_same(case: str) -> None:
+    """No rank raises inside the step (no collective a tensor compares findings): the finder has
+    its finding in its record and zeros in place of what it could not read; the other ranks have
+    the exact sum, except where the finder passed its zeros on (a scatter owner's reduced chunk,
+    a hierarchical owner's piece: what they apply at this step). The step's one verdict then
+    stops every rank with the same error a verdict round a tensor gives, naming the tensor, its
+    step, the finder and the sender."""
+    pattern, spec, w, n, seed, local, corrupt, finder, sender, words, forwarded = STEP_CASES[case]
+    xs = grads(w, n, seed)
+    verdicts = [Verdicts() for _ in range(w)]
+    outs = run(spec, xs, pattern, corrupt, local=local, verdicts=verdicts)
+    assert all(isinstance(o, torch.Tensor) for o in outs), outs
+    codes = [v.current[""].code_of("t") for v in verdicts]
+    assert [c != 0.0 for c in codes] == [r == finder for r in range(w)], codes
+    clean = run(spec, xs, pattern, local=local)
+    for r in set(range(w)) - {finder}:
+        assert torch.equal(outs[r], clean[r]) == (r not in forwarded), (r, forwarded)
+    text = every_rank_raised(settle_all(verdicts), finder, sender, words)
+    assert "the rank that found it before applying this step, the others at their next step" in text, text
+    # the finding a verdict round a tensor reports, with the step's tail
+    assert text.split("; every")[0] == str(error_of(f"t (step {STEP})", [codes[finder]], w)).split("; every")[0]
+
+
+def test_a_clean_step_asks_for_one_collective_fewer_a_tensor_and_its_verdict_passes() -> None:
+    names: dict[str, list[str]] = {"tensor": [], "step": []}
+
+    def spy(key: str) -> Corrupt:
+        def seen(req: Any, rank: int, got: Any) -> Any:
+            if rank == 0:
+                names[key].append(req.name)
+            return got
+        return seen
+
+    for pattern in (Pattern.GATHER, Pattern.SCATTER, Pattern.SUMMABLE):
+        xs = grads(3, 3000, 1)
+        verdicts = [Verdicts() for _ in range(3)]
+        by_tensor = run("qsgd:levels=4", xs, pattern, spy("tensor"))
+        by_step = run("qsgd:levels=4", xs, pattern, spy("step"), verdicts=verdicts)
+        assert all(torch.equal(a, b) for a, b in zip(by_tensor, by_step))  # the same bits
+        assert settle_all(verdicts) == [None, None, None]
+    assert [n for n in names["tensor"] if n.startswith("hvd_gradq.c.")] == ["hvd_gradq.c.t"] * 3
+    assert names["step"] == [n for n in names["tensor"] if not n.startswith("hvd_gradq.c.")]
+
+
+def test_the_lowest_finder_wins_and_its_tensor_is_named() -> None:
+    """Two tensors in one step, corruption found by rank 2 in one and by rank 1 in the other:
+    every rank raises rank 1's finding, naming its tensor; the verdict's name is the same on
+    every rank and counts the group's steps."""
+    verdicts = [Verdicts() for _ in range(3)]
+    xs = grads(3, 3000, 3)
+    run("orq:levels=5", xs, Pattern.GATHER, at(Kind.GATHER, 2, in_payload(0, 90, 0x04), tensor="a.weight"),
+        name="a.weight", verdicts=verdicts)
+    run("orq:levels=5", xs, Pattern.GATHER, at(Kind.GATHER, 1, in_payload(0, 90, 0x04), tensor="b.bias"),
+        name="b.bias", verdicts=verdicts)
+    records = [v.close()[0] for v in verdicts]
+    assert {r.name for r in records} == {"hvd_gradq.cs0.a.weight"}
+    outs = drive([settle(r) for r in records], NUMPY)
+    every_rank_raised(outs, finder=1, sender=0, words="the allgather of payloads", tensor="b.bias")
+    run("orq:levels=5", xs, Pattern.GATHER, name="a.weight", verdicts=verdicts)  # the next step: clean
+    records = [v.close()[0] for v in verdicts]
+    assert {r.name for r in records} == {"hvd_gradq.cs1.a.weight"}
+
+
+def test_statistics_that_differ_stop_every_rank_within_the_step_too() -> None:
+    """Statistics are compared in the lanes, so every rank knows in the step: with one verdict a
+    step as with one a tensor, every rank raises there, before deciding on them."""
+    for xs, corrupt in ((grads(3, 4096, seed=4), at(Kind.STATS, 2, flip(3, 24))),
+                        ([x.clamp(-0.5, 0.5) for x in grads(3, 4096, seed=9)], at(Kind.STATS, 0, flip(0, 30)))):
+        xs[1][5] = 0.75
+        outs = run("qsgd:levels=4", xs, Pattern.SUMMABLE, corrupt, verdicts=[Verdicts() for _ in range(3)])
+        assert {str(o) for o in outs} == {DIFFERENT_STATISTICS}, outs
+
+
+def test_a_finder_alone_names_its_own_finding_and_the_wait() -> None:
+    """The last step: nobody joins the finder's verdict; it raises its own finding, saying so."""
+    verdicts = [Verdicts() for _ in range(3)]
+    run("orq:levels=5", grads(3, 3000), Pattern.GATHER, at(Kind.GATHER, 1, in_payload(2, 100, 0x10)),
+        verdicts=verdicts)
+    record = verdicts[1].close()[0]
+    text = str(record.alone(2.5))
+    assert text.startswith(f"t (step {STEP}): data corrupted in transit, found by rank 1: the payload rank 2 sent"), text
+    assert "did not join this step's verdict within 2.5 s (HVD_GRADQ_VERDICT_TIMEOUT)" in text, text
 
 
 # -- TensorFlow's codec (its host functions, run eagerly) ------------------------------------------
@@ -305,7 +446,6 @@ def test_tensorflows_codec_stops_every_rank_too(pattern: Pattern, kind: Kind, in
 
 def test_the_lane_checksum_survives_the_sum_and_catches_random_double_errors() -> None:
     from hvd_gradq.wire.integrity import CHECK_LANES, checked, with_check
-    from hvd_gradq.xp import NUMPY
 
     rng = np.random.default_rng(0)
     ranks = [rng.integers(0, 1 << 28, 5000, dtype=np.int64) for _ in range(4)]
@@ -325,7 +465,6 @@ def test_the_lane_checksum_survives_the_sum_and_catches_random_double_errors() -
 
 def test_the_lane_checksum_is_the_same_in_every_namespace() -> None:
     from hvd_gradq.wire.integrity import with_check
-    from hvd_gradq.xp import NUMPY
 
     lanes = np.random.default_rng(1).integers(0, (1 << 31) - 1, 3001, dtype=np.int64)
     want = with_check(NUMPY, lanes)
@@ -334,6 +473,25 @@ def test_the_lane_checksum_is_the_same_in_every_namespace() -> None:
     from hvd_gradq.tensorflow.ops import TF
 
     assert np.array_equal(with_check(TF, tf.constant(lanes)).numpy(), want)
+
+
+def test_summed_digests_tell_every_rank_whether_the_statistics_differ() -> None:
+    """Each rank's digest of the statistics it received rides in its lanes; the summed digest
+    lanes are ``size`` times each rank's own only where every rank received the same."""
+    from hvd_gradq.wire.integrity import digest, digest_lanes, digests_agree
+
+    stats = np.random.default_rng(2).standard_normal(40).astype(np.float32)
+    other = stats.copy()
+    other.view(np.int32)[7] ^= 1 << 12
+    lanes = np.arange(10, dtype=np.int64)
+    for received in ([stats] * 4, [stats, stats, other, stats]):
+        ds = [digest(r) for r in received]
+        summed = sum(np.concatenate([lanes, digest_lanes(NUMPY, d)]) for d in ds)
+        same = all(np.array_equal(r, stats) for r in received)
+        for d in ds:
+            for ops, wrap in ((NUMPY, np.asarray), (CPU, torch.from_numpy)):
+                back, agree = digests_agree(ops, wrap(summed), wrap(d), 4)
+                assert np.array_equal(np.asarray(back), 4 * lanes) and float(agree[0]) == float(same)
 
 
 def test_a_finding_names_the_lowest_finder_and_round_trips() -> None:
