@@ -8,23 +8,29 @@ collectives, each with its negotiation, on every step, to report a corruption th
 happens. Here each rank keeps a record of the step (:class:`StepRecord`, the patterns' ``Findings``:
 the tensors it started, the first finding) and the ranks compare the records once.
 
-**When.** Nothing is found on almost every step, so no rank should wait for the comparison: the
-ranks start step s's verdict (:func:`settle`: a Max-allreduce of three float64s) at the first
-``compress()`` of step s + 1, where it overlaps backward, and read it at that step's first
-``decompress()``. A rank that found corruption in step s must not apply step s: it takes part in
-every collective of step s (zeros in place of what it could not read), then, at that tensor's
-``decompress()``, starts step s's verdicts itself, waits for them at most
+**When.** Nothing is found on almost every step, so no rank should wait for the comparison: a
+rank starts step s's verdict (:func:`settle`: a Max-allreduce of three float64s) once it has
+handed on the result of every tensor it started in step s (PyTorch: its last ``decompress()``
+of the step), so that it runs during the next forward pass, and reads it at the first
+``compress()`` of step s + 1, before it starts anything of that step. (Not later: Horovod waits
+for its own allreduce of a tensor before it calls ``decompress()``, and a rank that stopped at
+step s never starts that.) A rank that found corruption in step s must not apply step s: it
+takes part in every collective of step s (zeros in place of what it could not read), then, at
+that tensor's ``decompress()``, starts step s's verdicts itself, waits for them at most
 :func:`timeout` seconds (``HVD_GRADQ_VERDICT_TIMEOUT``) and raises. So every rank raises the
 same :class:`~hvd_gradq.errors.CorruptionError` naming the tensor, its step, the finder and the
-sender: the finder before applying step s, the others at step s + 1, having applied step s (with
-zeros in what the finder forwarded: a scatter owner's chunk, a hierarchical owner's piece; what
-they received directly is exact). Both pass a barrier first, as a stop does
-(:func:`hvd_gradq.reduce.core.halt`), so that neither's exit ends Horovod under the other.
+sender: the finder before applying step s, the others at step s + 1's first ``compress()``
+(in PyTorch, out of ``backward()``), having applied step s (with zeros in what the finder
+forwarded: a scatter owner's chunk, a hierarchical owner's piece; what they received directly
+is exact). All pass a barrier first, as a stop does (:func:`hvd_gradq.reduce.core.halt`), so
+that no rank's exit ends Horovod under another.
 
-**The last step.** Nobody starts step s + 1 after the last step: the finder waits its bound (or
-less: the others' exit ends Horovod under it), then raises its own finding, saying that the
-others did not join; the others end normally with step s applied. A checkpoint written between
-step s and the next step's first ``decompress()`` holds step s, confirmed only there.
+**The last step.** Nobody takes a step s + 1 after the last step: the finder still reads the
+verdict (the others start it as their last step ends) and raises, once its bound has passed at
+the barrier nobody else reaches (or sooner, where the others' exit ends Horovod under it); if
+the verdict itself does not come, it raises its own finding, saying that the others did not
+join. The others end normally with step s applied. A checkpoint written between step s and the
+next step's first ``compress()`` holds step s, confirmed only there.
 
 **The record's vector.** A Max-allreduce reduces elements separately, so every element a rank
 sends starts with the same bits for the same finder (:func:`~hvd_gradq.reduce.integrity.rank_order`,
@@ -67,6 +73,12 @@ _TAIL = ("; every rank stops (the rank that found it before applying this step, 
          "of the ranks named, and resume from a checkpoint written before this step)")
 
 
+def _alone(what: str, waited: float) -> str:
+    return (f"; the other ranks did not {what} within {waited:g} s ({TIMEOUT_ENV}): this was their last step (they "
+            "ended normally, with it applied), or they stopped. Check the network, NICs and memory of the ranks named, "
+            "and resume from a checkpoint written before this step")
+
+
 def timeout() -> float:
     """:data:`TIMEOUT_ENV`, else :data:`DEFAULT_TIMEOUT` (a GradqError for anything but a positive number)."""
     return seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT, "the seconds a rank that found corrupted data waits for the others "
@@ -84,10 +96,18 @@ class StepRecord:
         self.found: dict[str, float] = {}  # the tensors whose pattern ended: their finding
         self.first: str | None = None  # the first tensor with a finding
         self.number: int | None = None  # the group's count of verdicts, once sealed
+        self.started = 0  # tensors started in the step
+        self.handed = 0  # tensors whose result the driver handed on (PyTorch: to decompress())
         self._lock = threading.Lock()
 
     def start(self, name: str, step: int) -> None:
         self.steps[name] = step
+        self.started += 1
+
+    def hand(self) -> bool:
+        """One more tensor's result handed on; whether every tensor started in the step has been."""
+        self.handed += 1
+        return self.handed >= self.started
 
     def note(self, t: Part, found: NDArray[Any]) -> None:
         code = float(np.asarray(found, np.float64).reshape(-1)[0])
@@ -126,21 +146,21 @@ class StepRecord:
         top = rank_order(code) << 32
         return np.array([code, top | tensor_key(first), top | min(self.steps[first], MASK32)], np.float64)
 
-    def error(self, reduced: Any) -> CorruptionError | None:
-        """The error every member raises for the reduced vector, None where nothing was found."""
+    def error(self, reduced: Any, unmet: float | None = None) -> CorruptionError | None:
+        """The error every member raises for the reduced vector, None where nothing was found;
+        ``unmet``: the seconds the finder waited at the barrier for ranks that did not come."""
         v = np.asarray(reduced, np.float64).reshape(-1)
         if v[0] == 0.0:
             return None
-        return corruption(self._what(int(v[1]) & MASK32, int(v[2]) & MASK32), float(v[0]), self.group.size, _TAIL)
+        tail = _TAIL if unmet is None else _alone("reach their next step", unmet)
+        return corruption(self._what(int(v[1]) & MASK32, int(v[2]) & MASK32), float(v[0]), self.group.size, tail)
 
     def alone(self, waited: float) -> CorruptionError:
         """The error of a rank whose own finding the others did not come to compare within ``waited`` s."""
         first = self.first
         assert first is not None, "alone() is the error of a rank that found something"
-        tail = (f"; the other ranks did not join this step's verdict within {waited:g} s ({TIMEOUT_ENV}): this was "
-                "their last step (they applied it), or they stopped. Check the network, NICs and memory of the ranks "
-                "named, and resume from a checkpoint written before this step")
-        return corruption(self._what(tensor_key(first), self.steps[first]), self.code_of(first), self.group.size, tail)
+        return corruption(self._what(tensor_key(first), self.steps[first]), self.code_of(first), self.group.size,
+                          _alone("join this step's verdict", waited))
 
     def _what(self, key: int, step: int) -> str:
         names = [n for n in self.steps if tensor_key(n) == key]

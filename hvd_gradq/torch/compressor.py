@@ -235,7 +235,7 @@ class GradqCompressor(CompressorCore):
         self._refuse(site, tensor)
         if self._decompressing:  # the first compress() after a decompress(): a new step
             self._elastic.begin_step()  # an elastic reset: a new generation, decisions made again
-            self._reducer.begin_step()  # the previous step's verdicts (.verdict), after any reset
+            self._reducer.begin_step()  # the previous step's verdicts read (.verdict), after any reset
             self._decompressing = False
             self._telemetry.begin_step()
             self.memory.begin_step(read_loss_scale(self._loss_scale))
@@ -284,7 +284,6 @@ class GradqCompressor(CompressorCore):
         t0 = time.perf_counter()
         self._decompressing = True
         if isinstance(ctx, Pass):
-            self._reducer.verdicts.check()  # a step of Horovod's own allreduces reads them too
             out = tensor.to(ctx.dtype)
             self._check_output(out)
             return self._telemetry.decompressed(t0, out)

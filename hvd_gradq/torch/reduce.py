@@ -13,18 +13,18 @@ ever *starts* collectives inside ``compress()`` (see :mod:`hvd_gradq.torch.compr
   worker thread (:mod:`hvd_gradq.frontend.workers`) while backward goes on, settled in the order
   the tensors came; otherwise (summable: statistics only; hierarchical: fp32 pieces) inline;
 * :meth:`Reducer.flush`, at the first ``decompress()`` of a step, when every ``compress()`` of
-  that step has run on this rank, reads the previous step's verdicts, then waits for each
-  tensor's collective and starts its next one, one round for all tensors before any waits on
-  the next (so no rank waits on a phase another rank starts only after a phase it waits on),
-  until every tensor's last collective is out; with workers, what remains (decoding) is queued
-  on the worker;
+  that step has run on this rank, waits for each tensor's collective and starts its next one,
+  one round for all tensors before any waits on the next (so no rank waits on a phase another
+  rank starts only after a phase it waits on), until every tensor's last collective is out;
+  with workers, what remains (decoding) is queued on the worker;
 * :meth:`Reducer.finish` hands ``decompress()`` the decoded sum over the group, or raises the
   step's CorruptionError where this rank found corruption in that tensor.
 
 Integrity: the patterns note what each rank found wrong with the bytes it received in the step's
 record (no collective a tensor); the step's findings are compared once, in one verdict a step
-and process set (:mod:`.verdict`, :mod:`hvd_gradq.reduce.verdicts`), which
-:meth:`Reducer.begin_step` starts for the previous step at the first ``compress()`` of a step.
+and process set (:mod:`.verdict`, :mod:`hvd_gradq.reduce.verdicts`), started as the step's last
+tensor is handed to ``decompress()`` and read by :meth:`Reducer.begin_step` at the first
+``compress()`` of the next step.
 
 Bits: a pattern's result depends on its inputs only (seeds are per rank, step and tensor; sums
 run in rank order), so threads, rounds and the order of tensors change no bit.
@@ -96,7 +96,8 @@ class Reducer:
         self.verdicts = StepVerdicts(self.stats.clock)
 
     def begin_step(self) -> None:
-        """At the first ``compress()`` of a step: the previous step's verdicts started."""
+        """At the first ``compress()`` of a step, before anything of it starts: the previous
+        step's verdicts read (a CorruptionError on every rank where one names a finding)."""
         self.verdicts.begin_step()
 
     def start(self, choice: Choice, name: str, step: int, group: core.Group, x: torch.Tensor) -> Flow:
@@ -156,15 +157,13 @@ class Reducer:
             out = future.result()
         else:
             out = self._finish(flow)
-        self.verdicts.finder(flow.record, flow.name)
+        self.verdicts.handed(flow.record, flow.name)
         return out
 
     def flush(self) -> None:
-        """Read the previous step's verdicts, settle the first segments, run every tensor's
-        phases up to its last collective (one round for all tensors at a time) and, with workers,
-        queue their decoding: called at the first ``decompress()`` of a step, when every
-        ``compress()`` of that step has run here."""
-        self.verdicts.check()
+        """Settle the first segments, run every tensor's phases up to its last collective (one
+        round for all tensors at a time) and, with workers, queue their decoding: called at the
+        first ``decompress()`` of a step, when every ``compress()`` of that step has run here."""
         encoding, self.encoding = self.encoding, []
         error: GradqError | None = None
         flows = self.flows

@@ -3,13 +3,15 @@ over Horovod's asynchronous ops, for one compressor's :class:`~.reduce.Reducer`:
 
 * :meth:`StepVerdicts.record` at each tensor's start: the step's record of its group, which the
   pattern notes its finding in;
-* :meth:`StepVerdicts.begin_step` at the first ``compress()`` of a step: the previous step's
-  verdicts started, one a group (they overlap backward);
-* :meth:`StepVerdicts.check` at the first ``decompress()``: those verdicts read; a finding
-  raises the CorruptionError on every member, after the barrier;
-* :meth:`StepVerdicts.finder` after each tensor's reduction: where this rank found corruption in
-  it, the step's verdicts started at once and this one waited for, at most the bound, then the
-  error raised (the finder never applies the step);
+* :meth:`StepVerdicts.handed` after each tensor's reduction, as ``decompress()`` returns it:
+  where this rank found corruption in it, the step's verdicts start at once and this one is
+  waited for, at most the bound, then the error raised (the finder never applies the step);
+  after the step's last tensor, the step's verdicts start (one a group), to run during the next
+  forward pass;
+* :meth:`StepVerdicts.begin_step` at the first ``compress()`` of the next step: those verdicts
+  read (any record not yet started, starting it first: a step that ended in an error); a finding
+  raises the CorruptionError on every member, after the barrier, before anything of the new
+  step starts;
 * :meth:`StepVerdicts.forget` on an elastic reset: nothing of the old world is waited for.
 """
 from __future__ import annotations
@@ -50,23 +52,31 @@ class StepVerdicts:
     def record(self, group: Group, name: str, step: int) -> StepRecord:
         return self.verdicts.record(group, name, step)
 
-    def begin_step(self) -> None:
-        self.rounds += [self._start(r) for r in self.verdicts.close()]
+    def handed(self, record: StepRecord | None, name: str) -> None:
+        """Tensor ``name``'s result is handed to ``decompress()``: raise the step's CorruptionError
+        where this rank found corruption in it; start the step's verdicts after its last tensor."""
+        if record is None:
+            return
+        if record.code_of(name) != 0.0:
+            self.rounds += [self._start(r) for r in self.verdicts.close()]  # every group's: none waits for it
+            mine = [r for r in self.rounds if r.record is record]
+            self.rounds = [r for r in self.rounds if r.record is not record]
+            if mine:
+                self._settle(mine[0], self.timeout)
+            error = record.error(record.vector())  # its verdict was read before (a step that went on after an error)
+            assert error is not None
+            raise error
+        current = self.verdicts.current
+        if record.hand() and current.get(record.group.key) is record and all(
+                r.handed >= r.started for r in current.values()):
+            self.rounds += [self._start(r) for r in self.verdicts.close()]
 
-    def check(self) -> None:
+    def begin_step(self) -> None:
+        """Read the previous step's verdicts (started now where the step did not end)."""
+        self.rounds += [self._start(r) for r in self.verdicts.close()]
         rounds, self.rounds = self.rounds, []
         for r in rounds:
             self._settle(r, None)
-
-    def finder(self, record: StepRecord | None, name: str) -> None:
-        """Raise the step's CorruptionError where this rank found corruption in tensor ``name``."""
-        if record is None or record.code_of(name) == 0.0:
-            return
-        started = [self._start(r) for r in self.verdicts.close()]  # every group's: none waits for this rank
-        mine = [r for r in started if r.record is record]
-        if not mine:  # its verdict started before (a step that went on after an error)
-            raise record.alone(0.0)
-        self._settle(mine[0], self.timeout)
 
     def forget(self) -> None:
         self.rounds = []
@@ -97,8 +107,11 @@ class StepVerdicts:
         try:
             _bounded(handle, r.record.name, deadline)
             r.transport.wait(handle)
-        except Stalled:  # a member that never reads it: raise all the same
-            pass
+        except Stalled:  # members that never come (the last step): say so
+            assert bound is not None
+            error = r.record.error(got, unmet=bound)
+            assert error is not None
+            raise error from None
         r.gen.send(None)  # raises the error
 
 

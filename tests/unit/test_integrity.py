@@ -398,15 +398,19 @@ def test_statistics_that_differ_stop_every_rank_within_the_step_too() -> None:
         assert {str(o) for o in outs} == {DIFFERENT_STATISTICS}, outs
 
 
-def test_a_finder_alone_names_its_own_finding_and_the_wait() -> None:
-    """The last step: nobody joins the finder's verdict; it raises its own finding, saying so."""
+def test_a_finder_left_alone_says_what_it_waited_for() -> None:
+    """The last step: nobody reaches the barrier after the finder's verdict (the others ended
+    normally), or nobody joins the verdict at all; the finder raises all the same, saying so."""
     verdicts = [Verdicts() for _ in range(3)]
     run("orq:levels=5", grads(3, 3000), Pattern.GATHER, at(Kind.GATHER, 1, in_payload(2, 100, 0x10)),
         verdicts=verdicts)
     record = verdicts[1].close()[0]
-    text = str(record.alone(2.5))
-    assert text.startswith(f"t (step {STEP}): data corrupted in transit, found by rank 1: the payload rank 2 sent"), text
-    assert "did not join this step's verdict within 2.5 s (HVD_GRADQ_VERDICT_TIMEOUT)" in text, text
+    for error, what in ((record.alone(2.5), "join this step's verdict"),
+                        (record.error(record.vector(), unmet=2.5), "reach their next step")):
+        text = str(error)
+        assert text.startswith(f"t (step {STEP}): data corrupted in transit, found by rank 1: the payload rank 2 sent"), \
+            text
+        assert f"did not {what} within 2.5 s (HVD_GRADQ_VERDICT_TIMEOUT): this was their last step" in text, text
 
 
 # -- TensorFlow's codec (its host functions, run eagerly) ------------------------------------------
