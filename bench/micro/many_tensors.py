@@ -3,7 +3,7 @@
 against another commit, in alternating launches (a ratio).
 
     .venv/bin/python bench/micro/many_tensors.py                      # against main
-    .venv/bin/python bench/micro/many_tensors.py --against a409919 --tensors 400 --steps 30 --rounds 3
+    .venv/bin/python bench/micro/many_tensors.py --against main,a409919 --tensors 400 --steps 30 --rounds 3
 
 What a compressor adds to every tensor (its Python, its collectives, Horovod's negotiation of
 each) is invisible in a few large tensors and dominates a model of hundreds of small ones
@@ -12,10 +12,10 @@ localhost:2 --gloo`` (loopback), one CPU thread a rank, and trains a model of ``
 parameters of ``--elements`` elements each (the loss a weighted sum of every parameter, so
 backward costs next to nothing and the step is the reduction) with ``hvd.DistributedOptimizer``
 and ``--spec``, for ``--steps`` steps; a rank reports the median step after the first
-``--skip`` (the handshake, the first compile). Launches alternate between the other commit
-(checked out into a git worktree, ``/tmp/hvd_gradq_at_<commit>``, as ``vs_commit.py`` does) and
-this tree, ``--rounds`` times; the table gives each launch's median, each tree's median of them
-and the ratio this / other. On a shared machine only the ratio of interleaved launches means
+``--skip`` (the handshake, the first compile). Launches alternate between the other commits
+(each checked out into a git worktree, ``/tmp/hvd_gradq_at_<commit>``, as ``vs_commit.py`` does)
+and this tree, ``--rounds`` times; the table gives each launch's median, each tree's median of
+them and the ratios this / other. On a shared machine only the ratio of interleaved launches means
 anything: the load average is printed before and after.
 """
 from __future__ import annotations
@@ -89,14 +89,14 @@ def launch(tree: Path, args: argparse.Namespace) -> dict[str, object]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--against", default="main", help="the other commit (default: main)")
+    ap.add_argument("--against", default="main", help="the other commits, comma-separated (default: main)")
     ap.add_argument("--spec", default="sign")
     ap.add_argument("--pattern", default="auto")
     ap.add_argument("--tensors", type=int, default=400)
     ap.add_argument("--elements", type=int, default=4096)
     ap.add_argument("--steps", type=int, default=30)
     ap.add_argument("--skip", type=int, default=5, help="first steps left out of the median")
-    ap.add_argument("--rounds", type=int, default=3, help="alternating launch pairs")
+    ap.add_argument("--rounds", type=int, default=3, help="rounds of alternating launches, one a tree")
     ap.add_argument("--worker", action="store_true", help=argparse.SUPPRESS)
     ap.add_argument("--report", help=argparse.SUPPRESS)
     args = ap.parse_args()
@@ -106,24 +106,26 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))  # not in a worker: it imports the hvd_gradq of its launch's tree
     from bench.micro.vs_commit import worktree
 
-    commit = subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", args.against], check=True,
-                            capture_output=True, text=True).stdout.strip()
-    other = worktree(commit)
+    commits = [subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", ref], check=True, capture_output=True,
+                              text=True).stdout.strip() for ref in args.against.split(",") if ref]
+    trees = [(c, worktree(c)) for c in commits] + [("this tree", ROOT)]
     print(f"load average before: {' / '.join(f'{v:.2f}' for v in os.getloadavg())} on {os.cpu_count()} CPUs")
     print(f"{args.tensors} tensors of {args.elements} elements, {args.spec}, pattern={args.pattern}, "
-          f"{args.steps} steps (median after {args.skip}), 2 ranks on loopback")
-    print(f"| round | {commit} ms/step | this tree ms/step | this / {commit} |")
-    print("|---|---:|---:|---:|")
-    a: list[float] = []
-    b: list[float] = []
+          f"{args.steps} steps (median after {args.skip}), 2 ranks on loopback; ms a step")
+    print("| round | " + " | ".join(name for name, _ in trees) + " | " +
+          " | ".join(f"this / {c}" for c in commits) + " |")
+    print("|---|" + "---:|" * (len(trees) + len(commits)))
+    got: dict[str, list[float]] = {name: [] for name, _ in trees}
     for i in range(args.rounds):
-        ra, rb = launch(other, args), launch(ROOT, args)
-        a.append(float(ra["median_ms"]))  # type: ignore[arg-type]
-        b.append(float(rb["median_ms"]))  # type: ignore[arg-type]
-        print(f"| {i + 1} | {a[-1]:.1f} | {b[-1]:.1f} | {b[-1] / a[-1]:.3f} | patterns {ra['patterns']} / "
-              f"{rb['patterns']}", flush=True)
-    ma, mb = statistics.median(a), statistics.median(b)
-    print(f"| median | {ma:.1f} | {mb:.1f} | {mb / ma:.3f} |")
+        for name, tree in trees:
+            rep = launch(tree, args)
+            got[name].append(float(rep["median_ms"]))  # type: ignore[arg-type]
+        this = got["this tree"][-1]
+        print(f"| {i + 1} | " + " | ".join(f"{got[n][-1]:.1f}" for n, _ in trees) + " | " +
+              " | ".join(f"{this / got[c][-1]:.3f}" for c in commits) + " |", flush=True)
+    med = {n: statistics.median(v) for n, v in got.items()}
+    print("| median | " + " | ".join(f"{med[n]:.1f}" for n, _ in trees) + " | " +
+          " | ".join(f"{med['this tree'] / med[c]:.3f}" for c in commits) + " |")
     print(f"load average after: {' / '.join(f'{v:.2f}' for v in os.getloadavg())}")
     return 0
 

@@ -88,7 +88,7 @@ def timeout() -> float:
 class StepRecord:
     """One rank's record of one step over one group: every tensor it started (name and step) and
     what the patterns found (``note``, possibly on a worker thread). Sealed with its number when
-    its verdict starts; a finding noted later is left out."""
+    its verdict starts (what it sends is what was noted by then)."""
 
     def __init__(self, group: Group) -> None:
         self.group = group
@@ -111,9 +111,7 @@ class StepRecord:
 
     def note(self, t: Part, found: NDArray[Any]) -> None:
         code = float(np.asarray(found, np.float64).reshape(-1)[0])
-        with self._lock:
-            if self.number is not None:
-                return
+        with self._lock:  # noted after the verdict started, it still stops this rank (:meth:`code_of`)
             self.found[t.name] = code
             if code != 0.0 and self.first is None:
                 self.first = t.name

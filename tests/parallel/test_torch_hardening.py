@@ -153,6 +153,12 @@ def test_value_beyond_the_range_on_one_rank_stops_every_rank() -> None:
     assert 4 <= e1["s"] < 40, e1
     assert e0["error"] == "" and e0["digest"] == reps[0]["corrupt/clean"], e0
     assert e1["after"] == e0["after"] == 2, (e0, e1)
+    # the same, rank 0 calling check_last_step() after its last step: it raises the error rank 1
+    # raises, having passed the barrier with it
+    e1, e0 = reps[1]["corrupt/checked"], reps[0]["corrupt/checked"]
+    assert e0["error"] == "" and e0["checked"] == e1["error"], (e0, e1)
+    assert e1["error"].startswith("c3.4.weight (step 2): data corrupted in transit, found by rank 1"), e1
+    assert "the others at their next step" in e1["error"] and e1["s"] < 60, e1
 
 
 def test_ranks_that_disagree_are_named() -> None:

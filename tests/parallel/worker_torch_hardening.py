@@ -15,7 +15,8 @@ a long seed, link_gbps under gather and auto: every rank stops with an error nam
 the difference, or every rank runs; none waits),
 ``die`` (rank 1 exits mid-step),
 ``long`` (many steps of a model with >= 300 parameter tensors: memory flat, EF memory = one fp32
-copy of the parameters, no pending Horovod handles).
+copy of the parameters, no pending Horovod handles once ``check_last_step()`` read the last
+step's verdict).
 """
 import argparse
 import copy
@@ -224,10 +225,11 @@ elif args.mode == "range":
 
     real_wait = HorovodTransport.wait
 
-    def corrupt_case(case: str, spec: str, pattern: str, kind: str, last: bool) -> dict:
+    def corrupt_case(case: str, spec: str, pattern: str, kind: str, last: bool, check: bool = False) -> dict:
         """Steps 0-1 clean, then rank 1 receives 4.weight's collective of step 2 corrupted; with
-        ``last``, step 2 is the last step. Each rank's error, the step it raised at, the time
-        from step 2's start, the parameters' digest."""
+        ``last``, step 2 is the last step (and with ``check``, the ranks that went on call
+        ``check_last_step()`` after it). Each rank's error, the step it raised at, the time from
+        step 2's start, the parameters' digest."""
         armed = {"on": False}
 
         def wait(self, handle):
@@ -259,6 +261,12 @@ elif args.mode == "range":
                 break
         res["s"] = time.monotonic() - t0
         res["digest"] = digest(model)
+        if check and res["step"] is None:
+            try:
+                comp.check_last_step()
+                res["checked"] = ""
+            except hvd_gradq.GradqError as e:
+                res["checked"] = str(e)
         HorovodTransport.wait = real_wait
         if res["step"] == 2:  # the finder: the others joined every collective of its step 2 (not, on
             # the last step, the verdict it started: that one stays pending)
@@ -284,6 +292,8 @@ elif args.mode == "range":
     os.environ["HVD_GRADQ_VERDICT_TIMEOUT"] = "4"  # read when the compressor is made
     out["corrupt/last"] = corrupt_case("c2.", "orq:levels=5", "gather", "g", last=True)
     del os.environ["HVD_GRADQ_VERDICT_TIMEOUT"]
+    # the same, rank 0 reading the last step's verdict after it: both raise the same error
+    out["corrupt/checked"] = corrupt_case("c3.", "orq:levels=5", "gather", "g", last=True, check=True)
 elif args.mode == "disagree":
     def first_step(spec: str, **options) -> dict:
         """A fresh model's first step with a compressor built with ``options``: its error ("" if
@@ -332,6 +342,7 @@ elif args.mode == "long":
         if step % 50 == 49:
             with open("/proc/self/statm") as f:
                 rss.append(int(f.read().split()[1]) * resource.getpagesize())
+    comp.check_last_step()  # reads the last step's verdict: no handle left
     n_params = sum(p.numel() for p in model.parameters())
     ef = comp.state_dict()["residuals"]
     out.update({

@@ -498,6 +498,20 @@ def test_summed_digests_tell_every_rank_whether_the_statistics_differ() -> None:
                 assert np.array_equal(np.asarray(back), 4 * lanes) and float(agree[0]) == float(same)
 
 
+def test_the_finders_bound_is_read_from_the_environment(monkeypatch: pytest.MonkeyPatch) -> None:
+    from hvd_gradq.reduce import verdicts
+
+    monkeypatch.delenv(verdicts.TIMEOUT_ENV, raising=False)
+    assert verdicts.timeout() == verdicts.DEFAULT_TIMEOUT == 60.0
+    monkeypatch.setenv(verdicts.TIMEOUT_ENV, "2.5")
+    assert verdicts.timeout() == 2.5
+    for bad in ("0", "-1", "inf", "soon"):
+        monkeypatch.setenv(verdicts.TIMEOUT_ENV, bad)
+        with pytest.raises(hvd_gradq.GradqError, match=f"HVD_GRADQ_VERDICT_TIMEOUT='{bad}' is not valid: give the "
+                                                        "seconds a rank that found corrupted data waits"):
+            verdicts.timeout()
+
+
 def test_a_finding_names_the_lowest_finder_and_round_trips() -> None:
     from hvd_gradq.reduce.integrity import Carrier, Phase, _parse, finding
 
