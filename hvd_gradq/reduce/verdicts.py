@@ -29,8 +29,9 @@ that no rank's exit ends Horovod under another.
 verdict (the others start it as their last step ends) and raises, once its bound has passed at
 the barrier nobody else reaches (or sooner, where the others' exit ends Horovod under it); if
 the verdict itself does not come, it raises its own finding, saying that the others did not
-join. The others end normally with step s applied. A checkpoint written between step s and the
-next step's first ``compress()`` holds step s, confirmed only there.
+join. The others end normally with step s applied, unless they read the verdict themselves
+(PyTorch: ``check_last_step()``). A checkpoint written between step s and the next step's first
+``compress()`` holds step s, confirmed only there.
 
 **The record's vector.** A Max-allreduce reduces elements separately, so every element a rank
 sends starts with the same bits for the same finder (:func:`~hvd_gradq.reduce.integrity.rank_order`,
@@ -63,9 +64,9 @@ from .integrity import corruption, rank_order
 from .names import Kind, collective, tensor_key
 
 TIMEOUT_ENV = "HVD_GRADQ_VERDICT_TIMEOUT"
-#: Seconds a rank that found corruption waits for the others to join the step's verdict: they
-#: join at their next step's first ``compress()``, so it must cover the rest of a step, the next
-#: batch and its forward and backward.
+#: Seconds a rank that found corruption waits for the others, in the step's verdict and at the
+#: barrier after it: they reach the barrier at their next step's first ``compress()``, so the
+#: bound must cover the rest of a step, the next batch and its forward pass.
 DEFAULT_TIMEOUT = 60.0
 
 _TAIL = ("; every rank stops (the rank that found it before applying this step, the others at their next step, "
