@@ -41,11 +41,16 @@ turns the tensor's key back into its name from its own record (every member redu
 tensors in the step). Statistics that differ between ranks need no verdict: every rank learns it
 in the lanes (:mod:`hvd_gradq.wire.integrity`) and stops in the step.
 
-**Names.** ``hvd_gradq.<scope>cs<n>.<first tensor>``: the process set's scope (its generation's
-prefix in elastic jobs, so that no verdict straddles a reset), the group's count of verdicts in
-this generation (the same on every member: each runs one for every step in which the group
-reduced a tensor) and the first of the step's tensor names (two compressors on one process set
-never share a name).
+**Names.** ``hvd_gradq.<scope>cs<k>.<first tensor>``: the process set's scope (its generation's
+prefix in elastic jobs, so that no verdict straddles a reset), ``k`` the parity of the group's
+count of verdicts in this generation (the same on every member: each runs one for every step in
+which the group reduced a tensor) and the first of the step's tensor names (two compressors on
+one process set never share a name). Two consecutive steps' verdicts never share a name, so a
+rank a step off would wait instead of comparing another step; at most those two can be in
+flight at once (a rank reads step s's before any rank can finish step s + 1). Beyond that the
+names repeat, so that Horovod's response cache serves them as it serves the tensors': a new name
+every step missed it every step and, after a few hundred steps of a 300-tensor model, filled it
+(Horovod then warns of evictions and "reduced performance").
 """
 from __future__ import annotations
 
@@ -88,7 +93,7 @@ def timeout() -> float:
 
 class StepRecord:
     """One rank's record of one step over one group: every tensor it started (name and step) and
-    what the patterns found (``note``, possibly on a worker thread). Sealed with its number when
+    what the patterns found (``note``, possibly on a worker thread). Sealed with its name's number when
     its verdict starts (what it sends is what was noted by then)."""
 
     def __init__(self, group: Group) -> None:
@@ -96,7 +101,7 @@ class StepRecord:
         self.steps: dict[str, int] = {}  # every tensor started in the step: its step
         self.found: dict[str, float] = {}  # the tensors whose pattern ended: their finding
         self.first: str | None = None  # the first tensor with a finding
-        self.number: int | None = None  # the group's count of verdicts, once sealed
+        self.number: int | None = None  # the parity of the group's count of verdicts, once sealed
         self.started = 0  # tensors started in the step
         self.handed = 0  # tensors whose result the driver handed on (PyTorch: to decompress())
         self._lock = threading.Lock()
@@ -198,7 +203,7 @@ class Verdicts:
         self.current = {}
         for rec in out:
             key = rec.group.key
-            rec.seal(self.counts.get(key, 0))
+            rec.seal(self.counts.get(key, 0) % 2)
             self.counts[key] = self.counts.get(key, 0) + 1
         return out
 

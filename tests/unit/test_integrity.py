@@ -372,7 +372,7 @@ def test_a_clean_step_asks_for_one_collective_fewer_a_tensor_and_its_verdict_pas
 def test_the_lowest_finder_wins_and_its_tensor_is_named() -> None:
     """Two tensors in one step, corruption found by rank 2 in one and by rank 1 in the other:
     every rank raises rank 1's finding, naming its tensor; the verdict's name is the same on
-    every rank and counts the group's steps."""
+    every rank, differs from the next step's and carries the group's scope."""
     verdicts = [Verdicts() for _ in range(3)]
     xs = grads(3, 3000, 3)
     run("orq:levels=5", xs, Pattern.GATHER, at(Kind.GATHER, 2, in_payload(0, 90, 0x04), tensor="a.weight"),
@@ -383,9 +383,16 @@ def test_the_lowest_finder_wins_and_its_tensor_is_named() -> None:
     assert {r.name for r in records} == {"hvd_gradq.cs0.a.weight"}
     outs = drive([settle(r) for r in records], NUMPY)
     every_rank_raised(outs, finder=1, sender=0, words="the allgather of payloads", tensor="b.bias")
-    run("orq:levels=5", xs, Pattern.GATHER, name="a.weight", verdicts=verdicts)  # the next step: clean
-    records = [v.close()[0] for v in verdicts]
-    assert {r.name for r in records} == {"hvd_gradq.cs1.a.weight"}
+    names = []
+    for _ in range(2):  # the next steps: clean; the names alternate, the same on every rank
+        run("orq:levels=5", xs, Pattern.GATHER, name="a.weight", verdicts=verdicts)
+        records = [v.close()[0] for v in verdicts]
+        names.append({r.name for r in records})
+        assert drive([settle(r) for r in records], NUMPY) == [None] * 3
+    assert names == [{"hvd_gradq.cs1.a.weight"}, {"hvd_gradq.cs0.a.weight"}]
+    elastic = Verdicts()  # another generation's scope: its own names
+    elastic.record(core.Group(0, 3, "g2."), "a.weight", STEP)
+    assert elastic.close()[0].name == "hvd_gradq.g2.cs0.a.weight"
 
 
 def test_statistics_that_differ_stop_every_rank_within_the_step_too() -> None:
