@@ -124,7 +124,7 @@ class Codec(Protocol):
         """This rank's finding on a received buffer of payloads (member i is rank ``ranks[i]``, by
         default i): float64 (1,), 0.0 where every payload passes its header and CRC-32, else the
         :func:`~hvd_gradq.reduce.integrity.finding` naming ``finder`` (this rank), ``phase`` and
-        the sender. Never raises: every rank must reach the verdict round. ``whole``: one payload
+        the sender. Never raises: every rank must reach the verdict. ``whole``: one payload
         a member, all of one size (what :meth:`sum` takes; else :meth:`concat`'s)."""
         ...
 

@@ -105,7 +105,7 @@ def scatter(red: Reduction, t: Part, x: Array) -> Phases:
     if error is None and red.ef:
         red.sent(t, x, red.ops.concat([t.codec.values(o) for o in owns], 0))
     recv = yield Alltoall(collective(g.key, Kind.ALLTOALL, t.name), buf, lens)
-    found = t.codec.verify(recv, g.rank, Phase.CHUNKS)  # zeros in its place, named in the verdict round
+    found = t.codec.verify(recv, g.rank, Phase.CHUNKS)  # zeros in its place, named in the verdict
     if error is not None:  # every chunk was a poison: every rank stops here
         yield from halt(t, error)
     try:

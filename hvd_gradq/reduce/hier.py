@@ -197,7 +197,7 @@ def _encode(red: Reduction, t: Part, st: _State, scheme: SchemeLike, x: Array, t
 def _sum(red: Reduction, t: Part, st: _State, got: Any, own: Any, part: int, h: Hosts, found: Any) -> Array:
     """Decoded sum of the cross peers' payloads (host order; this rank's own not decoded again);
     zeros after an error (the flag of the last phase carries it) or a corrupted payload (``found``:
-    the verdict round names it)."""
+    the verdict names it)."""
     _received(red, st, got)
     if st.error is None:
         try:

@@ -121,7 +121,7 @@ class TorchCodec:
 
     def sum(self, buf: NDArray[np.uint8], rank: int, own: Any, what: str,
             ranks: Sequence[int] | None = None, unless: Any = None) -> tuple[torch.Tensor, int]:
-        if _found(unless):  # a corrupted payload: the verdict round names it
+        if _found(unless):  # a corrupted payload: zeros in its place (the step's verdict names it)
             where = own.device if isinstance(own, torch.Tensor) else "cpu"
             return torch.zeros(int(own.shape[0]), dtype=torch.float32, device=where), 0
         return device.sum_any(buf, rank, own, what, ranks)
