@@ -79,10 +79,11 @@ _TAIL = ("; every rank stops (the rank that found it before applying this step, 
          "of the ranks named, and resume from a checkpoint written before this step)")
 
 
-def _alone(what: str, waited: float) -> str:
-    return (f"; the other ranks did not {what} within {waited:g} s ({TIMEOUT_ENV}): this was their last step (they "
-            "ended normally, with it applied), or they stopped. Check the network, NICs and memory of the ranks named, "
-            "and resume from a checkpoint written before this step")
+def _alone(what: str, waited: float | None) -> str:
+    why = "had ended Horovod" if waited is None else f"did not {what} within {waited:g} s ({TIMEOUT_ENV})"
+    return (f"; the other ranks {why}: this was their last step (they ended normally, with it applied), or they "
+            "stopped. Check the network, NICs and memory of the ranks named, and resume from a checkpoint written "
+            "before this step")
 
 
 def timeout() -> float:
@@ -159,8 +160,9 @@ class StepRecord:
         tail = _TAIL if unmet is None else _alone("reach their next step", unmet)
         return corruption(self._what(int(v[1]) & MASK32, int(v[2]) & MASK32), float(v[0]), self.group.size, tail)
 
-    def alone(self, waited: float) -> CorruptionError:
-        """The error of a rank whose own finding the others did not come to compare within ``waited`` s."""
+    def alone(self, waited: float | None) -> CorruptionError:
+        """The error of a rank whose own finding the others did not come to compare within ``waited``
+        s (None: Horovod had ended when the verdict was to start)."""
         first = self.first
         assert first is not None, "alone() is the error of a rank that found something"
         return corruption(self._what(tensor_key(first), self.steps[first]), self.code_of(first), self.group.size,

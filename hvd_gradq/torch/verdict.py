@@ -46,7 +46,8 @@ class StepVerdicts:
     def __init__(self, clock: Clock | None = None) -> None:
         self.clock = clock
         self.verdicts = Verdicts()
-        self.rounds: list[_Round] = []
+        self.rounds: list[_Round] = []  # verdicts started, not read
+        self.unstarted: list[StepRecord] = []  # verdicts Horovod refused to start (it had ended)
         self.timeout = timeout()
 
     def record(self, group: Group, name: str, step: int) -> StepRecord:
@@ -58,31 +59,45 @@ class StepVerdicts:
         if record is None:
             return
         if record.code_of(name) != 0.0:
-            self.rounds += [self._start(r) for r in self.verdicts.close()]  # every group's: none waits for it
+            self._start(self.verdicts.close())  # every group's: none waits for this rank
             mine = [r for r in self.rounds if r.record is record]
             self.rounds = [r for r in self.rounds if r.record is not record]
             if mine:
                 self._settle(mine[0], self.timeout)
+            elif record in self.unstarted:
+                raise record.alone(None)
             error = record.error(record.vector())  # its verdict was read before (a step that went on after an error)
             assert error is not None
             raise error
         current = self.verdicts.current
         if record.hand() and current.get(record.group.key) is record and all(
                 r.handed >= r.started for r in current.values()):
-            self.rounds += [self._start(r) for r in self.verdicts.close()]
+            self._start(self.verdicts.close())
 
     def begin_step(self) -> None:
-        """Read the previous step's verdicts (started now where the step did not end)."""
-        self.rounds += [self._start(r) for r in self.verdicts.close()]
+        """Read the previous step's verdicts (started now where the step did not end, or where
+        Horovod refused them then: it raises now, if it still does)."""
+        unstarted, self.unstarted = self.unstarted + self.verdicts.close(), []
+        self.rounds += [self._round(r) for r in unstarted]
         rounds, self.rounds = self.rounds, []
         for r in rounds:
             self._settle(r, None)
 
     def forget(self) -> None:
         self.rounds = []
+        self.unstarted = []
         self.verdicts.forget()
 
-    def _start(self, record: StepRecord) -> _Round:
+    def _start(self, records: list[StepRecord]) -> None:
+        """Start ``records``' verdicts; one that Horovod refuses (it has ended: the others' last step
+        was over, and they exited) waits in :attr:`unstarted` for the next step, which reads it."""
+        for rec in records:
+            try:
+                self.rounds.append(self._round(rec))
+            except RuntimeError:
+                self.unstarted.append(rec)
+
+    def _round(self, record: StepRecord) -> _Round:
         gen = settle(record)
         transport = HorovodTransport(record.group.process_set, self.clock)
         return _Round(record, gen, transport, transport.start(next(gen)))
