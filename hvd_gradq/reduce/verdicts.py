@@ -79,7 +79,9 @@ _TAIL = ("; every rank stops (the rank that found it before applying this step, 
          "of the ranks named, and resume from a checkpoint written before this step)")
 
 
-def _alone(what: str, waited: float | None) -> str:
+def left_alone(what: str, waited: float | None) -> str:
+    """The end of a finder's error where the others did not ``what`` within ``waited`` s (None:
+    they had ended Horovod)."""
     why = "had ended Horovod" if waited is None else f"did not {what} within {waited:g} s ({TIMEOUT_ENV})"
     return (f"; the other ranks {why}: this was their last step (they ended normally, with it applied), or they "
             "stopped. Check the network, NICs and memory of the ranks named, and resume from a checkpoint written "
@@ -151,13 +153,12 @@ class StepRecord:
         top = rank_order(code) << 32
         return np.array([code, top | tensor_key(first), top | min(self.steps[first], MASK32)], np.float64)
 
-    def error(self, reduced: Any, unmet: float | None = None) -> CorruptionError | None:
-        """The error every member raises for the reduced vector, None where nothing was found;
-        ``unmet``: the seconds the finder waited at the barrier for ranks that did not come."""
+    def error(self, reduced: Any, tail: str = _TAIL) -> CorruptionError | None:
+        """The error every member raises for the reduced vector, None where nothing was found
+        (``tail``: a finder's :func:`left_alone` at a barrier the others did not reach)."""
         v = np.asarray(reduced, np.float64).reshape(-1)
         if v[0] == 0.0:
             return None
-        tail = _TAIL if unmet is None else _alone("reach their next step", unmet)
         return corruption(self._what(int(v[1]) & MASK32, int(v[2]) & MASK32), float(v[0]), self.group.size, tail)
 
     def alone(self, waited: float | None) -> CorruptionError:
@@ -166,7 +167,7 @@ class StepRecord:
         first = self.first
         assert first is not None, "alone() is the error of a rank that found something"
         return corruption(self._what(tensor_key(first), self.steps[first]), self.code_of(first), self.group.size,
-                          _alone("join this step's verdict", waited))
+                          left_alone("join this step's verdict", waited))
 
     def _what(self, key: int, step: int) -> str:
         names = [n for n in self.steps if tensor_key(n) == key]

@@ -26,7 +26,7 @@ import horovod.torch as hvd
 from ..reduce.core import Group, Request
 from ..reduce.handshake import Stalled, wait
 from ..reduce.stats import Clock
-from ..reduce.verdicts import StepRecord, Verdicts, settle, timeout
+from ..reduce.verdicts import StepRecord, Verdicts, left_alone, settle, timeout
 from .transport import HorovodTransport
 
 
@@ -122,9 +122,11 @@ class StepVerdicts:
         try:
             _bounded(handle, r.record.name, deadline)
             r.transport.wait(handle)
-        except Stalled:  # members that never come (the last step): say so
-            assert bound is not None
-            error = r.record.error(got, unmet=bound)
+        except (Stalled, RuntimeError) as e:  # members that never come (the last step): say so
+            if bound is None:
+                raise
+            error = r.record.error(got, left_alone("reach their next step", None if isinstance(e, RuntimeError)
+                                                   else bound))
             assert error is not None
             raise error from None
         r.gen.send(None)  # raises the error
