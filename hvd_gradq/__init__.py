@@ -12,11 +12,12 @@ Frontends: ``hvd_gradq.torch`` and ``hvd_gradq.tensorflow`` (imported on demand,
 package imports without either framework).
 """
 from .api import Payload, dequantize, quantize
-from .errors import GradqError, NonFiniteError, PayloadError, RangeError, RankMismatchError, SpecError
+from .errors import CorruptionError, GradqError, NonFiniteError, PayloadError, RangeError, RankMismatchError, SpecError
 from .spec import names, parse
 
 __version__ = "0.1.0"
 __all__ = [
+    "CorruptionError",
     "GradqError",
     "NonFiniteError",
     "Payload",

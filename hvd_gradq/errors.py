@@ -14,6 +14,11 @@ class PayloadError(GradqError):
     """Bytes that are not a valid hvd_gradq payload (truncated, corrupt, wrong version)."""
 
 
+class CorruptionError(PayloadError):
+    """Bytes that arrived changed (a checksum that does not match what was sent): raised on every
+    rank of the reduction, naming the tensor, the step, the rank that found it and the sender."""
+
+
 class NonFiniteError(GradqError):
     """A gradient held NaN or Inf and the compressor was told to raise (``nonfinite=raise``)."""
 

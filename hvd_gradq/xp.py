@@ -231,6 +231,12 @@ def _mix(ops: Ops, x: Array) -> Array:
     return ops.xor(x, ops.shr(x, 15))
 
 
+def hash32(ops: Ops, x: Array) -> Array:
+    """The draws' 32-bit avalanche hash of int64 ``x`` holding 32-bit values, for other
+    counter-based uses (the summable lanes' checksum weights, :mod:`hvd_gradq.wire.integrity`)."""
+    return _mix(ops, x)
+
+
 def _mix_int(x: int) -> int:
     """:func:`_mix` on one Python int (seeds are mixed on the host, once per tensor)."""
     x = ((x ^ (x >> 16)) * _M1) & MASK32

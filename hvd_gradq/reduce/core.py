@@ -16,6 +16,9 @@ group (flat float32). Who runs the collectives is the driver's business:
 * the quality study's simulator (:mod:`.loopback`) runs N generators in lock step and hands
   each the result an in-process collective would give (so the study runs this code).
 
+Every pattern's last collective is the verdict round (:mod:`.integrity`: what each rank found
+wrong with the bytes it received, so that every rank raises on corruption in transit), unless
+the driver compares findings once a step instead (:class:`Findings`: PyTorch, :mod:`.verdicts`).
 Requests say whether another collective follows (``last``): after the last one a pattern only
 decodes, which a driver may put on a worker thread, and before it the driver starts every
 pending tensor's next phase before waiting on any (Horovod needs every rank to start the same
@@ -116,17 +119,27 @@ class Codec(Protocol):
         the other, their sizes in bytes and their own values; raises as :meth:`encode`."""
         ...
 
+    def verify(self, buf: Any, finder: int, phase: int, ranks: Sequence[int] | None = None,
+               whole: bool = True) -> Any:
+        """This rank's finding on a received buffer of payloads (member i is rank ``ranks[i]``, by
+        default i): float64 (1,), 0.0 where every payload passes its header and CRC-32, else the
+        :func:`~hvd_gradq.reduce.integrity.finding` naming ``finder`` (this rank), ``phase`` and
+        the sender. Never raises: every rank must reach the verdict. ``whole``: one payload
+        a member, all of one size (what :meth:`sum` takes; else :meth:`concat`'s)."""
+        ...
+
     def sum(self, buf: Any, rank: int, own: Any, what: str,
-            ranks: Sequence[int] | None = None) -> tuple[Array, int]:
+            ranks: Sequence[int] | None = None, unless: Any = None) -> tuple[Array, int]:
         """The decoded sum, in member order, of a gathered buffer's payloads (``own`` stands for
-        member ``rank``'s), and their count; a poison raises the error naming its ranks."""
+        member ``rank``'s), and their count; a poison raises the error naming its ranks.
+        ``unless``: a finding of :meth:`verify`; where it is not 0.0, zeros without decoding."""
         ...
 
     def concat(self, buf: Any, rank: int, own: Any, sizes: Sequence[int], what: str,
-               ranks: Sequence[int] | None = None) -> Array:
+               ranks: Sequence[int] | None = None, unless: Any = None) -> Array:
         """A gathered buffer's payloads (of ``sizes`` elements) decoded and concatenated in member
         order, ``own`` standing for member ``rank``'s; with ``ranks`` (member i is rank
-        ``ranks[i]``), a poison raises the error naming its ranks first."""
+        ``ranks[i]``), a poison raises the error naming its ranks first. ``unless``: as in :meth:`sum`."""
         ...
 
     def values(self, own: Any) -> Array:
@@ -164,6 +177,16 @@ class Group:
     process_set: Any = None
 
 
+class Findings(Protocol):
+    """Where a pattern's finding goes when its driver compares findings once a step (PyTorch's
+    record of a step, :class:`hvd_gradq.reduce.verdicts.StepRecord`) instead of in a verdict
+    round a tensor (:func:`hvd_gradq.reduce.integrity.round_`)."""
+
+    def note(self, t: Part, found: np.ndarray[Any, Any]) -> None:
+        """``t``'s finding (float64 (1,), host values: 0.0 for nothing) on this rank."""
+        ...
+
+
 class Graph(Protocol):
     """What a driver that runs the patterns while a graph is being built (TensorFlow) does its own
     way; a :class:`Reduction` without one runs eagerly and may read values on the host.
@@ -197,6 +220,7 @@ class Reduction:
     seed and this rank's global rank (the seeds' host rule, :mod:`hvd_gradq.reduce.names`),
     error feedback's memory, the byte and time figures, and the Ops of host arrays.
 
+    A driver that compares findings once a step hands in its record of the step (``findings``).
     A driver that runs the patterns while a graph is built (TensorFlow) hands in its
     :class:`Graph`, leaves ``stats`` None (it counts bytes from static sizes and times its host
     functions where they run) and may hand ``memory`` in only before the phase that needs it
@@ -209,10 +233,17 @@ class Reduction:
     stats: Stats | None
     ops: Ops
     graph: Graph | None = None
+    findings: Findings | None = None  # one verdict a step: the driver's record (eager only)
 
     @property
     def ef(self) -> bool:
         return self.config.policy.ef
+
+    @property
+    def verdict_round(self) -> bool:
+        """Whether every pattern ends with its own verdict round (:mod:`.integrity`), so that
+        its last data collective is not its last collective (``last=``)."""
+        return self.findings is None
 
     def words(self, t: Part, tag: str = "") -> Seed:
         """The seed of part ``tag`` of ``t`` (``""``, ``"#j"``, ``"#reduce"``, ``"#host"``...):

@@ -15,6 +15,15 @@ once the collective is done, the others the error naming it (:func:`hvd_gradq.re
 In the scatter pattern such a rank poisons *every* chunk: each rank owns one and must learn of
 it in the first phase, since the second is then started by nobody.
 
+*Integrity*: every payload carries its CRC-32; each rank checks what it received
+(``Codec.verify``) and the ranks compare their findings (:mod:`.integrity`: in a verdict round,
+the last collective, or in the driver's one verdict a step), so that a payload corrupted on its
+way to one rank stops every rank with an error that names it. A rank that found one decodes
+zeros in its place; a scatter owner that received a corrupted chunk sums zeros in its place and
+sends that, well-formed (with a verdict round, the verdict names the corruption before anyone
+decodes it; with one a step, the other ranks use that chunk's zeros in this step and raise at
+the next).
+
 *Draws*: gather from the stream of ``<name>``, scatter chunk j from ``<name>#j``, the reduced
 chunk from ``<name>#reduce`` (:meth:`~.core.Reduction.words`: the tags of the part's own rule,
 or :func:`hvd_gradq.reduce.names.words` of rank and step).
@@ -33,6 +42,7 @@ from ..plan.second_phase import reduced_scheme
 from ..wire.poison import Stop, poison
 from ..xp import Array
 from .core import Allgather, Alltoall, Part, Phases, Reduction, halt
+from .integrity import Phase, guard, judged, round_
 from .names import Kind, collective
 from .stop import stop_of, stops_of
 
@@ -50,17 +60,20 @@ def gather(red: Reduction, t: Part, x: Array) -> Phases:
     red.took("encode", t0)
     if error is None and red.ef:
         red.sent(t, x, t.codec.values(own))
-    gathered = yield Allgather(collective(g.key, Kind.GATHER, t.name), buf, last=True)
+    gathered = yield Allgather(collective(g.key, Kind.GATHER, t.name), buf, last=not red.verdict_round)
+    found = t.codec.verify(gathered, g.rank, Phase.GATHER)
+    verdict = yield from round_(red, t, red.ops, found)
+    gathered = yield from judged(red, t, red.ops, verdict, gathered)
     if error is not None:
         yield from halt(t, error)
     try:
         with red.timed("decode"):
-            total, count = t.codec.sum(gathered, g.rank, own, t.name)
+            total, count = t.codec.sum(gathered, g.rank, own, t.name, unless=guard(red, found))
     except GradqError as e:
         if not stops_of(e):  # only a poison received is a stop every member meets alike
             raise
         yield from halt(t, e)
-    if count != g.size:
+    if count and count != g.size:  # (0: zeros in place of a corrupted buffer)
         raise RankMismatchError(f"{t.name}: gathered {count} payloads from {g.size} ranks")
     if red.stats is not None:
         sent = int(buf.shape[0])
@@ -92,11 +105,12 @@ def scatter(red: Reduction, t: Part, x: Array) -> Phases:
     if error is None and red.ef:
         red.sent(t, x, red.ops.concat([t.codec.values(o) for o in owns], 0))
     recv = yield Alltoall(collective(g.key, Kind.ALLTOALL, t.name), buf, lens)
+    found = t.codec.verify(recv, g.rank, Phase.CHUNKS)  # zeros in its place, named in the verdict
     if error is not None:  # every chunk was a poison: every rank stops here
         yield from halt(t, error)
     try:
         with red.timed("decode"):  # where the chunks were encoded
-            part, _count = t.codec.sum(recv, g.rank, owns[g.rank], t.name)
+            part, _count = t.codec.sum(recv, g.rank, owns[g.rank], t.name, unless=found)
     except GradqError as e:
         if not stops_of(e):  # only a poison received is a stop every member meets alike
             raise
@@ -109,9 +123,12 @@ def scatter(red: Reduction, t: Part, x: Array) -> Phases:
         rbuf, rown = t.codec.encode(fine, part, red.words(t, REDUCED), f"{t.name} (step {t.step}, reduced)")
     if owner:
         red.update(key, part, t.codec.values(rown))
-    gathered = yield Allgather(collective(g.key, Kind.REDUCED, t.name), rbuf, last=True)
+    gathered = yield Allgather(collective(g.key, Kind.REDUCED, t.name), rbuf, last=not red.verdict_round)
+    found = red.ops.maximum(found, t.codec.verify(gathered, g.rank, Phase.REDUCED, whole=False))
+    verdict = yield from round_(red, t, red.ops, found)
+    gathered = yield from judged(red, t, red.ops, verdict, gathered)
     with red.timed("decode"):
-        out = t.codec.concat(gathered, g.rank, rown, [hi - lo for lo, hi in bounds], t.what)
+        out = t.codec.concat(gathered, g.rank, rown, [hi - lo for lo, hi in bounds], t.what, unless=guard(red, found))
     if red.stats is not None:
         sent = sum(n for j, n in enumerate(lens) if j != g.rank)
         received = int(recv.shape[0]) - lens[g.rank]

@@ -204,16 +204,21 @@ def settle(rows: list[Row], texts: list[str]) -> str:
 def timeout() -> float:
     """Seconds a handshake collective waits for the other ranks: ``HVD_GRADQ_HANDSHAKE_TIMEOUT``,
     else :data:`DEFAULT_TIMEOUT`; a GradqError for anything but a positive number."""
-    raw = os.environ.get(TIMEOUT_ENV)
+    return seconds(TIMEOUT_ENV, DEFAULT_TIMEOUT, "the seconds a rank waits for the others' handshake at the first step")
+
+
+def seconds(env: str, default: float, what: str) -> float:
+    """A bound in seconds from variable ``env`` (``what`` it bounds, for the error), else ``default``;
+    a GradqError for anything but a positive number (:func:`timeout`, the verdict's wait)."""
+    raw = os.environ.get(env)
     if raw is None or not raw.strip():
-        return DEFAULT_TIMEOUT
+        return default
     try:
         value = float(raw)
     except ValueError:
         value = float("nan")
     if not value > 0 or value == float("inf"):
-        raise GradqError(f"{TIMEOUT_ENV}={raw!r} is not valid: give the seconds a rank waits for the others' "
-                         f"handshake at the first step, a positive number (default {DEFAULT_TIMEOUT:g})")
+        raise GradqError(f"{env}={raw!r} is not valid: give {what}, a positive number (default {default:g})")
     return value
 
 

@@ -42,6 +42,9 @@ class Kind(str, enum.Enum):
     ALLTOALL = "a"  #: the scatter pattern's chunk payloads (alltoall)
     REDUCED = "r"  #: the scatter pattern's reduced chunks (allgather)
     HIER = "h"  #: the hierarchical pattern's phases (``h1`` ... ``h4``)
+    VERDICT = "c"  #: what every rank found wrong with the bytes it received (:mod:`hvd_gradq.reduce.integrity`)
+    STEP_VERDICT = "cs"  #: the same, once a step and process set (PyTorch: :mod:`hvd_gradq.reduce.verdicts`)
+    STEP_STOP = "xs"  #: the barrier ranks pass before raising a step's verdict (:mod:`hvd_gradq.reduce.verdicts`)
     STOP = "x"  #: the barrier ranks pass before raising a stop on a gradient (:func:`hvd_gradq.reduce.core.halt`)
     WARM = "w"  #: a warm-up step's exact sum (TensorFlow's, inside its branch)
     VALUE = "v"  #: TensorFlow elastic's eager reduction of Horovod's [1.0]

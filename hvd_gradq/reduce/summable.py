@@ -9,6 +9,16 @@ statistics and the lanes cross. The arithmetic is four pure functions (:func:`_l
 :func:`_verdict`, :func:`_encode`, :func:`_decode`) that a graph builds once and runs exactly as
 written (:meth:`~.core.Reduction.pure`); between them the pattern only yields its collectives.
 
+*Integrity.* The lanes carry the digest of the statistics the rank received and a checksum
+linear over their sum (:mod:`hvd_gradq.wire.integrity`: four and eight more int32 lanes), so
+every rank checks the summed lanes, and whether the summed digests are the group's size times
+its own: where they are not, the ranks received different statistics, every rank whose lanes
+arrived intact knows it after the lanes, and every rank stops there (before deciding anything on
+statistics that may have been corrupted into a peer's stop signal). Each rank also checks that
+the statistics it received are not below those it sent. A rank whose lanes or statistics failed
+hands its finding to the comparison of findings (:mod:`.integrity`: the verdict round, the last
+collective; or the driver's one verdict a step, where that rank decodes zeros in their place).
+
 *Values it cannot take.* The statistics carry the news, so nobody waits: a rank with NaN/Inf
 under ``nonfinite=raise`` sends +inf in every bucket; a rank with a finite value beyond the
 scheme's float32 range sends :func:`hvd_gradq.reduce.stop.range_stat` (the max names the
@@ -35,10 +45,12 @@ from ..plan.pattern import Pattern
 from ..schemes.level import EvenLevelScheme
 from ..schemes.options import NonFinite
 from ..schemes.summable import decode_codes, encode_shared, local_stats
+from ..wire.integrity import checked, digest, digest_lanes, digests_agree, with_check
 from ..wire.packing import pack_lanes, unpack_lanes
 from ..wire.poison import Stop
 from ..xp import Array, Ops, Seed
 from .core import Allreduce, Part, Phases, Reduction, halt
+from .integrity import Carrier, Phase, error_of, everyone, finding, raise_if, round_
 from .names import Kind, collective
 from .stop import names_a_rank, peer_message, range_rank, range_stat
 
@@ -55,19 +67,27 @@ def summable(red: Reduction, t: Part, x: Array, ops: Ops) -> Phases:
     raise_ = policy.nonfinite is NonFinite.RAISE
     t0 = time.perf_counter()
     n = int(ops.shape(x)[0])
-    stats, x, mine = red.pure(_local, scheme, raise_, g.rank)(ops, x)
+    sent, x, mine = red.pure(_local, scheme, raise_, g.rank)(ops, x)
     seed = red.words(t)
     red.took("encode", t0)  # the statistics
-    stats = yield Allreduce(collective(g.key, Kind.STATS, t.name), stats, "max")
+    received = yield Allreduce(collective(g.key, Kind.STATS, t.name), sent, "max")
 
     t0 = time.perf_counter()
-    send, stats, bad_rows, ours = red.pure(_verdict, raise_)(ops, x, stats, mine)
-    lanes, meta, own = red.pure(_encode, scheme, g.size)(ops, send, stats, seed)
-    red.took("encode", t0)  # codes, lanes and own values
-    summed = yield Allreduce(collective(g.key, Kind.LANES, t.name), lanes, "sum", last=True)
+    send, stats, bad_rows, ours = red.pure(_verdict, raise_)(ops, x, received, mine)
+    lanes, meta, own, digest_ = red.pure(_encode, scheme, g.size)(ops, send, stats, received, seed)
+    red.took("encode", t0)  # codes, lanes (the digest and the checksum) and own values
+    summed = yield Allreduce(collective(g.key, Kind.LANES, t.name), lanes, "sum", last=not red.verdict_round)
+    t0 = time.perf_counter()
+    summed, found = red.pure(_check, g.rank, g.size)(ops, summed, received, sent, digest_)
+    red.took("decode", t0)
+    verdict = yield from round_(red, t, ops, found)
 
-    read = red.read(ops, ops.concat([mine, ours], 0))
+    read = red.read(ops, ops.concat([mine, ours], 0), found if verdict is None else verdict)
     if read is not None:  # eagerly: stop here, or know whether a bucket was non-finite
+        corrupt = error_of(t.what, read[1], g.size)
+        # every rank read the same verdict, or (one a step) made the same finding: the stop's barrier
+        if corrupt is not None and (verdict is not None or everyone(float(read[1][0]))):
+            yield from halt(t, corrupt)
         facts = read[0]
         error = _stop(t, scheme, policy.nonfinite, facts[:3], facts[3:])
         if error is not None:
@@ -81,9 +101,16 @@ def summable(red: Reduction, t: Part, x: Array, ops: Ops) -> Phases:
         red.stats.record(t.name, c.sent, c.received)
     t0 = time.perf_counter()
     nan = not raise_ and (read is None or read[0][4] > 0.0)  # buckets that were non-finite somewhere
+    if read is not None and read[1][0] != 0.0:  # one verdict a step: this rank found corruption
+        red.took("decode", t0)
+        return ops.zeros((n,), "float32")  # in place of what it could not read (the driver raises)
     out: Array = red.pure(_decode, scheme, g.size, n, nan)(ops, summed, meta, bad_rows)
-    if red.graph is not None:  # in a graph: the same decision, as a check on the result
-        out = red.graph.check(out, lambda a, b: _raise(_stop(t, scheme, policy.nonfinite, a, b)), [mine, ours])
+    if red.graph is not None:  # in a graph: the same decisions, as a check on the result
+        def decide(a: Any, b: Any, v: Any) -> None:
+            raise_if(error_of(t.what, v, g.size))  # corruption first: it may be why a rank stopped
+            _raise(_stop(t, scheme, policy.nonfinite, a, b))
+
+        out = red.graph.check(out, decide, [mine, ours, verdict])
     red.took("decode", t0)
     return out
 
@@ -161,14 +188,34 @@ def _verdict(raise_: bool, ops: Ops, x: Array, stats: Array, mine: Array) -> tup
     return send, stats, 1.0 - row_ok, ops.concat([_one(ops, stop), _one(ops, nonfinite), _one(ops, top)], 0)
 
 
-def _encode(scheme: EvenLevelScheme, size: int, ops: Ops, x: Array, stats: Array,
-            seed: Seed) -> tuple[Array, Array, Array]:
-    """(lanes of ``x``'s codes against the shared ``stats``, the shared meta, ``x`` as the others
-    decode it: what error feedback subtracts)."""
+def _encode(scheme: EvenLevelScheme, size: int, ops: Ops, x: Array, stats: Array, received: Array,
+            seed: Seed) -> tuple[Array, Array, Array, Array]:
+    """(lanes of ``x``'s codes against the shared ``stats``, then the digest of the statistics
+    this rank ``received`` and their checksum; the shared meta; ``x`` as the others decode it:
+    what error feedback subtracts; the digest, float32 (2,))."""
     codes, meta = encode_shared(scheme, ops, x, stats, seed)
     lay = lanes_for(scheme.symbols, size)
-    lanes = pack_lanes(ops, codes, lay.field_bits, lay.fields)
-    return lanes, meta, decode_codes(scheme, ops, codes, meta, int(ops.shape(x)[0]))
+    d = ops.host(digest, received, (2,))
+    lanes = with_check(ops, ops.concat([ops.i64(pack_lanes(ops, codes, lay.field_bits, lay.fields)),
+                                        digest_lanes(ops, d)], 0))
+    return lanes, meta, decode_codes(scheme, ops, codes, meta, int(ops.shape(x)[0])), d
+
+
+def _check(rank: int, size: int, ops: Ops, summed: Array, received: Array, sent: Array,
+           d: Array) -> tuple[Array, Array]:
+    """After the lanes crossed: (the summed lanes without their digest and check lanes, this
+    rank's finding float64 (1,): the summed lanes fail their checksum; else the summed digests
+    are not ``size`` times its own ``d`` (the ranks received different statistics: every rank
+    finds it); else the statistics it received are below those it sent; else 0.0
+    (:func:`hvd_gradq.reduce.integrity.finding`))."""
+    lanes, ok = checked(ops, summed)
+    lanes, agree = digests_agree(ops, lanes, d, size)
+    flat_r, flat_s = ops.reshape(received, (-1,)), ops.reshape(sent, (-1,))
+    low = 1.0 - ops.amin(ops.f32(ops.concat([flat_r >= flat_s, ops.full((1,), 1.0) > 0.0], 0)), 0)
+    code = (ops.f64(1.0 - ok) * finding(rank, Carrier.LANES, Phase.LANES)
+            + ops.f64(ok * (1.0 - agree)) * finding(rank, Carrier.DIFFER, Phase.STATS)
+            + ops.f64(ok * agree * low) * finding(rank, Carrier.STATS, Phase.STATS))
+    return lanes, code
 
 
 def _decode(scheme: EvenLevelScheme, size: int, n: int, nan: bool, ops: Ops, summed: Array, meta: Array,

@@ -7,7 +7,7 @@ the ops; the summable pattern sends no payload: its statistics and int32 code la
 ops, :mod:`.collectives` and :mod:`.codec`): the bytes come from :func:`hvd_gradq.api.quantize`'s
 own pieces (the compiled kernels of every level scheme, or the NumPy reference where the input
 holds NaN/Inf, a value beyond ``scheme.limit``, or the scheme has no kernel) and
-:class:`hvd_gradq.Payload`'s layout; the gathered payloads are parsed, checked (header, checksum, codes) and decoded by
+:class:`hvd_gradq.Payload`'s layout; the gathered payloads are parsed, checked (header, CRC-32, codes) and decoded by
 :func:`hvd_gradq.api.split` / :func:`~hvd_gradq.api.decode_flat`. So the frontend lays no bytes
 of its own (``hvd_gradq/wire`` owns them), and a TensorFlow step costs what a PyTorch step costs
 for the same scheme: as a TF op chain, ORQ-5's level search alone took 94% of a small model's
@@ -57,6 +57,7 @@ from .. import kernels
 from ..api import Payload, decode_flat, parse_one, payload_of, split
 from ..errors import RangeError, RankMismatchError
 from ..reduce import stop
+from ..reduce.integrity import Phase, verify_payloads
 from ..schemes.level import LevelScheme
 from ..schemes.scheme import Scheme
 from ..wire import poison
@@ -183,18 +184,40 @@ def chunk_encoder(scheme: Scheme, bounds: tuple[tuple[int, int], ...], own: bool
 
 
 @cache
-def rows_decoder(rank: int, what: str = "", ranks: tuple[int, ...] | None = None) -> Any:
+def verifier(finder: int, phase: int, ranks: tuple[int, ...] | None, count: int) -> Any:
+    """buf uint8 -> float64 (1,): this rank's finding on a received buffer of payloads
+    (:func:`hvd_gradq.reduce.integrity.verify_payloads`), ``count`` rows of one payload each
+    (a poison padded to the row), or the payloads one after the other (``count`` 0): the NumPy
+    function a graph calls before the verdict round. It never raises."""
+
+    def host(buf: NDArray[np.uint8]) -> NDArray[np.float64]:
+        arr = np.ascontiguousarray(buf)
+        if count:
+            arr = arr.reshape(count, -1)
+        return verify_payloads(arr, finder, Phase(phase), ranks)
+
+    return host
+
+
+@cache
+def rows_decoder(rank: int, what: str = "", ranks: tuple[int, ...] | None = None, guarded: int | None = None) -> Any:
     """rows uint8[size, width] (and, optionally, this rank's decoded payload, used in place of
     decoding row ``rank`` again) -> (the sum of every rank's decoded payload in rank order, this
     rank's own decoded payload), both float32: the NumPy function a graph calls. Every payload
-    is parsed and checked (header, checksum, codes) before it is decoded; every rank runs this on
+    is parsed and checked (header, CRC-32, codes) before it is decoded; every rank runs this on
     the same bytes (decoding is deterministic: the own payload given is what its row decodes to).
 
     A row that holds a poison (:mod:`hvd_gradq.wire.poison`: a rank whose gradient held NaN/Inf
     under ``nonfinite=raise``, or a value its scheme refused) raises the error PyTorch's frontend
-    raises, naming ``what``, the ranks (row i is rank ``ranks[i]``, by default i) and why."""
+    raises, naming ``what``, the ranks (row i is rank ``ranks[i]``, by default i) and why.
+    ``guarded`` (the element count): the rows are followed by a finding of :func:`verifier`, and
+    where it names a corrupted payload the result is zeros, undecoded (the verdict round names it)."""
 
     def host(rows: NDArray[np.uint8], *mine: NDArray[np.float32]) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
+        if guarded is not None:
+            found, mine = mine[0], mine[1:]
+            if np.any(found != 0):
+                return np.zeros(guarded, np.float32), np.zeros(guarded, np.float32)
         rows = np.ascontiguousarray(rows)
         stops = stop.stops_in(rows, ranks)
         if stops:
@@ -217,14 +240,19 @@ def rows_decoder(rank: int, what: str = "", ranks: tuple[int, ...] | None = None
 
 
 @cache
-def chunks_decoder(sizes: tuple[int, ...], rank: int, what: str = "", ranks: tuple[int, ...] | None = None) -> Any:
+def chunks_decoder(sizes: tuple[int, ...], rank: int, what: str = "", ranks: tuple[int, ...] | None = None,
+                   guarded: bool = False) -> Any:
     """Gathered uint8 (one payload a rank, in rank order, of ``sizes[r]`` elements; optionally
     this rank's decoded payload, used in place of decoding payload ``rank``) -> every payload
     decoded, concatenated in rank order, f32[sum]: the NumPy function a graph calls. Every rank
     runs it on the same bytes; with ``ranks`` (payload i from rank ``ranks[i]``) a poison raises
-    first, as in :func:`rows_decoder`."""
+    first, as in :func:`rows_decoder` (``guarded`` as there)."""
 
     def host(buf: NDArray[np.uint8], *mine: NDArray[np.float32]) -> NDArray[np.float32]:
+        if guarded:
+            found, mine = mine[0], mine[1:]
+            if np.any(found != 0):
+                return np.zeros(sum(sizes), np.float32)
         flat = np.ascontiguousarray(buf).reshape(-1)
         stops = stop.stops_in(flat, ranks) if ranks is not None else None
         if stops:

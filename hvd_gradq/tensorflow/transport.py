@@ -105,20 +105,35 @@ class GraphCodec:
     # the decoders make their op here, one frame below the pattern: a graph's error message lists
     # the frames that made the failing op before hvd_gradq's own text
 
-    def sum(self, buf: Any, rank: int, own: Own, what: str, ranks: Sequence[int] | None = None) -> tuple[Any, int]:
+    def verify(self, buf: Any, finder: int, phase: int, ranks: Sequence[int] | None = None,
+               whole: bool = True) -> Any:
+        count = (self.size if ranks is None else len(ranks)) if whole else 0  # rows: padded poisons
+        fn = host.verifier(finder, phase, None if ranks is None else tuple(ranks), count)
+        found = tf.numpy_function(*host.timed(fn, [buf], "decode"), tf.float64, stateful=False,
+                                  name="hvd_gradq_verify")
+        return tf.ensure_shape(found, (1,))
+
+    def sum(self, buf: Any, rank: int, own: Own, what: str, ranks: Sequence[int] | None = None,
+            unless: Any = None) -> tuple[Any, int]:
         count = self.size if ranks is None else len(ranks)
         rows = tf.reshape(buf, (count, -1))  # one payload a member, all of one size
-        fn = host.rows_decoder(rank, self.what, None if ranks is None else tuple(ranks))
+        fn = host.rows_decoder(rank, self.what, None if ranks is None else tuple(ranks), own.n if unless is not None
+                               else None)
         mine = [] if own.values is None else [own.values]
-        total, _ = tf.numpy_function(*host.timed(fn, [rows, *mine], "decode", self.handoff), (tf.float32, tf.float32),
+        guard = [] if unless is None else [unless]
+        total, _ = tf.numpy_function(*host.timed(fn, [rows, *guard, *mine], "decode", self.handoff),
+                                     (tf.float32, tf.float32),
                                      stateful=False, name="hvd_gradq_decode")
         return tf.ensure_shape(total, (own.n,)), count
 
     def concat(self, buf: Any, rank: int, own: Own, sizes: Sequence[int], what: str,
-               ranks: Sequence[int] | None = None) -> Any:
-        fn = host.chunks_decoder(tuple(sizes), rank, self.what, None if ranks is None else tuple(ranks))
+               ranks: Sequence[int] | None = None, unless: Any = None) -> Any:
+        fn = host.chunks_decoder(tuple(sizes), rank, self.what, None if ranks is None else tuple(ranks),
+                                 unless is not None)
         mine = [] if own.values is None else [own.values]
-        out = tf.numpy_function(*host.timed(fn, [buf, *mine], "decode", self.handoff), tf.float32, stateful=False,
+        guard = [] if unless is None else [unless]
+        out = tf.numpy_function(*host.timed(fn, [buf, *guard, *mine], "decode", self.handoff), tf.float32,
+                                stateful=False,
                                 name="hvd_gradq_decode_chunks")
         return tf.ensure_shape(out, (sum(sizes),))
 

@@ -29,6 +29,12 @@ and parameters without a gradient are named), the op (Adasum, Min, Max and reduc
 refused with an error that says what to use), and the process set, whose ranks, rank and size
 every collective of that tensor uses.
 
+**Corruption in transit** (:mod:`.verdict`): what each rank found wrong with the bytes it
+received is compared once a step, in one collective a process set that runs during the next
+forward pass; the rank that found it raises at that tensor's ``decompress()``, the others at the
+next step's first ``compress()``, all with the same :class:`~hvd_gradq.errors.CorruptionError`
+(after the last step, :meth:`GradqCompressor.check_last_step` reads it).
+
 **Non-finite values** follow the policy's ``nonfinite`` option (:mod:`hvd_gradq.policy`); the
 default ``propagate`` carries NaN/Inf to every rank as stock Horovod does, so ``GradScaler`` skips
 the step everywhere. Error feedback (:mod:`.feedback`) keeps its residuals in unscaled units
@@ -235,6 +241,7 @@ class GradqCompressor(CompressorCore):
         self._refuse(site, tensor)
         if self._decompressing:  # the first compress() after a decompress(): a new step
             self._elastic.begin_step()  # an elastic reset: a new generation, decisions made again
+            self._reducer.begin_step()  # the previous step's verdicts read (.verdict), after any reset
             self._decompressing = False
             self._telemetry.begin_step()
             self.memory.begin_step(read_loss_scale(self._loss_scale))
@@ -327,6 +334,14 @@ class GradqCompressor(CompressorCore):
         zero (a warning says so); see :mod:`.resume`."""
         self._steps = resume.broadcast_state(self._resume, self._steps, self._store, root_rank,
                                              self._elastic.prefix(), self.policy.ef)
+
+    def check_last_step(self) -> None:
+        """Read the verdict of the last step taken: what the ranks found wrong with the bytes they
+        received is compared once a step and read at the next step's first ``compress()``
+        (:mod:`.verdict`), so after the last step nothing reads it. A collective: call it on every
+        rank, between steps (after training, before a final checkpoint); it raises the step's
+        CorruptionError where a rank found corruption in it, and returns at once otherwise."""
+        self._reducer.begin_step()
 
     # -- what stats() says of the run (CompressorCore.world) -------------------------------------
     def _ranks(self) -> int | None:

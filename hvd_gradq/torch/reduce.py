@@ -17,7 +17,14 @@ ever *starts* collectives inside ``compress()`` (see :mod:`hvd_gradq.torch.compr
   one round for all tensors before any waits on the next (so no rank waits on a phase another
   rank starts only after a phase it waits on), until every tensor's last collective is out;
   with workers, what remains (decoding) is queued on the worker;
-* :meth:`Reducer.finish` hands ``decompress()`` the decoded sum over the group.
+* :meth:`Reducer.finish` hands ``decompress()`` the decoded sum over the group, or raises the
+  step's CorruptionError where this rank found corruption in that tensor.
+
+Integrity: the patterns note what each rank found wrong with the bytes it received in the step's
+record (no collective a tensor); the step's findings are compared once, in one verdict a step
+and process set (:mod:`.verdict`, :mod:`hvd_gradq.reduce.verdicts`), started as the step's last
+tensor is handed to ``decompress()`` and read by :meth:`Reducer.begin_step` at the first
+``compress()`` of the next step.
 
 Bits: a pattern's result depends on its inputs only (seeds are per rank, step and tensor; sums
 run in rank order), so threads, rounds and the order of tensors change no bit.
@@ -40,11 +47,13 @@ from ..plan.decide import Choice
 from ..policy import Policy
 from ..reduce import table
 from ..reduce.stats import Stats
+from ..reduce.verdicts import StepRecord
 from ..schemes.scheme import Scheme
 from ..spec import Config
 from . import device
 from .ops import HOST, TorchOps
 from .transport import HorovodTransport, TorchCodec
+from .verdict import StepVerdicts
 
 
 @dataclass
@@ -59,6 +68,8 @@ class Flow:
     job: Future[None] | None = None  # the first segment, on a worker
     result: Future[torch.Tensor] | None = None  # the last segment (decoding), on a worker
     error: GradqError | None = None  # the reduction stopped with this error earlier in the step
+    record: StepRecord | None = None  # the step's record its pattern notes its finding in
+    name: str = ""
 
 
 @dataclass
@@ -80,18 +91,26 @@ class Reducer:
 
     def __post_init__(self) -> None:  # the patterns encode with the policy: its nonfinite=raise applies
         self.config = Config(self.scheme, self.policy)
+        self.verdicts = StepVerdicts(self.stats.clock)
+
+    def begin_step(self) -> None:
+        """At the first ``compress()`` of a step, before anything of it starts: the previous
+        step's verdicts read (a CorruptionError on every rank where one names a finding)."""
+        self.verdicts.begin_step()
 
     def start(self, choice: Choice, name: str, step: int, group: core.Group, x: torch.Tensor) -> Flow:
         """Start the chosen pattern for tensor ``name`` at ``step`` over ``group`` on ``x`` (float32,
         flat, error feedback already added): its first segment, up to its first collective."""
         row = table.entry(choice.pattern)
-        red = core.Reduction(self.config, self.seed, hvd.rank(), self.memory, self.stats, HOST)
+        record = self.verdicts.record(group, name, step)
+        red = core.Reduction(self.config, self.seed, hvd.rank(), self.memory, self.stats, HOST, findings=record)
         on_dev = device.on_device(self.codec, x) and not row.host_fp32  # host_fp32: pieces on the host
         part = core.Part(name, step, group, TorchCodec(on_dev, "cpu" if row.host_fp32 else x.device))
         if not on_dev and not row.encodes_first:  # the host codec's encode copies to the host itself
             x = x.detach().cpu()
         transport = HorovodTransport(group.process_set, self.stats.clock)
-        flow = Flow(row.run(red, part, x, TorchOps(x.device) if on_dev else HOST, choice), transport)
+        flow = Flow(row.run(red, part, x, TorchOps(x.device) if on_dev else HOST, choice), transport, record=record,
+                    name=name)
         if row.encodes_first:
             # the job reads x's values; nothing writes the gradient before the step settles the job
             flow.job = self.workers.submit(lambda: self._advance(flow))
@@ -126,14 +145,18 @@ class Reducer:
             ctx.handle = ctx.transport.start(ctx.request)
 
     def finish(self, flow: Flow) -> torch.Tensor:
-        """Wait for the flow's collectives and return the decoded sum over the group (float32, flat)."""
+        """Wait for the flow's collectives and return the decoded sum over the group (float32,
+        flat); where this rank found corruption in it, the step's CorruptionError instead."""
         self.flush()
         if flow.error is not None:
             raise flow.error
         if flow.result is not None:
             future, flow.result = flow.result, None
-            return future.result()
-        return self._finish(flow)
+            out = future.result()
+        else:
+            out = self._finish(flow)
+        self.verdicts.handed(flow.record, flow.name)
+        return out
 
     def flush(self) -> None:
         """Settle the first segments, run every tensor's phases up to its last collective (one
@@ -181,3 +204,4 @@ class Reducer:
         self.flows.clear()
         self.done.clear()
         self.decoding.clear()
+        self.verdicts.forget()

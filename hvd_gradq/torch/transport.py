@@ -26,6 +26,7 @@ from ..api import split
 from ..frontend.workers import wait
 from ..reduce import stop as codec
 from ..reduce.core import Allgather, Allreduce, Alltoall, Barrier, Request
+from ..reduce.integrity import Phase, verify_payloads
 from ..reduce.stats import Clock
 from ..spec import SchemeLike
 from ..xp import Seed
@@ -94,6 +95,11 @@ class HorovodTransport:
         return out.to(sent.device)
 
 
+def _found(unless: Any) -> bool:
+    """Whether a finding of :meth:`TorchCodec.verify` names a corrupted payload."""
+    return unless is not None and bool((torch.as_tensor(unless) != 0).any())
+
+
 class TorchCodec:
     """Payloads of flat float32 tensors: on their device when ``on_device`` (:mod:`.device`),
     else by the host kernels; ``own`` values are brought to ``device`` by :meth:`values`."""
@@ -109,12 +115,21 @@ class TorchCodec:
         made = [self.encode(config, x[lo:hi], seed, what) for (lo, hi), seed in zip(bounds, seeds)]
         return np.concatenate([b for b, _ in made]), tuple(int(b.shape[0]) for b, _ in made), [o for _, o in made]
 
+    def verify(self, buf: NDArray[np.uint8], finder: int, phase: int, ranks: Sequence[int] | None = None,
+               whole: bool = True) -> torch.Tensor:
+        return torch.from_numpy(verify_payloads(buf, finder, Phase(phase), ranks))
+
     def sum(self, buf: NDArray[np.uint8], rank: int, own: Any, what: str,
-            ranks: Sequence[int] | None = None) -> tuple[torch.Tensor, int]:
+            ranks: Sequence[int] | None = None, unless: Any = None) -> tuple[torch.Tensor, int]:
+        if _found(unless):  # a corrupted payload: zeros in its place (the step's verdict names it)
+            where = own.device if isinstance(own, torch.Tensor) else "cpu"
+            return torch.zeros(int(own.shape[0]), dtype=torch.float32, device=where), 0
         return device.sum_any(buf, rank, own, what, ranks)
 
     def concat(self, buf: NDArray[np.uint8], rank: int, own: Any, sizes: Sequence[int], what: str,
-               ranks: Sequence[int] | None = None) -> torch.Tensor:
+               ranks: Sequence[int] | None = None, unless: Any = None) -> torch.Tensor:
+        if _found(unless):
+            return torch.zeros(sum(sizes), dtype=torch.float32, device=self.device)
         peers = codec.stops_in(buf, ranks) if ranks is not None else None
         if peers:
             raise codec.stopped(what, peers)

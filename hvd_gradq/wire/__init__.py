@@ -3,7 +3,9 @@
 * :mod:`.packing`: symbols into bytes (base-s words), summable int32 lanes, fixed-width
   bitstreams (Top-K indices), in any :class:`~hvd_gradq.xp.Ops` namespace;
 * :mod:`.payload`: the payload header (versioned, CRC-32 checked, the spec as text), its
-  checksum, laying sections out and cutting them back.
+  checksum, laying sections out and cutting them back;
+* :mod:`.integrity`: the checksums of what is not a payload (the summable pattern's lanes and
+  statistics, the hierarchical pattern's fp32 pieces), and where a gathered buffer is corrupt.
 
 This package knows no scheme: it imports neither ``hvd_gradq.schemes`` nor ``hvd_gradq.spec``
 (``tests/unit/test_wire_layer.py``). It takes whatever declares a spec text and its sections

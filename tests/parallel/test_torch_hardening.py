@@ -114,7 +114,8 @@ def test_value_beyond_the_range_on_one_rank_stops_every_rank() -> None:
     float32 ranges end at 2**127) in the gather, summable and scatter patterns: rank 1 raises
     hvd_gradq's RangeError with the magnitude, and tells the others (a poison payload saying
     why; in summable a statistic naming it), which raise one naming the tensor and rank 1. No
-    Horovod shutdown error, and a collective after it runs on both (nobody is left waiting)."""
+    Horovod shutdown error, and a collective after it runs on both (nobody is left waiting).
+    Then corruption in transit, in the same launch, the last step's included."""
     reps = launch("worker_torch_hardening.py", np=2, args=["--mode", "range"], timeout=300)
     for key in ("orq:levels=5/gather", "qsgd:levels=4/summable", "orq:levels=5/scatter"):
         e1, e0 = reps[1][key], reps[0][key]
@@ -123,6 +124,41 @@ def test_value_beyond_the_range_on_one_rank_stops_every_rank() -> None:
         assert re.match(r"4\.weight( \(step 2\))?: rank(\(s\) \[1\]| 1) had a finite value in this gradient that "
                         r"the scheme cannot quantize", e0["error"]), e0
         assert e1["after"] == e0["after"] == 2, (key, e0, e1)
+    # the same launch: a bit flipped in 4.weight's gathered payloads (in rank 0's) or summed lanes
+    # as rank 1 receives them at step 2 (issue 35, item 7): the same CorruptionError on both ranks,
+    # naming the tensor, the step and rank 1 (before: rank 1 alone raised a bare checksum mismatch,
+    # or, for the lanes, nobody noticed and the ranks' parameters differed from then on). One
+    # verdict a step: rank 1 raises in step 2, before applying it; rank 0 at step 3's first
+    # compress() (out of backward()), having applied step 2
+    for key, case, words in (("corrupt/gather", "c0.", "the payload rank 0 sent in the allgather of payloads fails "
+                                                      "its CRC-32"),
+                             ("corrupt/summable", "c1.", "the summed lanes of the Sum-allreduce of lanes fail their "
+                                                         "checksum")):
+        e1, e0 = reps[1][key], reps[0][key]
+        assert e0["type"] == e1["type"] == "CorruptionError" and e0["error"] == e1["error"], (key, e0, e1)
+        assert e0["error"].startswith(f"{case}4.weight (step 2): data corrupted in transit, found by rank 1: "
+                                      + words), e0
+        assert "the rank that found it before applying this step, the others at their next step" in e0["error"], e0
+        assert (e1["step"], e0["step"]) == (2, 3), (key, e0, e1)
+        assert e1["after"] == e0["after"] == 2, (key, e0, e1)
+    # the last step: rank 1 reads the verdict (rank 0 starts it as its step ends) and raises once
+    # its bound (4 s) has passed at the barrier rank 0 never reaches, saying so; rank 0 ends
+    # normally, its parameters those of an uncorrupted run (what it received was intact)
+    e1, e0 = reps[1]["corrupt/last"], reps[0]["corrupt/last"]
+    assert e1["type"] == "CorruptionError" and e1["step"] == 2, e1
+    assert e1["error"].startswith("c2.4.weight (step 2): data corrupted in transit, found by rank 1: the payload "
+                                  "rank 0 sent in the allgather of payloads fails its CRC-32"), e1
+    assert "did not reach their next step within 4 s (HVD_GRADQ_VERDICT_TIMEOUT): this was their last step" \
+        in e1["error"], e1
+    assert 4 <= e1["s"] < 40, e1
+    assert e0["error"] == "" and e0["digest"] == reps[0]["corrupt/clean"], e0
+    assert e1["after"] == e0["after"] == 2, (e0, e1)
+    # the same, rank 0 calling check_last_step() after its last step: it raises the error rank 1
+    # raises, having passed the barrier with it
+    e1, e0 = reps[1]["corrupt/checked"], reps[0]["corrupt/checked"]
+    assert e0["error"] == "" and e0["checked"] == e1["error"], (e0, e1)
+    assert e1["error"].startswith("c3.4.weight (step 2): data corrupted in transit, found by rank 1"), e1
+    assert "the others at their next step" in e1["error"] and e1["s"] < 60, e1
 
 
 def test_ranks_that_disagree_are_named() -> None:

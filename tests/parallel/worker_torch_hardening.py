@@ -6,13 +6,17 @@ without it; a different world size and another scheme are refused, the latter lo
 ``strict=False``; ``state_dict(all_ranks=True)`` on rank 0 alone fails within its timeout), ``nonfinite`` (NaN on rank 1 at step 2, ``SPEC`` and
 ``PATTERN`` from the environment: every rank stops with an error, none hangs), ``range`` (a
 finite value beyond the scheme's float32 range on rank 1, one case a pattern: every rank stops
-with an error naming the tensor and the rank, and a collective after it still runs), ``disagree``
+with an error naming the tensor and the rank, and a collective after it still runs; then a bit
+flipped in what rank 1 receives, gather and summable: rank 1 stops in that step, rank 0 at the
+next, both with the CorruptionError naming the tensor, the step and rank 1; and on the last step,
+where rank 1 raises within its verdict's bound and rank 0 ends normally), ``disagree``
 (rank 1 builds its compressor otherwise, one case each: another spec, check_ranks, fallback past
 a long seed, link_gbps under gather and auto: every rank stops with an error naming the ranks and
 the difference, or every rank runs; none waits),
 ``die`` (rank 1 exits mid-step),
 ``long`` (many steps of a model with >= 300 parameter tensors: memory flat, EF memory = one fp32
-copy of the parameters, no pending Horovod handles).
+copy of the parameters, no pending Horovod handles once ``check_last_step()`` read the last
+step's verdict).
 """
 import argparse
 import copy
@@ -40,14 +44,15 @@ torch.set_num_threads(1)
 rank, size = hvd.rank(), hvd.size()
 
 
-def model_and_opt(spec: str, seed: int = 0, pattern: str = "auto", compressor_seed: int = 11, **options):
+def model_and_opt(spec: str, seed: int = 0, pattern: str = "auto", compressor_seed: int = 11, prefix: str = "",
+                  **options):
     torch.manual_seed(seed)
     model = torch.nn.Sequential(torch.nn.Linear(20, 64), torch.nn.ReLU(), torch.nn.Linear(64, 64), torch.nn.ReLU(),
                                 torch.nn.Linear(64, 3))
-    comp = gq.from_spec(spec, named_parameters=model.named_parameters(), seed=compressor_seed, pattern=pattern,
-                        **options)
+    named = [(prefix + n, p) for n, p in model.named_parameters()]
+    comp = gq.from_spec(spec, named_parameters=named, seed=compressor_seed, pattern=pattern, **options)
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9),
-                                   named_parameters=model.named_parameters(), compression=comp)
+                                   named_parameters=named, compression=comp)
     return model, opt, comp
 
 
@@ -211,6 +216,84 @@ elif args.mode == "range":
         for handle in list(mpi_ops._handle_map):
             hvd.synchronize(handle)
         out[key]["after"] = int(hvd.allreduce(torch.ones(1), op=hvd.Sum, name=f"after.{key}").item())
+    # corruption in transit, one verdict a step: rank 1 receives 4.weight's collective of step 2
+    # with a bit flipped (its gathered payloads: in rank 0's; its summed lanes). Rank 1 found it:
+    # it raises in step 2, before applying it; rank 0 applies step 2 and raises at step 3's first
+    # compress(), out of backward(): the same CorruptionError naming the tensor, the step and
+    # rank 1. Each case names its parameters apart ("c0." ...).
+    from hvd_gradq.torch.transport import HorovodTransport
+
+    real_wait = HorovodTransport.wait
+
+    def corrupt_case(case: str, spec: str, pattern: str, kind: str, last: bool, check: bool = False) -> dict:
+        """Steps 0-1 clean, then rank 1 receives 4.weight's collective of step 2 corrupted; with
+        ``last``, step 2 is the last step (and with ``check``, the ranks that went on call
+        ``check_last_step()`` after it). Each rank's error, the step it raised at, the time from
+        step 2's start, the parameters' digest."""
+        armed = {"on": False}
+
+        def wait(self, handle):
+            got = real_wait(self, handle)
+            if rank == 1 and armed["on"] and handle[0].name == f"hvd_gradq.{kind}.{case}4.weight":
+                armed["on"] = False
+                got = got.copy() if hasattr(got, "copy") else got.clone()
+                if got.dtype == torch.int64:
+                    got[5] ^= 1 << 3
+                else:
+                    got[got.shape[0] // 4] ^= 0x10
+            return got
+
+        HorovodTransport.wait = wait
+        model, opt, comp = model_and_opt(spec, pattern=pattern, prefix=case)
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        run(model, opt, 0, 2)
+        armed["on"] = True
+        res: dict = {"error": "", "step": None}
+        t0 = time.monotonic()
+        for step in range(2, 3 if last else 5):
+            try:
+                run(model, opt, step, step + 1)
+            except hvd_gradq.GradqError as e:
+                res = {"error": str(e), "type": type(e).__name__, "step": step}
+                break
+            except RuntimeError as e:  # Horovod's shutdown: what must not happen
+                res = {"error": "RuntimeError: " + str(e), "type": "RuntimeError", "step": step}
+                break
+        res["s"] = time.monotonic() - t0
+        res["digest"] = digest(model)
+        if check and res["step"] is None:
+            try:
+                comp.check_last_step()
+                res["checked"] = ""
+            except hvd_gradq.GradqError as e:
+                res["checked"] = str(e)
+        HorovodTransport.wait = real_wait
+        if res["step"] == 2:  # the finder: the others joined every collective of its step 2 (not, on
+            # the last step, the verdict it started: that one stays pending)
+            deadline = time.monotonic() + 10
+            for handle in list(mpi_ops._handle_map):
+                while not hvd.poll(handle) and time.monotonic() < deadline:
+                    time.sleep(0.01)
+                if hvd.poll(handle):
+                    hvd.synchronize(handle)
+        res["after"] = int(hvd.allreduce(torch.ones(1), op=hvd.Sum, name=f"after.{case}").item())
+        return res
+
+    # the reference for the last step's case: the same names (the draws depend on them), no corruption
+    model, opt, _ = model_and_opt("orq:levels=5", pattern="gather", prefix="c2.")
+    hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+    run(model, opt, 0, 3)
+    out["corrupt/clean"] = digest(model)
+    out["corrupt/gather"] = corrupt_case("c0.", "orq:levels=5", "gather", "g", last=False)
+    out["corrupt/summable"] = corrupt_case("c1.", "qsgd:levels=4", "summable", "l", last=False)
+    # the last step: rank 1 waits its bound at the verdict's barrier, which rank 0 never reaches,
+    # then raises; rank 0 ends normally, its parameters those of an uncorrupted run (gather: what
+    # it received was intact)
+    os.environ["HVD_GRADQ_VERDICT_TIMEOUT"] = "4"  # read when the compressor is made
+    out["corrupt/last"] = corrupt_case("c2.", "orq:levels=5", "gather", "g", last=True)
+    del os.environ["HVD_GRADQ_VERDICT_TIMEOUT"]
+    # the same, rank 0 reading the last step's verdict after it: both raise the same error
+    out["corrupt/checked"] = corrupt_case("c3.", "orq:levels=5", "gather", "g", last=True, check=True)
 elif args.mode == "disagree":
     def first_step(spec: str, **options) -> dict:
         """A fresh model's first step with a compressor built with ``options``: its error ("" if
@@ -259,6 +342,7 @@ elif args.mode == "long":
         if step % 50 == 49:
             with open("/proc/self/statm") as f:
                 rss.append(int(f.read().split()[1]) * resource.getpagesize())
+    comp.check_last_step()  # reads the last step's verdict: no handle left
     n_params = sum(p.numel() for p in model.parameters())
     ef = comp.state_dict()["residuals"]
     out.update({
