@@ -80,7 +80,7 @@ from .context import Ctx
 from .ops import TF
 from .slots import Bookkeeping, Slot, check_slot, describe, variable_key
 from .store import SlotStore, broadcast_state, make_residual, make_variables
-from .transport import GraphCodec
+from .transport import GraphCodec, words
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -308,7 +308,7 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         codec = GraphCodec(ctx.size, ctx.what, ef, ctx.finite, (shape, ctx.dtype.name) if row.whole else None)
         group = core.Group(ctx.rank, ctx.size, f"{self.cid}.", ctx.local, ps)
         part = core.Part(f"{key}{set_suffix(ps)}", step, group, codec, slot.key if slot is not None else "",
-                         lambda tag: stream.words(TF, step, tag), ctx.what)
+                         lambda tag: words(stream(tag), step), ctx.what)
         ctx.flow = reduce.begin(ctx.choice, self.scheme, ef, raw if row.raw else x, part)
         ctx.result = ctx.flow.handle  # the first collective's result: a tensor of the graph, as callers may want it
         return one
