@@ -22,6 +22,11 @@ waits for the thread first (:func:`settle`), so that no figure is taken beside a
 error is left for the first step to meet and report in its own place: the thread logs it at
 DEBUG and ends.
 
+**Forks.** A process forked while the thread imports or loads (a data loader's workers) would
+inherit the locks it holds, taken by a thread the child does not have: the child would hang at
+its first numba import or kernel. So a ``fork()`` first waits for the thread (``os.register_at_fork``),
+which costs nothing once the kernels are loaded, and no more than the first step would wait.
+
 **What it costs.** The same CPU as before, earlier: a script whose first step follows the
 compressor at once still waits for most of it (the thread holds the GIL while numba imports).
 Not started where nothing would load: without the kernels (``HVD_GRADQ_KERNELS=0``), and for
@@ -77,10 +82,14 @@ def start(schemes: Sequence[Scheme], priced: bool = True) -> threading.Thread | 
 def settle() -> None:
     """Wait for every loading thread started so far (what times kernels calls it first)."""
     with _lock:
-        running = list(_threads)
-        _threads.clear()
+        running = [t for t in _threads if t is not threading.current_thread()]
+        _threads[:] = [t for t in _threads if t not in running]
     for t in running:
         t.join()
+
+
+if hasattr(os, "register_at_fork"):
+    os.register_at_fork(before=settle)  # no lock of a loading thread carried into a child (module docstring)
 
 
 def load(schemes: Sequence[Scheme]) -> None:

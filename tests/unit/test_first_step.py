@@ -142,13 +142,20 @@ prefetch.settle()
 assert not t.is_alive()
 from hvd_gradq.kernels import _nb_common, _nb_even
 print(len(_nb_even.even_encode.signatures), len(_nb_even.even_decode.signatures), len(_nb_common._maxabs.signatures))
+import os
+t = prefetch.start([parse_scheme("sign")])
+pid = os.fork()  # waits for the loading thread first: a child inherits no lock of it
+if pid == 0:
+    os._exit(0)
+os.waitpid(pid, 0)
+assert t is not None and not t.is_alive()
 """
 
 
 def test_prefetch_loads_a_schemes_kernels_on_a_thread_in_a_fresh_process() -> None:
     """In a process of its own (this one has run kernels already): ``none`` under the cost model
     loads nothing, not even numba; uniform's thread loads its encoder, decoder and the scan, and
-    is started once."""
+    is started once; a fork() waits for a loading thread."""
     pytest.importorskip("numba")
     out = subprocess.run([sys.executable, "-c", _CHILD], cwd=ROOT, capture_output=True, text=True, timeout=600,
                          env={**os.environ, "PYTHONPATH": str(ROOT)})
