@@ -51,7 +51,7 @@ from ..reduce.names import Kind
 from ..reduce.stats import KINDS, Reports, Stats
 from ..schemes.scheme import Scheme
 from ..spec import Config, SchemeLike, as_config
-from . import probe, workers
+from . import prefetch, probe, workers
 
 #: A frontend's allgather for the handshake: (this rank's row, what it is, the seconds it may wait
 #: for the other ranks) -> every rank's rows; past the wait it raises
@@ -178,6 +178,7 @@ class CompressorCore(Reports):
         self.log_every = log.resolve_every(log_every)
         self._stats = Stats(self.TIME_KINDS)
         self._agreement = Agreement()
+        prefetch.start([self.scheme], probe.priced(self.pattern))  # kernels load as the job starts, not in its 1st step
 
     # -- the configuration ranks compare ------------------------------------------------------------
     def _scope(self) -> str:

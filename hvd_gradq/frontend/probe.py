@@ -3,8 +3,11 @@
 At its first step over a process set, each frontend times the schemes it may use (the scheme,
 the finer one the scatter pattern re-encodes a reduced chunk with, and Horovod's fp16 cast) on
 a fixed synthetic tensor, through the same host codec it runs: :func:`measure`, a few
-milliseconds a scheme once the kernels are compiled (the warm-up call compiles or loads them,
-as the first step would anyway). The ranks then allgather their figures (:func:`to_row`, one
+milliseconds a scheme once the kernels are compiled (the warm-up call compiles or loads them).
+Loading them was most of a first step (issue 35: numba, its CPU target and every kernel of both
+schemes, seconds on a busy machine), so each scheme's figure is timed once a machine and kept
+beside the kernel cache (:func:`kept`, :mod:`.figure_cache`); a later job reads it, and loads
+only the kernels it runs. The ranks then allgather their figures (:func:`to_row`, one
 small float64 collective beside the configuration check) and every rank takes the elementwise
 maximum (:func:`agree`): a decision (:func:`hvd_gradq.plan.decide.decide`) reads only agreed values, so
 no two ranks can choose differently, and the slowest rank, which the others wait for in every
@@ -28,6 +31,7 @@ from ..plan.pattern import Pattern
 from ..plan.second_phase import reduced_scheme
 from ..reduce import codec
 from ..schemes.scheme import Scheme
+from . import figure_cache, prefetch
 
 #: Elements of the synthetic tensor: large enough that per-call overhead (framing, checksum,
 #: dispatch) is a small share, small enough that the slowest scheme costs milliseconds.
@@ -39,13 +43,18 @@ REPS = 3
 #: ring at the link rate, and on the emulated 1 Gbit/s link that ring ran 4.6x slower than that
 #: (results/e2e/e2e_fallback_on.md), so a default fallback sent ORQ-5 as fp16 and made its step slower.
 FALLBACK_ENV = "HVD_GRADQ_FALLBACK"
-#: ``measure`` (the default) or ``table``: the table's figures instead of timing this machine,
-#: for decisions that are the same from run to run (a reproducible job, a test suite that
-#: asserts a pattern choice). The table is the shipped one, or this machine's where
-#: ``HVD_GRADQ_CPU_TABLE`` names one (``calibrate --out``: :mod:`hvd_gradq.plan.cpu_cost`), and
-#: then ``table`` is the default: the user measured the figures to have them used. Every rank
-#: should be set alike; if not, the maximum still makes them agree.
+#: ``kept`` (the default), ``measure`` or ``table``. ``kept``: this machine's figures, each
+#: scheme's timed once and kept beside the kernel cache for later jobs (:mod:`.figure_cache`: a
+#: first step then loads no kernel it does not run); ``measure``: timed at every job's start, as
+#: before the cache (a machine whose load has changed for good); ``table``: the table's figures
+#: instead of timing this machine, for decisions that are the same from run to run (a
+#: reproducible job, a test suite that asserts a pattern choice). The table is the shipped one,
+#: or this machine's where ``HVD_GRADQ_CPU_TABLE`` names one (``calibrate --out``:
+#: :mod:`hvd_gradq.plan.cpu_cost`), and then ``table`` is the default: the user measured the
+#: figures to have them used. Every rank should be set alike; if not, the maximum still makes
+#: them agree. Whatever the source, the fp16 cast is timed in the job (microseconds).
 FIGURES_ENV = "HVD_GRADQ_FIGURES"
+SOURCES = ("kept", "measure", "table")
 _WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
@@ -96,6 +105,8 @@ def measure(schemes: list[Scheme], cast: Callable[[NDArray[np.float32]], Any] | 
     """(encode, decode) ns an element of each scheme on this rank, best of ``reps`` after a
     warm-up call; with ``cast`` (the frontend's float32 -> float16 -> float32 round trip) also
     :data:`~.cpu_cost.CAST`, half the round trip each way."""
+    if schemes:
+        prefetch.settle()  # a kernel compiling beside the timing would slow it
     x = np.random.default_rng(0).standard_normal(elements).astype(np.float32)
     rows: list[tuple[str, float, float]] = []
     for s in schemes:
@@ -135,18 +146,37 @@ def agreed(scheme: Scheme, nranks: int, local: int, cast: Callable[[NDArray[np.f
     """Measure on this rank (:func:`measure`, through this module's attribute so that a test can
     hand each rank other figures), allgather, and return what every rank agrees on."""
     schemes = schemes_for(scheme, nranks, local)
-    mine = table(schemes) if figures_source() == "table" else measure(schemes, cast)
+    source = figures_source()
+    if source == "table":
+        mine = table(schemes)
+    else:
+        mine = measure(schemes, cast) if source == "measure" else kept(schemes, cast)
     return agree(mine, allgather(to_row(mine)))
 
 
+def kept(schemes: list[Scheme], cast: Callable[[NDArray[np.float32]], Any] | None = None) -> Figures:
+    """The rows :func:`measure` would return, each scheme's from this machine's kept figures
+    (:mod:`.figure_cache`) where they hold it, else timed now (:func:`measure`, through this
+    module's attribute) and kept; the cast timed now."""
+    have = figure_cache.read(ELEMENTS, REPS)
+    missing = [s for s in schemes if s.spec not in have]
+    if missing:
+        fresh = {k: (e, d) for k, e, d in measure(missing).ns if k != CAST}
+        figure_cache.store(fresh, ELEMENTS, REPS)
+        have.update(fresh)
+    rows = tuple((s.spec, *have[s.spec]) for s in schemes)
+    return Figures(rows + (measure([], cast).ns if cast is not None else ()))
+
+
 def figures_source() -> str:
-    """``measure`` or ``table``, from :data:`FIGURES_ENV` (unset: ``table`` where
-    :data:`~hvd_gradq.plan.cpu_cost.TABLE_ENV` names a table of this machine, else ``measure``)."""
-    default = "table" if os.environ.get(TABLE_ENV, "").strip() else "measure"
+    """``kept``, ``measure`` or ``table``, from :data:`FIGURES_ENV` (unset: ``table`` where
+    :data:`~hvd_gradq.plan.cpu_cost.TABLE_ENV` names a table of this machine, else ``kept``)."""
+    default = "table" if os.environ.get(TABLE_ENV, "").strip() else "kept"
     raw = os.environ.get(FIGURES_ENV, default).strip().lower() or default
-    if raw not in ("measure", "table"):
-        raise GradqError(f"{FIGURES_ENV}={raw!r} is not valid: write measure (time this machine at start-up, "
-                         "the default) or table (the shipped figures: the same decisions in every run)")
+    if raw not in SOURCES:
+        raise GradqError(f"{FIGURES_ENV}={raw!r} is not valid: write kept (this machine's figures, timed once and "
+                         "kept beside the kernel cache: the default), measure (timed at every start-up) or table "
+                         "(the shipped figures: the same decisions in every run)")
     return raw
 
 

@@ -40,8 +40,8 @@ schemes make Horovod's ``[1.0]`` NaN, the whole tensor. Error feedback keeps its
 residual wherever the result is not finite (``loss_scale=`` keeps residuals unscaled).
 ``nonfinite=raise`` stops the step on every rank with an ``InvalidArgumentError`` that says so
 (the rank with NaN takes part, with a poison payload or +inf statistics, so no rank waits for
-that tensor; another's may: docs/usage.md); ``nonfinite=skip`` is refused (sizes are traced).
-**Elastic Horovod**: the reduction runs eagerly at each step in the world of the moment (:mod:`.elastic`).
+that tensor; another's may: docs/usage.md); ``nonfinite=skip`` is refused (sizes are traced). **Elastic**:
+eager steps in the world of the moment (:mod:`.elastic`). **Resuming**: ranks whose counters differ stop.
 """
 from __future__ import annotations
 
@@ -70,14 +70,14 @@ from ..schemes.options import NonFinite
 from ..schemes.plain import FP16Scheme, NoneScheme
 from ..spec import SchemeLike
 from ..wire.payload import DTYPE_CODES, MAX_NDIM
-from . import codec, handshake, reduce, telemetry
+from . import codec, handshake, reduce, resume, telemetry
 from . import elastic as tf_elastic
 from .callsite import check_op, function_graph, horovod_call_site, set_suffix
 from .context import Ctx
 from .ops import TF
 from .slots import Bookkeeping, Slot, check_slot, describe, variable_key
 from .store import SlotStore, broadcast_state, make_residual, make_variables
-from .transport import GraphCodec
+from .transport import GraphCodec, words
 
 _F = TypeVar("_F", bound=Callable[..., Any])
 
@@ -138,6 +138,7 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         self.memory = Memory(TF, store, undo=False, variant=self.policy.feedback)
         self._telemetry = telemetry.Telemetry(self._stats, self.world, self._host.slots.values, self.log_every)
         self._elastic = tf_elastic.attach(self, self.cid)
+        self._resume = resume.FirstStep(self._elastic is None, f"{self.cid}.", self.policy.warmup)  # elastic: sync()
 
     # -- the core's hooks (frontend/compressor.py) -----------------------------------------------
     def _scope(self) -> str:
@@ -204,9 +205,8 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
                 for rk, width in table.owner_residuals(choice, True, key, n, self.scheme.bucket, group):
                     if rk not in self.residuals:  # kept across an elastic reset in the same world
                         self.residuals[rk], self.owners[rk] = make_residual(rk, width, hvd.rank())
-        slot = Slot(len(h.slots), key, ident, shape, dtype, n, size, choice, step, residual, owner,
-                    c.sent, c.received, fp32_cost(n, size).sent)
-        h.slots[key] = slot
+        h.slots[key] = slot = Slot(len(h.slots), key, ident, shape, dtype, n, size, choice, step, residual, owner,
+                                   c.sent, c.received, fp32_cost(n, size).sent)
         return slot
 
     def _loss_scale(self) -> Any:
@@ -230,7 +230,8 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
             return tensor, None
         if self._elastic is not None and not tf.executing_eagerly():
             return self._elastic.trace(tf.convert_to_tensor(tensor), site, ps)
-        return self._compress_at(tensor, site, ps, member)
+        with tf.control_dependencies(gate := self._resume.gate(self.steps, ps, member.size)):  # nothing before it
+            return self._compress_at(tf.identity(tensor) if gate else tensor, site, ps, member)
 
     def _compress_at(self, tensor: Any, site: Any, ps: Any, member: Any, key: str | None = None,
                      host: bool = False) -> tuple[Any, Any]:
@@ -256,11 +257,10 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         slot = None
         if tf.executing_eagerly() and not host:
             if self.policy.ef:
-                raise GradqError(
-                    "error feedback needs to know which variable a gradient belongs to, and an eager "
-                    "hvd.allreduce(t, compression=...) does not say: reduce gradients with "
-                    "DistributedGradientTape / DistributedOptimizer (Horovod traces those) or inside a tf.function"
-                )
+                raise GradqError("error feedback needs to know which variable a gradient belongs to, and an eager "
+                                 "hvd.allreduce(t, compression=...) does not say: reduce gradients with "
+                                 "DistributedGradientTape / DistributedOptimizer (Horovod traces those) or inside a "
+                                 "tf.function")
             key = f"e{self._host.eager_calls}"
             step: Any = self._host.eager_calls
             self._host.eager_calls += 1
@@ -308,7 +308,7 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         codec = GraphCodec(ctx.size, ctx.what, ef, ctx.finite, (shape, ctx.dtype.name) if row.whole else None)
         group = core.Group(ctx.rank, ctx.size, f"{self.cid}.", ctx.local, ps)
         part = core.Part(f"{key}{set_suffix(ps)}", step, group, codec, slot.key if slot is not None else "",
-                         lambda tag: stream.words(TF, step, tag), ctx.what)
+                         lambda tag: words(stream(tag), step), ctx.what)
         ctx.flow = reduce.begin(ctx.choice, self.scheme, ef, raw if row.raw else x, part)
         ctx.result = ctx.flow.handle  # the first collective's result: a tensor of the graph, as callers may want it
         return one

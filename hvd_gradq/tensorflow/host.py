@@ -27,8 +27,8 @@ Why the graph stays correct:
   saying so instead, each chunk's padded to its size.
   Decoding runs after the collective on the same bytes on every rank, so a poison or corrupted
   payload fails every rank alike, with the same message (PyTorch's: the ranks and why).
-* *Draws.* The two seed words come from the graph (``step_words``: a step counter in a
-  variable), so a retrace or a restored checkpoint continues the same random stream.
+* *Draws.* The two seed words come from a step counter in a variable of the graph
+  (:func:`.transport.words`), so a retrace or a restored checkpoint continues the same random stream.
 
 Not XLA-compilable (``jit_compile=True``), as Horovod's own collectives are not.
 

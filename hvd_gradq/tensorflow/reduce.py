@@ -9,9 +9,9 @@ returns the group's sum. What runs at each step is the graph these build.
 
 What the graph does differently from an eager driver, and where it went:
 
-* *seeds*: the words come from the slot's step counter in the graph (:class:`Flow` hands the
-  core's :class:`~hvd_gradq.reduce.core.Part` a ``draws`` of
-  :meth:`hvd_gradq.reduce.names.Streams.words`);
+* *seeds*: the words come from the slot's step counter in the graph (the compressor hands the
+  core's :class:`~hvd_gradq.reduce.core.Part` a ``draws`` of :func:`.transport.words`, the
+  stream's words at that step computed by a host function);
 * *this rank's residual*: the compressor writes it with the step's keep mask once the result's
   finiteness is known, so the core hands it over (:attr:`Flow.own`) instead of writing it;
   the owner residuals (``#reduce``, ``#host``...) the core writes through the compressor's

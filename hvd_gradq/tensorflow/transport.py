@@ -15,6 +15,9 @@ collective, naming the ranks, as PyTorch's do. A payload's ``own`` is an :class:
 element count (static shapes downstream) and, where error feedback needs them, its decoded
 values, made by the same host function as the payload and used in place of decoding this
 rank's row again.
+
+:func:`words`: a tensor's seed words at a step, from the step counter of the graph, in one host
+function.
 """
 from __future__ import annotations
 
@@ -23,15 +26,31 @@ from dataclasses import dataclass
 from typing import Any
 
 import horovod.tensorflow as hvd
+import numpy as np
 import tensorflow as tf
 
 from ..reduce.core import Allgather, Alltoall, Barrier, Request
 from ..schemes.scheme import Scheme
 from ..spec import SchemeLike, as_config
 from ..wire.poison import poisons
-from ..xp import Seed
+from ..xp import NUMPY, Seed, step_words
 from . import host
 from .ops import TF
+
+
+def words(seed: int, step: Any) -> tuple[Any, Any]:
+    """The two seed words of stream ``seed`` at ``step`` (a step counter: an int64 tensor of the
+    graph, or an int), computed on the host by :func:`hvd_gradq.xp.step_words` in NumPy: the same
+    integer arithmetic as its graph form, so the same words, PyTorch's host rule's too. One op a
+    tensor where the graph form is 35 (two avalanche hashes of int64 ops), built anew for every
+    tensor at every trace: most of what the compressor added to a traced first step (issue 35)."""
+
+    def run(s: Any) -> tuple[Any, Any]:
+        a, b = step_words(NUMPY, seed, np.int64(s))
+        return np.int64(a), np.int64(b)
+
+    a, b = tf.numpy_function(run, [step], (tf.int64, tf.int64), stateful=False, name="hvd_gradq_words")
+    return tf.ensure_shape(a, ()), tf.ensure_shape(b, ())
 
 
 class GraphTransport:

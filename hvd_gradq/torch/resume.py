@@ -37,8 +37,8 @@ import horovod.torch as hvd
 import numpy as np
 import torch
 
-from ..errors import GradqError, RankMismatchError
-from ..frontend.resume import digest, disagreement
+from ..errors import GradqError
+from ..frontend.resume import compare
 from ..reduce import Group, names
 from ..reduce.names import Kind
 from ..wire import blocks
@@ -96,13 +96,8 @@ def check_first_step(r: Resume, group: Group, warmup: int) -> None:
     before, r.before = r.before or {}, None
     if group.size <= 1:
         return
-    rows = hvd.allgather_object(digest(before), name=names.collective(group.key, Kind.RESUME))
-    if len(set(rows)) == 1:
-        return
-    every = hvd.allgather_object(before, name=names.collective(group.key, Kind.RESUME, phase=2))
-    msg = disagreement(every, warmup)
-    if msg is not None:
-        raise RankMismatchError(msg)
+    compare(before, lambda obj, phase: hvd.allgather_object(obj, name=names.collective(group.key, Kind.RESUME,
+                                                                                        phase=phase)), warmup)
 
 
 def check_fits(r: Resume, store: TensorStore, name: str, shape: torch.Size) -> None:

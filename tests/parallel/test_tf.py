@@ -287,6 +287,16 @@ def test_horovod_features_gloo():
         assert ck["bcast_steps"] == ck["rank0_steps"] and ck["bcast_owners"] == [0], ck
         assert ck["bcast_next"] == ck["rank0_next"] and ck["bcast_owners_after"] == [r], ck
         assert "no state to broadcast yet" in ck["bcast_early"] and "get_concrete_function" in ck["bcast_early"], ck
+        # rank 0 restores, broadcast_state forgotten: hvd_gradq's error on every rank, not a hang or
+        # Horovod's; every later step raises it too; no counter moved; collectives still run
+        for key in ("forgot", "forgot_again"):
+            msg = ck[key]
+            assert msg.startswith("InvalidArgumentError: "), msg  # a py_function's ValueError, as TF reports it
+            assert "RankMismatchError: ranks disagree on the compressor's step counters at its first step" in msg, msg
+            assert "rank(s) [1] hold no step counter" in msg and "get_concrete_function" in msg, msg
+            assert "dense/kernel:0: rank 0 at step 3 (past the warm-up of 2), rank 1 at step 0 (in the warm-up of " \
+                   "2)" in msg and "broadcast_state(root_rank=0)" in msg, msg
+        assert ck["forgot_steps"] == ([3] if r == 0 else [0]) and ck["after"] == 2.0, ck
         if r == 1:
             assert ck["rank0_next"] != ck["straight_next"], ck
         # 9. elastic

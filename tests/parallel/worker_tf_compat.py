@@ -38,12 +38,12 @@ out: dict = {"size": size}
 section = sections(only, out, rank)  # run a section if wanted; record its result or its error text
 
 
-def err_text(f) -> str:
+def err_text(f, limit=2000) -> str:
     try:
         f()
         return "no error"
     except Exception as e:  # AutoGraph may wrap it: the message is what counts
-        return f"{type(e).__name__}: {e}"[:2000]
+        return f"{type(e).__name__}: {e}"[:limit]
 
 
 def dense_model(width=8, n_in=8, seed=0):
@@ -367,6 +367,19 @@ def _ckptrank():
         step(x, y)
         res[f"{mode}_next"] = digest(r.numpy() for r in comp.residuals.values())
         res[f"{mode}_owners_after"] = sorted({int(o.numpy()) for o in comp.owners.values()})
+    # rank 0 restores and broadcast_state is forgotten, with warm-up (rank 0's counters past it,
+    # rank 1's in it: they would take different branches): hvd_gradq's error on every rank at the
+    # first step and at every step after it, and no collective left half-started
+    model, opt = dense_model(width=24), tf.keras.optimizers.SGD(0.1)
+    comp = gq.ORQ(levels=3, ef=True, warmup=2, name="ckf", pattern="gather")
+    step = tape_step(model, opt, comp)
+    if rank == 0:
+        tf.train.Checkpoint(model=model, compressor=comp).read(os.path.join(base, "r0")).assert_existing_objects_matched()
+    for key in ("forgot", "forgot_again"):
+        text = err_text(lambda: step(x, y), 100_000)
+        res[key] = text[:120] + " ... " + text[text.find("RankMismatchError"):][:2000]  # TF's frames, then ours
+    res["forgot_steps"] = sorted({int(v.numpy()) for v in comp.steps.values()})  # no counter moved
+    res["after"] = float(hvd.allreduce(tf.constant(1.0), op=hvd.Sum, name="ckr.after"))
     return res
 
 

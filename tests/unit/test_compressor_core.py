@@ -7,6 +7,7 @@ from __future__ import annotations
 import hashlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -14,6 +15,7 @@ import pytest
 
 import hvd_gradq
 from hvd_gradq.errors import GradqError, RankMismatchError, SpecError
+from hvd_gradq.frontend import figure_cache
 from hvd_gradq.frontend.compressor import CompressorCore, compresses, final_scale, ranks_on_host
 from hvd_gradq.kernels import parallel
 from hvd_gradq.plan import hosts
@@ -58,11 +60,13 @@ class FakeSet:
 
 
 @pytest.fixture(autouse=True)
-def _codec_threads(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
-    """A core sets the process's codec threads (as a compressor does): back to the default after."""
+def _codec_threads(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> Iterator[None]:
+    """A core sets the process's codec threads (as a compressor does): back to the default after.
+    The CPU figures it times are kept in this test's own file, not beside the machine's kernels."""
     for var in ("HVD_GRADQ_LINK_GBPS", "HVD_GRADQ_FALLBACK", "HVD_GRADQ_LOG", "HVD_GRADQ_FIGURES",
                 "HVD_GRADQ_HANDSHAKE_TIMEOUT"):
         monkeypatch.delenv(var, raising=False)
+    monkeypatch.setattr(figure_cache, "path", lambda: tmp_path / figure_cache.FILE)
     yield
     parallel.configure(None)
 

@@ -11,9 +11,10 @@ import sys
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
-from hvd_gradq.errors import GradqError
+from hvd_gradq.errors import GradqError, RankMismatchError
 from hvd_gradq.frontend import resume, versions
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -47,6 +48,65 @@ def test_counters_held_by_some_ranks_only_are_no_disagreement() -> None:
     assert resume.disagreement([{"w": 3, "only0": 3}, {"w": 3}], warmup=2) is None
     assert resume.disagreement([{}, {}], warmup=2) is None
     assert resume.differing([{"w": 3}, {"w": 4}, {}]) == {"w": {0: 3, 1: 4, 2: 0}}
+
+
+class Ranks:
+    """Every rank's counters, and an allgather over them for ``compare`` (one rank's view: what
+    it sends is ignored, every rank's ``counters`` come back), recording the phases it ran."""
+
+    def __init__(self, *counters: dict) -> None:
+        self.counters, self.phases = counters, []
+
+    def allgather(self, obj, phase):
+        self.phases.append(phase)
+        return [resume.digest(c) for c in self.counters] if phase is None else [dict(c) for c in self.counters]
+
+
+def test_compare_gathers_the_counters_only_where_the_digests_differ() -> None:
+    same = Ranks({"w": 3, "b": 3}, {"b": 3, "w": 3})
+    resume.compare(same.counters[0], same.allgather, warmup=2)
+    assert same.phases == [None]  # one small collective when they agree
+    fresh = Ranks({"w": 3}, {})
+    with pytest.raises(RankMismatchError, match=r"rank\(s\) \[1\] hold no step counter") as info:
+        resume.compare(fresh.counters[0], fresh.allgather, warmup=2, fix="Do it this way")
+    assert fresh.phases == [None, 2] and str(info.value).endswith("Do it this way")
+    assert "w: rank 0 at step 3 (past the warm-up of 2), rank 1 at step 0 (in the warm-up of 2)" in str(info.value)
+    # digests differ, counters agree where both ranks hold them (a process set of rank 0 only): no error
+    sets = Ranks({"w": 3, "only0": 3}, {"w": 3})
+    resume.compare(sets.counters[1], sets.allgather, warmup=0)
+    assert sets.phases == [None, 2]
+
+
+def test_the_tensorflow_check_counts_a_zero_as_none_runs_once_and_raises_at_every_step() -> None:
+    """hvd_gradq.tensorflow.resume.FirstStep's check, eagerly (its allgather replaced by two
+    ranks' rows): a slot that never stepped (0) counts as no counter; a disagreement is raised
+    again at every later step and leaves the gate shut; an agreement opens it, once."""
+    tf = pytest.importorskip("tensorflow")
+    tf_resume = pytest.importorskip("hvd_gradq.tensorflow.resume")
+    steps = {"a": tf.Variable(np.int64(0)), "b": tf.Variable(np.int64(4))}
+    other = {"b": 4}  # rank 1 never stepped "a" either: the same rows, whatever "a" holds here
+
+    def check(theirs):
+        fs = tf_resume.FirstStep(True, "c0.", warmup=0)
+        fs._pending = tf.Variable(True)
+        rows = Ranks(theirs)
+
+        def allgather(obj, phase):  # rank 0 is this one, rank 1 sends ``theirs``
+            return [obj, rows.allgather(None, phase)[0]]
+
+        fs._allgather = allgather
+        return fs, rows
+
+    fs, rows = check(other)
+    fs._run(steps)
+    fs._run(steps)  # once: a second slot after the first does not gather again
+    assert rows.phases == [None] and not bool(fs._pending.numpy())
+    fs, rows = check({})
+    for _ in range(2):
+        with pytest.raises(RankMismatchError, match=r"rank\(s\) \[1\] hold no step counter") as info:
+            fs._run(steps)
+        assert "b: rank 0 at step 4, rank 1 at step 0" in str(info.value) and "get_concrete_function" in str(info.value)
+    assert rows.phases == [None, 2] and bool(fs._pending.numpy())
 
 
 # -- the Horovod version ----------------------------------------------------------------------------

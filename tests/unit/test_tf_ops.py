@@ -146,6 +146,28 @@ def test_seed_words_and_uniforms_match():
     assert uniforms(NUMPY, 5, 0, 64).tobytes() == uniforms(TF, seed_words(5), 0, 64).numpy().tobytes()
 
 
+def test_the_graphs_host_words_are_the_graph_forms_and_the_host_rules():
+    """transport.words: the words a traced step computes from its step counter (a variable), in
+    one host function, are step_words' in TF and in NumPy (PyTorch's host rule), step after step."""
+    from hvd_gradq.reduce import names as streams
+    from hvd_gradq.tensorflow.transport import words
+
+    seed = streams.stream(7, 1, "dense/kernel:0#reduce")
+    counter = tf.Variable(np.int64(0))
+
+    @tf.function
+    def step():
+        s = counter.assign_add(1, read_value=True) - 1
+        return words(seed, s), step_words(TF, seed, s)
+
+    for k in [0, 1, 2, 3]:
+        (a, b), (ta, tb) = step()
+        assert a.shape == b.shape == ()  # static: the draws' shapes are traced with them
+        want = [int(v) for v in step_words(NUMPY, seed, np.int64(k))]
+        assert [int(a), int(b)] == [int(ta), int(tb)] == want, k
+    assert [int(v) for v in words(seed, (1 << 40) - 1)] == [int(v) for v in step_words(NUMPY, seed, np.int64((1 << 40) - 1))]
+
+
 def test_step_words_differ_per_step():
     words = {tuple(int(v) for v in step_words(NUMPY, 1, np.int64(s))) for s in range(1000)}
     assert len(words) == 1000
