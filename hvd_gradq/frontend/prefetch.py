@@ -44,6 +44,7 @@ from collections.abc import Sequence
 import numpy as np
 
 from ..api import dequantize, split
+from ..kernels import feedback as fused
 from ..reduce import codec
 from ..schemes.plain import NoneScheme
 from ..schemes.scheme import Scheme
@@ -100,5 +101,6 @@ def load(schemes: Sequence[Scheme]) -> None:
             buf, _ = codec.encode(s, x, 0, "prefetch")
             for p in split(buf):
                 dequantize(p)
+        fused.warm()  # error feedback's passes (a few ms from the cache, whether or not a tensor needs them)
     except Exception:  # the first step meets it again and reports it there
         log.debug("hvd_gradq: loading the kernels ahead of the first step failed", exc_info=True)
