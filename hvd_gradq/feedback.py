@@ -187,18 +187,20 @@ class Memory:
         # the classic rule on host arrays runs compiled where the Ops hand out host views
         self._view: Callable[[Array], Any] | None = getattr(ops, "host_view", None) if isinstance(
             self.rule, Classic) else None
-        # per key, last step's residual buffer, once no undo needs it: the next residual is written there
-        # (no allocation a step; nothing outside holds residuals: checkpoints and elastic commits copy them)
-        self._spare: dict[str, Any] = {}
+        # per key, last step's residual (the framework's array), once no undo needs it: the next
+        # residual is written into its memory and the same array stored again (no allocation a step;
+        # nothing outside holds residuals: checkpoints and elastic commits copy them). The array
+        # itself, not a NumPy view of it, is kept and stored: a tensor made from a view of a
+        # tensor holds that tensor, so wrapping each step's view would chain every step's wrappers.
+        self._spare: dict[str, Array] = {}
 
     def begin_step(self, scale: Any = None) -> None:
         """A new step: forget the undo log; ``scale`` is the step's loss scale."""
         self.scale = scale
         if self._undo is not None:
             for key, old in self._undo.items():  # the last step's old residuals: now no one's
-                spare = None if old is None else self._host(old)
-                if spare is not None:
-                    self._spare[key] = spare[0]
+                if old is not None:
+                    self._spare[key] = old
             self._undo.clear()
 
     def _scaled(self) -> bool:
@@ -223,10 +225,11 @@ class Memory:
             self._undo[key] = old
         views = self._host(sent, decoded, old, keep)
         if views is not None:  # one compiled pass, into a buffer no one else holds (_spare)
-            out = self._spare.pop(key, None)
-            out = out if out is not None and out.shape == views[0].shape else None
+            spare = self._spare.pop(key, None)
+            into = None if spare is None else self._host(spare)
+            out = into[0] if into is not None and into[0].shape == views[0].shape else None
             new = fused.residual(views[0], views[1], self._host_scale(), views[3], views[2], out)
-            self.store.write(key, self.ops.from_numpy(new))
+            self.store.write(key, spare if out is not None else self.ops.from_numpy(new))
             return
         e = self.rule.residual(sent, decoded)
         if self._scaled():
