@@ -31,8 +31,8 @@ every collective of that tensor uses.
 
 **Corruption in transit** (:mod:`.verdict`): what each rank found wrong with the bytes it
 received is compared once a step, in one collective a process set that runs during the next
-forward pass; the rank that found it raises at that tensor's ``decompress()``, the others at the
-next step's first ``compress()``, all with the same :class:`~hvd_gradq.errors.CorruptionError`
+forward pass; the rank that found it raises at that tensor's ``decompress()``, the others during
+the next step's ``compress()`` calls, all with the same :class:`~hvd_gradq.errors.CorruptionError`
 (after the last step, :meth:`GradqCompressor.check_last_step` reads it).
 
 **Non-finite values** follow the policy's ``nonfinite`` option (:mod:`hvd_gradq.policy`); the
@@ -241,11 +241,12 @@ class GradqCompressor(CompressorCore):
         self._refuse(site, tensor)
         if self._decompressing:  # the first compress() after a decompress(): a new step
             self._elastic.begin_step()  # an elastic reset: a new generation, decisions made again
-            self._reducer.begin_step()  # the previous step's verdicts read (.verdict), after any reset
+            self._reducer.begin_step()  # the previous step's verdicts (.verdict), after any reset
             self._decompressing = False
             self._telemetry.begin_step()
             self.memory.begin_step(read_loss_scale(self._loss_scale))
             self._resume.begin_step(self._steps)
+        self._reducer.verdicts.compressed()  # read them (at the previous step's last call: waited for)
         group = self._group(site)
         self._check(group)
         resume.check_first_step(self._resume, group, self.policy.warmup)  # before any counter moves
@@ -290,6 +291,7 @@ class GradqCompressor(CompressorCore):
         t0 = time.perf_counter()
         self._decompressing = True
         if isinstance(ctx, Pass):
+            self._reducer.verdicts.read()  # a step of fewer compress() calls than the last
             out = tensor.to(ctx.dtype)
             self._check_output(out)
             return self._telemetry.decompressed(t0, out)
@@ -342,6 +344,7 @@ class GradqCompressor(CompressorCore):
         rank, between steps (after training, before a final checkpoint); it raises the step's
         CorruptionError where a rank found corruption in it, and returns at once otherwise."""
         self._reducer.begin_step()
+        self._reducer.verdicts.read()
 
     # -- what stats() says of the run (CompressorCore.world) -------------------------------------
     def _ranks(self) -> int | None:

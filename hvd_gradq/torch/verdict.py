@@ -8,10 +8,12 @@ over Horovod's asynchronous ops, for one compressor's :class:`~.reduce.Reducer`:
   waited for, at most the bound, then the error raised (the finder never applies the step);
   after the step's last tensor, the step's verdicts start (one a group), to run during the next
   forward pass;
-* :meth:`StepVerdicts.begin_step` at the first ``compress()`` of the next step: those verdicts
-  read (any record not yet started, starting it first: a step that ended in an error); a finding
-  raises the CorruptionError on every member, after the barrier, before anything of the new
-  step starts;
+* :meth:`StepVerdicts.begin_step` at the first ``compress()`` of the next step: any record not
+  yet started (a step that ended in an error) starts; :meth:`StepVerdicts.compressed` at every
+  ``compress()``: the verdicts that are done are read, and at the call that was the previous
+  step's last they are waited for (:meth:`StepVerdicts.read`; also at the first
+  ``decompress()``, for a step with fewer calls); a finding raises the CorruptionError on every
+  member, after the barrier, out of ``backward()``;
 * :meth:`StepVerdicts.forget` on an elastic reset: nothing of the old world is waited for.
 """
 from __future__ import annotations
@@ -48,6 +50,8 @@ class StepVerdicts:
         self.verdicts = Verdicts()
         self.rounds: list[_Round] = []  # verdicts started, not read
         self.unstarted: list[StepRecord] = []  # verdicts Horovod refused to start (it had ended)
+        self.calls = 0  # compress() calls in this step
+        self.expect = 0  # ... in the previous step: at this one, the previous step's verdicts are waited for
         self.timeout = timeout()
 
     def record(self, group: Group, name: str, step: int) -> StepRecord:
@@ -75,10 +79,40 @@ class StepVerdicts:
             self._start(self.verdicts.close())
 
     def begin_step(self) -> None:
-        """Read the previous step's verdicts (started now where the step did not end, or where
-        Horovod refused them then: it raises now, if it still does)."""
+        """At the first ``compress()`` of a step: the previous step's verdicts started where the
+        step did not end (or where Horovod refused them then: it raises now, if it still does),
+        and the count of this step's ``compress()`` calls started anew."""
         unstarted, self.unstarted = self.unstarted + self.verdicts.close(), []
         self.rounds += [self._round(r) for r in unstarted]
+        self.expect, self.calls = self.calls, 0
+
+    def compressed(self) -> None:
+        """At every ``compress()``: read the previous step's verdicts that are done; at the call
+        that was the previous step's last (its count), wait for the others. Horovod waits for its
+        own allreduces of the step before any ``decompress()``, which a rank that stopped never
+        starts, so this is the last moment to read them; and by then every rank has long ended
+        the previous step, so the wait costs nothing (waiting at the first call kept every rank
+        idle while the slowest ended its step: a barrier a step)."""
+        self.calls += 1
+        if not self.rounds:
+            return
+        if self.calls >= self.expect:
+            self.read()
+            return
+        rounds, self.rounds = self.rounds, []
+        for i, r in enumerate(rounds):
+            if r.handle[1] is not None and not hvd.poll(r.handle[1]):
+                self.rounds.append(r)
+                continue
+            try:
+                self._settle(r, None)
+            except BaseException:
+                self.rounds += rounds[i + 1:]
+                raise
+
+    def read(self) -> None:
+        """Wait for the previous step's verdicts and read them: a CorruptionError on every member
+        where one names a finding (after the barrier)."""
         rounds, self.rounds = self.rounds, []
         for r in rounds:
             self._settle(r, None)

@@ -35,9 +35,8 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..errors import PayloadError
 from ..xp import MASK32, Array, Ops, hash32
-from .payload import crc32, read_header
+from .payload import crc32, intact
 
 #: The lanes' checksum modulus (a Mersenne prime: x mod P folds as (x & P) + (x >> 31)).
 P = (1 << 31) - 1
@@ -172,26 +171,24 @@ def first_bad_piece(buf: NDArray[Any], sizes: Sequence[int]) -> NDArray[np.float
 
 
 def first_corrupt(buf: NDArray[Any]) -> tuple[int, str] | None:
-    """(index, why) of the first payload of a received buffer whose header or CRC-32 fails, or
-    None: the payloads one after the other (1-D), or one a row of a fixed width (2-D: a row's
-    bytes past its payload are padding). Never raises."""
+    """(index, why) of the first payload of a received buffer whose bytes are not as sent (its
+    magic, length or CRC-32: :func:`~.payload.intact`), or None: the payloads one after the other
+    (1-D), or one a row of a fixed width (2-D: a row's bytes past its payload are padding).
+    Never raises."""
     arr = np.asarray(buf)
     if arr.dtype != np.uint8:
         return 0, f"a buffer of payloads is uint8, not {arr.dtype}"
+    why = "its magic, length or CRC-32 does not match: the bytes were corrupted in transit"
     if arr.ndim == 2:
         for i, row in enumerate(arr):
-            try:
-                read_header(np.ascontiguousarray(row))
-            except PayloadError as e:
-                return i, str(e)
+            if intact(np.ascontiguousarray(row)) is None:
+                return i, why
         return None
-    flat = arr.reshape(-1)
+    flat = np.ascontiguousarray(arr.reshape(-1))
     pos, i = 0, 0
     while pos < flat.shape[0]:
-        try:
-            pos = read_header(flat, pos).end
-        except PayloadError as e:
-            return i, str(e)
-        i += 1
+        end = intact(flat, pos)
+        if end is None:
+            return i, why
+        pos, i = end, i + 1
     return None
-

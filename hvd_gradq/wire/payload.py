@@ -202,6 +202,23 @@ def private_copy(data: bytes | bytearray | memoryview | NDArray[Any]) -> NDArray
     return buf
 
 
+_FRAME = struct.Struct("<4s4xQI")  # the fixed part's magic, total and check
+
+
+def intact(buf: NDArray[Any], offset: int = 0) -> int | None:
+    """Where the payload at ``offset`` of a contiguous uint8 array ends, if its bytes are as sent
+    (the magic, a total that fits, the CRC-32 of the whole payload), else None. Nothing else is
+    checked (:func:`read_header` does, when the payload is decoded): it tells corruption in
+    transit from a payload as sent in a few microseconds, where parsing every field costs ten
+    times that, on every payload of every step (:func:`hvd_gradq.wire.integrity.first_corrupt`)."""
+    if buf.shape[0] - offset < _FIXED.size:
+        return None
+    magic, total, check = _FRAME.unpack_from(memoryview(buf), offset)  # type: ignore[arg-type]
+    if magic != MAGIC or total < _FIXED.size or total > buf.shape[0] - offset:
+        return None
+    return offset + total if _checksum_skipping_check(buf[offset : offset + total]) == check else None
+
+
 def read_header(buf: NDArray[Any], offset: int = 0) -> Header:
     """Validate the header (every field, and the checksum of the whole payload) that starts at
     ``offset`` of a uint8 array; the spec text is returned as it is, unparsed."""

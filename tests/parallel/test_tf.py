@@ -219,9 +219,11 @@ def test_horovod_features_gloo():
     (worker_tf_compat.py, two launches)."""
     sections = ["adasum", "scale", "psets", "keys", "dynamic", "propagate", "lossscale", "ckptrank", "elastic",
                 "warmup", "ragged"]
-    reports = launch("worker_tf_compat.py", np=2, controller="gloo", timeout=420,
+    # 600 s: TensorFlow's verdict round a tensor (one more collective a tensor and step) took this
+    # launch from 217 s to 302 s at load 15 on 2 cores, and past 420 s at load 25
+    reports = launch("worker_tf_compat.py", np=2, controller="gloo", timeout=600,
                      args=["--only", "adasum,scale,psets,keys,dynamic,elastic,warmup"])
-    more = launch("worker_tf_compat.py", np=2, controller="gloo", timeout=420,
+    more = launch("worker_tf_compat.py", np=2, controller="gloo", timeout=600,
                   args=["--only", "propagate,lossscale,ckptrank,ragged"])
     for r in reports:
         reports[r].update({k: v for k, v in more[r].items() if k in sections})

@@ -488,6 +488,23 @@ def test_the_lane_checksum_is_the_same_in_every_namespace() -> None:
     assert np.array_equal(with_check(TF, tf.constant(lanes)).numpy(), want)
 
 
+def test_the_fast_check_of_a_received_payload_refuses_every_flipped_bit() -> None:
+    """``intact`` (what ``verify`` runs on every payload of every step) checks only the magic,
+    the length and the CRC-32: enough to refuse any flipped bit, and whatever it passes parses."""
+    from hvd_gradq.wire.payload import intact
+
+    p = hvd_gradq.quantize(np.random.default_rng(3).standard_normal(700).astype(np.float32), "orq:levels=5",
+                           seed=1).to_array()
+    buf = np.concatenate([p, p])
+    assert intact(buf, 0) == p.shape[0] and intact(buf, p.shape[0]) == buf.shape[0]
+    assert intact(buf[:-1], p.shape[0]) is None  # truncated
+    for byte in range(p.shape[0]):
+        for bit in (0, 5):
+            bad = buf.copy()
+            bad[byte] ^= 1 << bit
+            assert intact(bad, 0) is None, (byte, bit)
+
+
 def test_summed_digests_tell_every_rank_whether_the_statistics_differ() -> None:
     """Each rank's digest of the statistics it received rides in its lanes; the summed digest
     lanes are ``size`` times each rank's own only where every rank received the same."""
