@@ -117,16 +117,18 @@ class Codec(Protocol):
         ...
 
     def sum(self, buf: Any, rank: int, own: Any, what: str,
-            ranks: Sequence[int] | None = None) -> tuple[Array, int]:
+            ranks: Sequence[int] | None = None, out: Any = None) -> tuple[Array, int]:
         """The decoded sum, in member order, of a gathered buffer's payloads (``own`` stands for
-        member ``rank``'s), and their count; a poison raises the error naming its ranks."""
+        member ``rank``'s; None: it is decoded as the others), and their count; a poison raises
+        the error naming its ranks. ``out``: where to write the sum (:attr:`Part.out`), or None."""
         ...
 
     def concat(self, buf: Any, rank: int, own: Any, sizes: Sequence[int], what: str,
-               ranks: Sequence[int] | None = None) -> Array:
+               ranks: Sequence[int] | None = None, out: Any = None) -> Array:
         """A gathered buffer's payloads (of ``sizes`` elements) decoded and concatenated in member
-        order, ``own`` standing for member ``rank``'s; with ``ranks`` (member i is rank
-        ``ranks[i]``), a poison raises the error naming its ranks first."""
+        order, ``own`` standing for member ``rank``'s (None: decoded as the others); with ``ranks``
+        (member i is rank ``ranks[i]``), a poison raises the error naming its ranks first.
+        ``out``: as :meth:`sum`'s."""
         ...
 
     def values(self, own: Any) -> Array:
@@ -280,7 +282,10 @@ class Part:
     its residuals when not ``name`` (TensorFlow names collectives by the slot and keys residuals
     by the variable); ``draws``: the seed of each part's tag where the driver computes them
     (TensorFlow: in the graph, from a step counter), else :meth:`Reduction.words`'s host rule;
-    ``label``: how errors name it, where not by name and step."""
+    ``label``: how errors name it, where not by name and step; ``out``: an array of the tensor's
+    size the pattern may write its result into (PyTorch: the gradient's own storage, where
+    Horovod sets the gradient to the result, so that a huge tensor's sum needs no second copy of
+    it: the input is read by then), else None."""
 
     name: str
     step: Any
@@ -289,6 +294,7 @@ class Part:
     residual: str = ""
     draws: Callable[[str], Seed] | None = None
     label: str = ""
+    out: Any = None
 
     @property
     def key(self) -> str:

@@ -50,12 +50,13 @@ def gather(red: Reduction, t: Part, x: Array) -> Phases:
     red.took("encode", t0)
     if error is None and red.ef:
         red.sent(t, x, t.codec.values(own))
+    del x  # read: with error feedback a full-size array of its own, not kept while the gather is out
     gathered = yield Allgather(collective(g.key, Kind.GATHER, t.name), buf, last=True)
     if error is not None:
         yield from halt(t, error)
     try:
         with red.timed("decode"):
-            total, count = t.codec.sum(gathered, g.rank, own, t.name)
+            total, count = t.codec.sum(gathered, g.rank, own, t.name, out=t.out)
     except GradqError as e:
         if not stops_of(e):  # only a poison received is a stop every member meets alike
             raise
@@ -91,12 +92,14 @@ def scatter(red: Reduction, t: Part, x: Array) -> Phases:
     red.took("encode", t0)
     if error is None and red.ef:
         red.sent(t, x, red.ops.concat([t.codec.values(o) for o in owns], 0))
+    mine = owns[g.rank] if owns else None
+    del x, owns  # read: only this rank's own chunk waits for the alltoall
     recv = yield Alltoall(collective(g.key, Kind.ALLTOALL, t.name), buf, lens)
     if error is not None:  # every chunk was a poison: every rank stops here
         yield from halt(t, error)
     try:
         with red.timed("decode"):  # where the chunks were encoded
-            part, _count = t.codec.sum(recv, g.rank, owns[g.rank], t.name)
+            part, _count = t.codec.sum(recv, g.rank, mine, t.name)
     except GradqError as e:
         if not stops_of(e):  # only a poison received is a stop every member meets alike
             raise
@@ -111,7 +114,7 @@ def scatter(red: Reduction, t: Part, x: Array) -> Phases:
         red.update(key, part, t.codec.values(rown))
     gathered = yield Allgather(collective(g.key, Kind.REDUCED, t.name), rbuf, last=True)
     with red.timed("decode"):
-        out = t.codec.concat(gathered, g.rank, rown, [hi - lo for lo, hi in bounds], t.what)
+        out = t.codec.concat(gathered, g.rank, rown, [hi - lo for lo, hi in bounds], t.what, out=t.out)
     if red.stats is not None:
         sent = sum(n for j, n in enumerate(lens) if j != g.rank)
         received = int(recv.shape[0]) - lens[g.rank]

@@ -67,6 +67,7 @@ def hierarchical(red: Reduction, t: Part, x: Array, hosts: Hosts, cross: Pattern
     st = _State()
     pieces = chunk_bounds(int(ops.shape(x)[0]), scheme.bucket, h.local)
     got = yield _send(t, 1, x, {r: pieces[i][1] - pieces[i][0] for i, r in enumerate(h.local_peers())}, h)
+    del x  # sent: not kept while the later phases are out
     lo, hi = pieces[h.local_rank]
     m = hi - lo
     total = red.add_rows(got, h.local, m)  # the host's sum of my piece, in local rank order

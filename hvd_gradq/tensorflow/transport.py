@@ -105,7 +105,8 @@ class GraphCodec:
     # the decoders make their op here, one frame below the pattern: a graph's error message lists
     # the frames that made the failing op before hvd_gradq's own text
 
-    def sum(self, buf: Any, rank: int, own: Own, what: str, ranks: Sequence[int] | None = None) -> tuple[Any, int]:
+    def sum(self, buf: Any, rank: int, own: Own, what: str, ranks: Sequence[int] | None = None,
+            out: Any = None) -> tuple[Any, int]:  # out: a graph's parts carry none
         count = self.size if ranks is None else len(ranks)
         rows = tf.reshape(buf, (count, -1))  # one payload a member, all of one size
         fn = host.rows_decoder(rank, self.what, None if ranks is None else tuple(ranks))
@@ -115,7 +116,7 @@ class GraphCodec:
         return tf.ensure_shape(total, (own.n,)), count
 
     def concat(self, buf: Any, rank: int, own: Own, sizes: Sequence[int], what: str,
-               ranks: Sequence[int] | None = None) -> Any:
+               ranks: Sequence[int] | None = None, out: Any = None) -> Any:
         fn = host.chunks_decoder(tuple(sizes), rank, self.what, None if ranks is None else tuple(ranks))
         mine = [] if own.values is None else [own.values]
         out = tf.numpy_function(*host.timed(fn, [buf, *mine], "decode", self.handoff), tf.float32, stateful=False,

@@ -274,7 +274,10 @@ class GradqCompressor(CompressorCore):
         if self.policy.ef:
             x = self.memory.compensate(name, x)
         ctx = Ctx(name, step, tensor.shape, tensor.dtype, tensor.device, group, choice)
-        ctx.flow = self._reducer.start(choice, name, step, group, x)
+        # where Horovod sets the gradient to the result, the result goes into the gradient's own
+        # storage as stock Horovod's in-place allreduce: no second full-size copy of a huge tensor
+        into = site is not None and site.writes_back and tensor.dtype == torch.float32 and tensor.is_contiguous()
+        ctx.flow = self._reducer.start(choice, name, step, group, x, tensor.detach().view(-1) if into else None)
         return self._telemetry.compressed(t0, (torch.ones(1, dtype=torch.float32), ctx))
 
     def decompress(self, tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
@@ -289,7 +292,8 @@ class GradqCompressor(CompressorCore):
         if not isinstance(ctx, Ctx) or ctx.flow is None:
             raise GradqError("decompress() got a context hvd_gradq did not make")
         # Horovod reduced our [1.0] with this call's op and scale factors (frontend/compressor.py)
-        total: torch.Tensor = final_scale(self._reducer.finish(ctx.flow), float(tensor.reshape(-1)[0]), ctx.group.size)
+        total: torch.Tensor = final_scale(self._reducer.finish(ctx.flow), float(tensor.reshape(-1)[0]), ctx.group.size,
+                                          in_place=True)  # the sum is this call's own buffer
         out = total.reshape(ctx.shape).to(device=ctx.device, dtype=ctx.dtype)
         self._check_output(out)
         return self._telemetry.decompressed(t0, out)

@@ -83,13 +83,24 @@ class Reducer:
     def __post_init__(self) -> None:  # the patterns encode with the policy: its nonfinite=raise applies
         self.config = Config(self.scheme, self.policy)
 
-    def start(self, choice: Choice, name: str, step: int, group: core.Group, x: torch.Tensor) -> Flow:
+    def start(self, choice: Choice, name: str, step: int, group: core.Group, x: torch.Tensor,
+              out: torch.Tensor | None = None) -> Flow:
         """Start the chosen pattern for tensor ``name`` at ``step`` over ``group`` on ``x`` (float32,
-        flat, error feedback already added): its first segment, up to its first collective."""
+        flat, error feedback already added): its first segment, up to its first collective.
+        ``out``: a flat float32 tensor of ``x``'s size the result may be written into once ``x``
+        is read (the gradient's storage, where Horovod sets the gradient to the result), or None.
+
+        The codec keeps this rank's decoded values (own) only where error feedback needs them:
+        otherwise a full-size array would wait, for every tensor of the step, from the encode to
+        the decode, where decoding the own payload with the others costs the same work."""
         row = table.entry(choice.pattern)
         red = core.Reduction(self.config, self.seed, hvd.rank(), self.memory, self.stats, _CPU)
         on_dev = device.on_device(self.codec, x) and not row.host_fp32  # host_fp32: pieces on the host
-        part = core.Part(name, step, group, TorchCodec(on_dev, "cpu" if row.host_fp32 else x.device))
+        where = "cpu" if row.host_fp32 else x.device
+        if out is not None and (out.device != torch.device(where) or out.dtype != torch.float32
+                                or not out.is_contiguous() or out.numel() != x.numel()):
+            out = None
+        part = core.Part(name, step, group, TorchCodec(on_dev, where, own=self.policy.ef), out=out)
         if not on_dev and not row.encodes_first:  # the host codec's encode copies to the host itself
             x = x.detach().cpu()
         transport = HorovodTransport(group.process_set, self.stats.clock)

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from ..api import split
+from ..api import decode_flat, split
 from ..frontend.workers import wait
 from ..reduce import stop as codec
 from ..reduce.core import Allgather, Allreduce, Alltoall, Barrier, Request
@@ -96,13 +96,19 @@ class HorovodTransport:
 
 class TorchCodec:
     """Payloads of flat float32 tensors: on their device when ``on_device`` (:mod:`.device`),
-    else by the host kernels; ``own`` values are brought to ``device`` by :meth:`values`."""
+    else by the host kernels; ``own`` values are brought to ``device`` by :meth:`values`.
 
-    def __init__(self, on_device: bool, where: torch.device | str = "cpu") -> None:
-        self.on_device, self.device = on_device, torch.device(where)
+    ``own``: whether :meth:`encode` keeps this rank's decoded values (error feedback subtracts
+    them); without them a sum or concatenation decodes this rank's payload as any other's (the
+    same bits), so no full-size array waits from the encode to the decode. ``out``: a flat
+    float32 tensor the whole tensor's result may be written into (the gradient's own storage,
+    where Horovod's call sets the gradient to the result), else None: a fresh one."""
+
+    def __init__(self, on_device: bool, where: torch.device | str = "cpu", own: bool = True) -> None:
+        self.on_device, self.device, self.own = on_device, torch.device(where), own
 
     def encode(self, config: SchemeLike, x: Any, seed: Seed, what: str) -> tuple[NDArray[np.uint8], Any]:
-        return device.encode_any(config, x, seed, what, self.on_device)
+        return device.encode_any(config, x, seed, what, self.on_device, self.own)
 
     def encode_chunks(self, config: SchemeLike, x: Any, bounds: Sequence[tuple[int, int]], seeds: Sequence[Seed],
                       what: str) -> tuple[NDArray[np.uint8], tuple[int, ...], list[Any]]:
@@ -110,16 +116,30 @@ class TorchCodec:
         return np.concatenate([b for b, _ in made]), tuple(int(b.shape[0]) for b, _ in made), [o for _, o in made]
 
     def sum(self, buf: NDArray[np.uint8], rank: int, own: Any, what: str,
-            ranks: Sequence[int] | None = None) -> tuple[torch.Tensor, int]:
-        return device.sum_any(buf, rank, own, what, ranks)
+            ranks: Sequence[int] | None = None, out: Any = None) -> tuple[torch.Tensor, int]:
+        return device.sum_any(buf, rank, own, what, ranks, self.device if self.on_device else None, out)
 
     def concat(self, buf: NDArray[np.uint8], rank: int, own: Any, sizes: Sequence[int], what: str,
-               ranks: Sequence[int] | None = None) -> torch.Tensor:
+               ranks: Sequence[int] | None = None, out: Any = None) -> torch.Tensor:
         peers = codec.stops_in(buf, ranks) if ranks is not None else None
         if peers:
             raise codec.stopped(what, peers)
-        return torch.cat([self.values(own if r == rank else device.decode_any(p, own))
-                          for r, p in enumerate(split(buf))], 0)
+        # decoded where own lives, as the sum: a tensor's device; NumPy's host; none, the codec's
+        where = own.device if isinstance(own, torch.Tensor) else self.device if own is None and self.on_device else None
+        total = torch.empty(sum(sizes), dtype=torch.float32, device=self.device) if out is None else out
+        at = 0
+        for r, p in enumerate(split(buf)):  # each payload decoded into its slice: no full-size temporary
+            piece = total[at:at + p.n]
+            if r == rank and own is not None:
+                piece.copy_(self.values(own))
+            elif where is not None:
+                piece.copy_(device.decode_on(p, where))
+            elif piece.device.type == "cpu":
+                decode_flat(p, out=piece.numpy())
+            else:
+                piece.copy_(torch.from_numpy(decode_flat(p)))
+            at += p.n
+        return total
 
     def values(self, own: Any) -> torch.Tensor:
         t = own if isinstance(own, torch.Tensor) else torch.from_numpy(own)
