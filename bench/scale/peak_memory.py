@@ -20,7 +20,8 @@ same units.
 
 Large tensors only: a rank's resting memory (Python, torch, Horovod) is ~0.4 GiB, so a gradient of
 tens of millions of elements is needed for the reduction's buffers to show. The launcher refuses a
-size whose estimate (2 ranks x 8 gradients) exceeds half the available memory.
+size whose estimate (2 ranks x 14 gradients, 20 with the summable pattern) exceeds half the
+available memory.
 """
 from __future__ import annotations
 
@@ -173,7 +174,10 @@ def main() -> None:
     if args.worker:
         worker(n, [tuple(r) for r in json.loads(args.runs)], args.worker)
         return
-    need = 2 * 8 * 4 * n + (2 << 30)
+    # a rank's peak, measured (results/scale/peak_memory.md): up to ~14 gradients with error
+    # feedback before this change, ~20 with the summable pattern, over ~0.5 GiB of libraries
+    per_rank = 4 * n * (20 if "summable" in args.patterns else 14) + (1 << 29)
+    need = 2 * per_rank
     if need > available_bytes() // 2:
         sys.exit(f"{n:,} elements need about {need / GIB:.1f} GiB for 2 ranks, more than half the available "
                  f"{available_bytes() / GIB:.1f} GiB: use fewer --elements")

@@ -9,6 +9,8 @@ kernels can agree with themselves.
 """
 import argparse
 import hashlib
+import os
+import time
 import traceback
 
 import draws
@@ -26,6 +28,7 @@ from hvd_gradq.plan.layout import chunk_bounds
 from hvd_gradq.plan.pattern import Pattern
 from hvd_gradq.plan.second_phase import reduced_scheme
 from hvd_gradq.reduce import codec
+from hvd_gradq.torch import transport
 from hvd_gradq.wire.payload import header_size
 
 ap = argparse.ArgumentParser()
@@ -248,4 +251,57 @@ def range_case() -> dict:
 
 
 check("range", range_case)
-report(rank, out)
+
+
+def killed_case() -> None:
+    """Issue 35, item 10, last (it ends the world): the last rank dies (``os._exit``: its sockets
+    close as a killed process's do) right before it starts the ``h2`` collective of the second
+    tensor of a step, the first tensor's ``h2`` already out on every rank. Every survivor must
+    raise an error (Horovod's, or hvd_gradq's) within Gloo's timeout and live on to report it: a
+    survivor that aborts (SIGABRT) or hangs leaves no report, and the launch fails. The victim
+    exits 0, so that horovodrun does not SIGTERM the survivors before they are seen through;
+    they leave by ``os._exit`` after a few seconds' watch, since Horovod's shutdown would wait
+    out Gloo's timeout (180 s here) for a peer that is gone (stock Horovod's does the same)."""
+    victim = size - 1
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 300), torch.nn.ReLU(), torch.nn.Linear(300, 300), torch.nn.ReLU(),
+                                torch.nn.Linear(300, 10))
+    named = [(f"k.{n}", p) for n, p in model.named_parameters()]
+    hvd.broadcast_parameters(dict(named), root_rank=0)
+    comp = gq.from_spec("orq:levels=5", named_parameters=named, pattern="hierarchical")
+    opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=named,
+                                   compression=comp)
+    started: list[str] = []  # the victim's h2 collectives of the last step
+    real_start = transport.HorovodTransport.start
+
+    def start(self, request):  # the victim's transport: it dies before its second h2 of the last step
+        if rank == victim and armed and request.name.startswith("hvd_gradq.h2."):
+            started.append(request.name)
+            if len(started) == 2:
+                out["killed"] = {"victim": request.name}
+                report(rank, out)
+                os._exit(0)
+        return real_start(self, request)
+
+    transport.HorovodTransport.start = start
+    armed = False
+    rng = np.random.default_rng(rank)
+    t0 = time.monotonic()
+    try:
+        for step in range(3):
+            armed = step == 2
+            x = torch.from_numpy(rng.standard_normal((16, 64)).astype(np.float32))
+            opt.zero_grad()
+            model(x).pow(2).mean().backward()
+            t0 = time.monotonic()
+            opt.step()
+        got = {"type": "", "message": "the step ran"}
+    except Exception as e:  # Horovod's error is a RuntimeError, hvd_gradq's a GradqError
+        got = {"type": type(e).__name__, "message": str(e)[:300]}
+    out["killed"] = {**got, "s": time.monotonic() - t0, "survivor": True}
+    report(rank, out)
+    time.sleep(3)  # a stray message landing in a smaller buffer aborts Gloo's device thread: the watch
+    os._exit(0)
+
+
+killed_case()
