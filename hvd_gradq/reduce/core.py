@@ -55,12 +55,23 @@ class Allgather:
 @dataclass(frozen=True)
 class Alltoall:
     """``buf`` cut into ``splits`` (one a rank of the process set, zero for ranks outside the
-    phase's group); what comes back is every rank's part for this one, in rank order."""
+    phase's group); what comes back is every rank's part for this one, in rank order.
+
+    ``fuse``: it may travel in one collective with the other tensors' fusable alltoalls of the
+    same round, each found again by its name (PyTorch's driver does so: :mod:`hvd_gradq.torch.reduce`).
+    Why: Horovod runs the collectives of a cycle one after the other on one Gloo context, every
+    alltoall on one Gloo slot, and goes on with the next after one fails; so when a rank dies
+    during a step whose cycle holds several alltoalls, a survivor that failed one early can post
+    the next one's receives while a peer still sends it the failed one's parts, and a part larger
+    than the buffer it lands in aborts the survivor (SIGABRT in Gloo's device thread: issue 35,
+    item 10, reproduced with the hierarchical pattern). One alltoall a round leaves no second one
+    for a stray part to land in."""
 
     name: str
     buf: Any
     splits: tuple[int, ...]
     last: bool = False
+    fuse: bool = False
 
 
 @dataclass(frozen=True)

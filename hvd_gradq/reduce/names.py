@@ -42,6 +42,7 @@ class Kind(str, enum.Enum):
     ALLTOALL = "a"  #: the scatter pattern's chunk payloads (alltoall)
     REDUCED = "r"  #: the scatter pattern's reduced chunks (allgather)
     HIER = "h"  #: the hierarchical pattern's phases (``h1`` ... ``h4``)
+    FUSED = "f"  #: one alltoall carrying a round's fusable alltoalls of every tensor (``f0``, ``f1``...: PyTorch)
     STOP = "x"  #: the barrier ranks pass before raising a stop on a gradient (:func:`hvd_gradq.reduce.core.halt`)
     WARM = "w"  #: a warm-up step's exact sum (TensorFlow's, inside its branch)
     VALUE = "v"  #: TensorFlow elastic's eager reduction of Horovod's [1.0]

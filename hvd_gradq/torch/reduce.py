@@ -17,6 +17,10 @@ ever *starts* collectives inside ``compress()`` (see :mod:`hvd_gradq.torch.compr
   one round for all tensors before any waits on the next (so no rank waits on a phase another
   rank starts only after a phase it waits on), until every tensor's last collective is out;
   with workers, what remains (decoding) is queued on the worker;
+* fusable alltoalls (the hierarchical pattern's phases: :class:`~hvd_gradq.reduce.core.Alltoall`'s
+  ``fuse``) are not started one a tensor: a round's go out as ONE Horovod alltoall, its first
+  round at the step's first ``decompress()``, so that a rank dying mid-step cannot leave a
+  survivor two of hvd_gradq's alltoalls in one Horovod cycle (issue 35, item 10: an abort);
 * :meth:`Reducer.finish` hands ``decompress()`` the decoded sum over the group.
 
 Bits: a pattern's result depends on its inputs only (seeds are per rank, step and tensor; sums
@@ -39,6 +43,7 @@ from ..frontend.workers import Workers
 from ..plan.decide import Choice
 from ..policy import Policy
 from ..reduce import table
+from ..reduce.names import Kind, collective
 from ..reduce.stats import Stats
 from ..schemes.scheme import Scheme
 from ..spec import Config
@@ -56,6 +61,7 @@ class Flow:
 
     gen: core.Phases
     transport: HorovodTransport
+    scope: str = ""  # the group's key: the scope of its collectives' names (reduce/names.py)
     request: core.Request | None = None  # the collective in flight
     handle: Any = None
     job: Future[None] | None = None  # the first segment, on a worker
@@ -79,6 +85,8 @@ class Reducer:
     flows: list[Flow] = field(default_factory=list)  # a collective out, another to follow
     done: list[Flow] = field(default_factory=list)  # the last collective out, decoding not queued
     decoding: list[Future[torch.Tensor]] = field(default_factory=list)  # the last step's queued decodings
+    fusing: list[Flow] = field(default_factory=list)  # fusable alltoalls of this round, not started yet
+    rounds: dict[str, int] = field(default_factory=dict)  # fused alltoalls started this step, by scope
 
     def __post_init__(self) -> None:  # the patterns encode with the policy: its nonfinite=raise applies
         self.config = Config(self.scheme, self.policy)
@@ -104,7 +112,7 @@ class Reducer:
         if not on_dev and not row.encodes_first:  # the host codec's encode copies to the host itself
             x = x.detach().cpu()
         transport = HorovodTransport(group.process_set, self.stats.clock)
-        flow = Flow(row.run(red, part, x, TorchOps(x.device) if on_dev else _CPU, choice), transport)
+        flow = Flow(row.run(red, part, x, TorchOps(x.device) if on_dev else _CPU, choice), transport, group.key)
         if row.encodes_first:
             # the job reads x's values; nothing writes the gradient before the step settles the job
             flow.job = self.workers.submit(lambda: self._advance(flow))
@@ -121,10 +129,34 @@ class Reducer:
 
     def _advance(self, ctx: Flow) -> None:
         """Wait for the collective in flight (none at the start), run the pattern on to its next
-        collective and start that."""
+        collective and start that, or leave it for the round's fused alltoall (:meth:`_start_fused`)."""
         got = None if ctx.request is None else ctx.transport.wait(ctx.handle)
         ctx.request = next(ctx.gen) if ctx.request is None else ctx.gen.send(got)
-        ctx.handle = ctx.transport.start(ctx.request)
+        if isinstance(ctx.request, core.Alltoall) and ctx.request.fuse:
+            ctx.handle = None
+            self.fusing.append(ctx)
+        else:
+            ctx.handle = ctx.transport.start(ctx.request)
+
+    def _start_fused(self) -> None:
+        """Start the round's fusable alltoalls, one Horovod alltoall a process set, the requests in
+        name order (the same on every rank: every rank runs the same tensors' same phases in a
+        round), named for the round (``hvd_gradq.<scope>f<k>``, k counted in the step: names that
+        come back every step, which Horovod's response cache keeps). Why one:
+        :class:`~hvd_gradq.reduce.core.Alltoall`."""
+        pending, self.fusing = self.fusing, []
+        by_scope: dict[str, list[Flow]] = {}
+        for ctx in pending:
+            by_scope.setdefault(ctx.scope, []).append(ctx)
+        for scope, flows in by_scope.items():
+            flows.sort(key=lambda c: c.request.name if c.request is not None else "")
+            k = self.rounds.get(scope, 0)
+            self.rounds[scope] = k + 1
+            requests = [c.request for c in flows if isinstance(c.request, core.Alltoall)]
+            assert len(requests) == len(flows)
+            handles = flows[0].transport.start_fused(requests, collective(scope, Kind.FUSED, "", k))
+            for ctx, handle in zip(flows, handles):
+                ctx.handle = handle
 
     def _finish(self, ctx: Flow) -> torch.Tensor:
         """Wait for the last collective and run the pattern to its end: the group's sum (or its
@@ -155,6 +187,9 @@ class Reducer:
         encoding, self.encoding = self.encoding, []
         error: GradqError | None = None
         flows = self.flows
+        if flows or encoding:  # a new step's rounds: the fused alltoalls' names count from 0 again
+            self.rounds.clear()
+        self._start_fused()  # the first phases the step's compress() calls left for one alltoall
         for ctx in encoding:
             assert ctx.job is not None
             ctx.job.result()  # an unexpected exception is raised here
@@ -174,6 +209,7 @@ class Reducer:
                     ctx.error, error = e, error or e
                     continue
                 later.append(ctx)
+            self._start_fused()
             flows = later
         done, self.done = self.done, []
         if self.workers.threads:
@@ -194,3 +230,4 @@ class Reducer:
         self.flows.clear()
         self.done.clear()
         self.decoding.clear()
+        self.fusing.clear()

@@ -13,8 +13,11 @@ them to the tensor's device, as error feedback and the concatenations need.
 """
 from __future__ import annotations
 
+import hashlib
+import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import horovod.torch as hvd
@@ -23,11 +26,13 @@ import torch
 from numpy.typing import NDArray
 
 from ..api import decode_flat, split
+from ..errors import GradqError, RankMismatchError
 from ..frontend.workers import wait
 from ..reduce import stop as codec
 from ..reduce.core import Allgather, Allreduce, Alltoall, Barrier, Request
 from ..reduce.stats import Clock
 from ..spec import SchemeLike
+from ..wire import blocks
 from ..xp import Seed
 from . import device
 
@@ -46,6 +51,47 @@ def sync(handle: Any, clock: Clock | None = None) -> Any:
 
 def _tensor(buf: Any) -> torch.Tensor:
     return torch.from_numpy(buf) if isinstance(buf, np.ndarray) else buf.detach().cpu().contiguous()
+
+
+@dataclass
+class _Fused:
+    """One Horovod alltoall carrying several requests' parts (:meth:`HorovodTransport.start_fused`),
+    waited once, by whichever part is waited first (the driver's thread and a worker may both
+    wait: a lock); its results, or the error that wait raised, serve every part."""
+
+    handle: Any
+    requests: list[Alltoall]
+    tags: list[int]
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    results: list[Any] | None = None
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class _Part:
+    """Request ``index`` of a fused alltoall: what :meth:`HorovodTransport.wait` takes for it."""
+
+    fused: _Fused
+    index: int
+
+
+def _tag(name: str) -> int:
+    """A request's tag in a fused alltoall: 64 bits of its name's hash (names are unique in a round)."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+
+
+def _raw(buf: Any) -> NDArray[np.uint8]:
+    """A request's buffer as bytes (NumPy or a tensor, brought to the host; no copy where it is one)."""
+    a = buf if isinstance(buf, np.ndarray) else buf.detach().cpu().contiguous().numpy()
+    return np.ascontiguousarray(a).reshape(-1).view(np.uint8)
+
+
+def _as_sent(request: Alltoall, data: NDArray[np.uint8]) -> Any:
+    """Received bytes as the request's kind of buffer: NumPy of its dtype, or a tensor where it was sent."""
+    sent = request.buf
+    if isinstance(sent, np.ndarray):
+        return data.view(sent.dtype)
+    return torch.from_numpy(data.view(torch.empty(0, dtype=sent.dtype).numpy().dtype)).to(sent.device)
 
 
 class HorovodTransport:
@@ -74,7 +120,60 @@ class HorovodTransport:
                                          process_set=ps)
         return request, handle
 
+    def start_fused(self, requests: Sequence[Alltoall], name: str) -> list[Any]:
+        """Several alltoall requests (the fusable ones of one round, in an order every rank shares)
+        as ONE Horovod alltoall named ``name``: what each sends each rank travels as a tagged frame
+        (:func:`hvd_gradq.wire.blocks.frames`: its name's tag, its length, its bytes; empty parts
+        left out), so each request's result comes back exactly as its own alltoall's would. Returns
+        a handle a request for :meth:`wait`. Why one: :class:`~hvd_gradq.reduce.core.Alltoall`."""
+        tags = [_tag(r.name) for r in requests]
+        if len(set(tags)) != len(tags):
+            raise GradqError(f"{name}: two requests of one round share a name's tag: {[r.name for r in requests]}")
+        size = len(requests[0].splits)
+        to: list[list[tuple[int, NDArray[np.uint8]]]] = [[] for _ in range(size)]
+        for request, tag in zip(requests, tags):
+            raw = _raw(request.buf)
+            width = raw.shape[0] // max(1, sum(request.splits))  # bytes an element
+            at = 0
+            for rank, k in enumerate(request.splits):
+                to[rank].append((tag, raw[at:at + k * width]))
+                at += k * width
+        chunks = [blocks.frames(parts) for parts in to]
+        splits = [sum(int(a.shape[0]) for a in c) for c in chunks]
+        send = np.concatenate([a for c in chunks for a in c]) if sum(splits) else np.zeros(0, np.uint8)
+        handle = hvd.alltoall_async(torch.from_numpy(send), splits=torch.tensor(splits, dtype=torch.int32), name=name,
+                                    process_set=self.process_set)
+        fused = _Fused(handle, list(requests), tags)
+        return [_Part(fused, i) for i in range(len(requests))]
+
+    def _fused(self, part: _Part) -> Any:
+        """A fused request's result: the one alltoall waited (once), each sender's frames split by tag."""
+        fused = part.fused
+        with fused.lock:
+            if fused.error is not None:
+                raise fused.error
+            if fused.results is None:
+                try:
+                    out, got = sync(fused.handle, self.clock)
+                except BaseException as e:  # every part raises the one error
+                    fused.error = e
+                    raise
+                raw, at, frames = out.numpy(), 0, []
+                for nbytes in got.tolist():  # what each rank sent this one, in rank order
+                    frames.append(blocks.split_frames(raw[at:at + nbytes]))
+                    at += nbytes
+                known = set(fused.tags)
+                if any(set(f) - known for f in frames):
+                    raise RankMismatchError(f"{fused.requests[0].name}: a rank sent a part of a tensor this rank does "
+                                            "not reduce in this round; the ranks' models or patterns differ")
+                fused.results = [_as_sent(r, np.concatenate([f[tag] for f in frames if tag in f] or
+                                                            [np.zeros(0, np.uint8)]))
+                                 for r, tag in zip(fused.requests, fused.tags)]
+        return fused.results[part.index]
+
     def wait(self, handle: Any) -> Any:
+        if isinstance(handle, _Part):
+            return self._fused(handle)
         request, h = handle
         if isinstance(request, Barrier):
             try:
