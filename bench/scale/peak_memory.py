@@ -4,7 +4,8 @@
     .venv/bin/python bench/scale/peak_memory.py                       # 50M elements, the default table
     .venv/bin/python bench/scale/peak_memory.py --elements 100e6 --out results/scale/peak_memory.md
 
-One ``horovodrun --gloo -np 2`` launch runs every entry in turn, each on a fresh parameter of
+One ``horovodrun --gloo -np 2`` launch an entry (so that a rank's resting memory holds only
+what that entry loads: numba's compiled kernels are ~0.15 GiB), each on a parameter of
 ``--elements`` float32 elements under ``hvd.DistributedOptimizer`` (plain SGD, no momentum, so the
 optimizer keeps no state): ``stock`` (``hvd.Compression.none``: Horovod's fp32 allreduce, in place on
 the gradient), ``stock-fp16``, then every scheme of ``--schemes`` with each pattern of ``--patterns``
@@ -44,10 +45,17 @@ GIB = float(1 << 30)
 
 
 def entries(schemes: list[str], patterns: list[str]) -> list[tuple[str, str]]:
-    """(spec, pattern) of every run: Horovod's own first, then each scheme x pattern, EF off and on."""
+    """(spec, pattern) of every run: Horovod's own first, then each scheme x pattern it takes
+    (summable: the schemes that declare it), EF off and on."""
+    import hvd_gradq
+    from hvd_gradq.schemes.scheme import Combine
+
     out = [("stock", ""), ("stock-fp16", "")]
     for scheme in schemes:
+        summable = hvd_gradq.parse(scheme).scheme.combine is Combine.SUMMABLE
         for pattern in patterns:
+            if pattern == "summable" and not summable:
+                continue
             for ef in ("false", "true"):
                 out.append((f"{scheme}:ef={ef}", pattern))
     return out
@@ -186,11 +194,14 @@ def main() -> None:
     horovodrun = str(venv / "horovodrun") if (venv / "horovodrun").exists() else "horovodrun"
     env = dict(os.environ, PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
                OMP_NUM_THREADS="1", OMPI_ALLOW_RUN_AS_ROOT="1", OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1")
-    with tempfile.TemporaryDirectory(prefix="peakmem-") as out:
-        cmd = [horovodrun, "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, str(Path(__file__).resolve()),
-               "--elements", str(n), "--worker", out, "--runs", json.dumps(runs)]
-        subprocess.run(cmd, check=True, env=env, cwd=ROOT)
-        ranks = [json.loads(Path(out, f"rank{r}.json").read_text()) for r in range(2)]
+    ranks: list[list[dict[str, Any]]] = [[], []]
+    for run in runs:  # one launch an entry: a rank's resting memory holds that entry's libraries only
+        with tempfile.TemporaryDirectory(prefix="peakmem-") as out:
+            cmd = [horovodrun, "--gloo", "-np", "2", "-H", "localhost:2", sys.executable,
+                   str(Path(__file__).resolve()), "--elements", str(n), "--worker", out, "--runs", json.dumps([run])]
+            subprocess.run(cmd, check=True, env=env, cwd=ROOT)
+            for r in range(2):
+                ranks[r] += json.loads(Path(out, f"rank{r}.json").read_text())
     text = (f"Peak resident memory a rank, one parameter of {n:,} float32 elements ({4 * n / GIB:.2f} GiB), "
             f"2 ranks (Gloo), plain SGD; `took`: the pattern the step ran\n\n{table(n, ranks)}\n")
     print(text)
