@@ -181,12 +181,25 @@ def dequantize(payload: Payload, *, threads: int | None = None) -> NDArray[Any]:
     return decode_flat(payload, threads).reshape(payload.shape).astype(dt, copy=False)  # float32: no second copy
 
 
-def decode_flat(payload: Payload, threads: int | None = None) -> NDArray[np.float32]:
+def decode_flat(payload: Payload, threads: int | None = None, *, out: NDArray[np.float32] | None = None,
+                acc: bool = False) -> NDArray[np.float32]:
     """The decoded values as a flat float32 array, before the cast to the payload's dtype (what
-    a frontend sums across ranks: the sum is rounded to the gradient's dtype once, at the end)."""
+    a frontend sums across ranks: the sum is rounded to the gradient's dtype once, at the end).
+    ``out``: a float32 array of the payload's size to decode into and return; with ``acc`` the
+    values are added to it instead, each element one float32 addition (the bits of ``out +
+    decoded``): the compiled kernels add as they decode, with no decoded array in between, so a
+    sum over ranks holds one full-size buffer (:func:`hvd_gradq.reduce.codec.decode_sum`)."""
+    if acc and out is None:
+        raise ValueError("acc=True adds to out: give the array to add to")
     payload.scheme.check_parts(payload.parts, payload.n)
-    flat = kernels.decode(payload.scheme, payload.parts, payload.n, threads=threads)  # fast path, or None
-    if flat is None:
+    flat = kernels.decode(payload.scheme, payload.parts, payload.n, out=out, acc=acc, threads=threads)
+    if flat is None:  # no fast path: the reference, then into ``out``
         parts = {k: (v.astype(np.int64) if v.dtype == np.uint8 else v) for k, v in payload.parts.items()}
-        flat = np.asarray(payload.scheme.decode(NUMPY, parts, payload.n), dtype=np.float32)
+        flat = np.asarray(payload.scheme.decode(NUMPY, parts, payload.n), dtype=np.float32).reshape(-1)
+        if out is not None:
+            if acc:
+                np.add(out, flat, out=out)
+            else:
+                out[...] = flat
+            flat = out
     return flat.reshape(-1)

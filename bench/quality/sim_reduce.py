@@ -49,9 +49,9 @@ class _SharedSums(TorchCodec):
         self.sums: dict[int, tuple[Any, tuple[torch.Tensor, int]]] = {}
 
     def sum(self, buf: Any, rank: int, own: Any, what: str, ranks: Any = None,
-            unless: Any = None) -> tuple[torch.Tensor, int]:
+            unless: Any = None, out: Any = None) -> tuple[torch.Tensor, int]:
         hit = self.sums.get(id(buf))
-        if hit is None or hit[0] is not buf:
+        if hit is None or hit[0] is not buf:  # (the simulator's parts carry no out: one sum serves all)
             hit = self.sums[id(buf)] = (buf, super().sum(buf, rank, own, what, ranks, unless))
         return hit[1]
 

@@ -92,17 +92,27 @@ def compresses(pattern: Pattern | None) -> bool:
 
 
 def final_scale(total: Any, v: Any, size: int, select: Callable[..., Any] | None = None,
-                equal: Callable[[Any, Any], Any] | None = None) -> Any:
+                equal: Callable[[Any, Any], Any] | None = None, in_place: bool = False) -> Any:
     """Horovod's scaling of a compressed reduction: it reduced the compressor's ``[1.0]`` with
     the call's op and scale factors, so it came back as ``v = post * pre`` (Average) or
     ``post * pre * N`` (Sum), and stock Horovod's result is the decoded sum ``total`` times
     ``v / N``. Written ``total / N`` where ``v == 1`` and ``total`` where ``v == N`` so that the
     plain cases keep their bits. ``v`` a number: decided here (PyTorch); a traced scalar: by
-    ``select(condition, then, otherwise)`` and ``equal`` (TensorFlow's ``tf.where``, ``tf.equal``)."""
+    ``select(condition, then, otherwise)`` and ``equal`` (TensorFlow's ``tf.where``, ``tf.equal``).
+    ``in_place``: scale an eager ``total`` (a NumPy array, a torch tensor) in place, the same bits
+    without a second full-size array."""
     n = float(size)
     if select is None or equal is None:
         v = float(v)
-        return total / n if v == 1.0 else total if v == n else total * (v / n)
+        if v == n:
+            return total
+        if in_place:
+            if v == 1.0:
+                total /= n
+            else:
+                total *= v / n
+            return total
+        return total / n if v == 1.0 else total * (v / n)
     return select(equal(v, 1.0), total / n, select(equal(v, n), total, total * (v / n)))
 
 

@@ -135,11 +135,16 @@ def _out_ok(out: NDArray[Any], n: int) -> bool:
     return bool(out.dtype == np.float32 and out.shape == (n,) and out.flags.c_contiguous and out.flags.writeable)
 
 
-def decode(scheme: Scheme, parts: Parts, n: int, *, out: NDArray[Any] | None = None,
+def decode(scheme: Scheme, parts: Parts, n: int, *, out: NDArray[Any] | None = None, acc: bool = False,
            threads: int | None = None) -> NDArray[Any] | None:
     """``scheme.decode(NUMPY, parts, n)`` as a float32 array, or None (no fast path).
     ``out``: a preallocated float32 array of ``n`` elements to decode into (and return).
-    ``threads``: as :func:`encode`'s (each range writes its own slice of ``out``)."""
+    ``acc``: add the decoded values to ``out`` instead (``out += decoded``, each element one
+    float32 addition, the bits of NumPy's ``out + decoded``), with no decoded array in between: a
+    sum over ranks in one buffer. ``threads``: as :func:`encode`'s (each range writes its own
+    slice of ``out``)."""
+    if acc and out is None:
+        raise ValueError("acc=True adds to out: give the array to add to")
     if not available():
         return None
     k = kernel(scheme)
@@ -155,5 +160,5 @@ def decode(scheme: Scheme, parts: Parts, n: int, *, out: NDArray[Any] | None = N
     if n:
         meta, codes, dst = wp[0], wp[1], out
         ranges = parallel.plan(n, k.d, k.unit, threads)  # ~1 ns an element, whatever the scheme
-        parallel.run(lambda b0, b1: k.decode(meta, codes, n, b0, b1, dst, False), ranges)
+        parallel.run(lambda b0, b1: k.decode(meta, codes, n, b0, b1, dst, acc), ranges)
     return out

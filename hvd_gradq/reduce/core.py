@@ -58,12 +58,23 @@ class Allgather:
 @dataclass(frozen=True)
 class Alltoall:
     """``buf`` cut into ``splits`` (one a rank of the process set, zero for ranks outside the
-    phase's group); what comes back is every rank's part for this one, in rank order."""
+    phase's group); what comes back is every rank's part for this one, in rank order.
+
+    ``fuse``: it may travel in one collective with the other tensors' fusable alltoalls of the
+    same round, each found again by its name (PyTorch's driver does so: :mod:`hvd_gradq.torch.reduce`).
+    Why: Horovod runs the collectives of a cycle one after the other on one Gloo context, every
+    alltoall on one Gloo slot, and goes on with the next after one fails; so when a rank dies
+    during a step whose cycle holds several alltoalls, a survivor that failed one early can post
+    the next one's receives while a peer still sends it the failed one's parts, and a part larger
+    than the buffer it lands in aborts the survivor (SIGABRT in Gloo's device thread: issue 35,
+    item 10, reproduced with the hierarchical pattern). One alltoall a round leaves no second one
+    for a stray part to land in."""
 
     name: str
     buf: Any
     splits: tuple[int, ...]
     last: bool = False
+    fuse: bool = False
 
 
 @dataclass(frozen=True)
@@ -129,17 +140,19 @@ class Codec(Protocol):
         ...
 
     def sum(self, buf: Any, rank: int, own: Any, what: str,
-            ranks: Sequence[int] | None = None, unless: Any = None) -> tuple[Array, int]:
+            ranks: Sequence[int] | None = None, unless: Any = None, out: Any = None) -> tuple[Array, int]:
         """The decoded sum, in member order, of a gathered buffer's payloads (``own`` stands for
-        member ``rank``'s), and their count; a poison raises the error naming its ranks.
-        ``unless``: a finding of :meth:`verify`; where it is not 0.0, zeros without decoding."""
+        member ``rank``'s; None: it is decoded as the others), and their count; a poison raises
+        the error naming its ranks. ``unless``: a finding of :meth:`verify`; where it is not 0.0,
+        zeros without decoding. ``out``: where to write the sum (:attr:`Part.out`), or None."""
         ...
 
     def concat(self, buf: Any, rank: int, own: Any, sizes: Sequence[int], what: str,
-               ranks: Sequence[int] | None = None, unless: Any = None) -> Array:
+               ranks: Sequence[int] | None = None, unless: Any = None, out: Any = None) -> Array:
         """A gathered buffer's payloads (of ``sizes`` elements) decoded and concatenated in member
-        order, ``own`` standing for member ``rank``'s; with ``ranks`` (member i is rank
-        ``ranks[i]``), a poison raises the error naming its ranks first. ``unless``: as in :meth:`sum`."""
+        order, ``own`` standing for member ``rank``'s (None: decoded as the others); with ``ranks``
+        (member i is rank ``ranks[i]``), a poison raises the error naming its ranks first.
+        ``unless`` and ``out``: as :meth:`sum`'s."""
         ...
 
     def values(self, own: Any) -> Array:
@@ -311,7 +324,10 @@ class Part:
     its residuals when not ``name`` (TensorFlow names collectives by the slot and keys residuals
     by the variable); ``draws``: the seed of each part's tag where the driver computes them
     (TensorFlow: in the graph, from a step counter), else :meth:`Reduction.words`'s host rule;
-    ``label``: how errors name it, where not by name and step."""
+    ``label``: how errors name it, where not by name and step; ``out``: an array of the tensor's
+    size the pattern may write its result into (PyTorch: the gradient's own storage, where
+    Horovod sets the gradient to the result, so that a huge tensor's sum needs no second copy of
+    it: the input is read by then), else None."""
 
     name: str
     step: Any
@@ -320,6 +336,7 @@ class Part:
     residual: str = ""
     draws: Callable[[str], Seed] | None = None
     label: str = ""
+    out: Any = None
 
     @property
     def key(self) -> str:

@@ -60,6 +60,7 @@ def gather(red: Reduction, t: Part, x: Array) -> Phases:
     red.took("encode", t0)
     if error is None and red.ef:
         red.sent(t, x, t.codec.values(own))
+    del x  # read: with error feedback a full-size array of its own, not kept while the gather is out
     gathered = yield Allgather(collective(g.key, Kind.GATHER, t.name), buf, last=not red.verdict_round)
     found = t.codec.verify(gathered, g.rank, Phase.GATHER)
     verdict = yield from round_(red, t, red.ops, found)
@@ -68,7 +69,7 @@ def gather(red: Reduction, t: Part, x: Array) -> Phases:
         yield from halt(t, error)
     try:
         with red.timed("decode"):
-            total, count = t.codec.sum(gathered, g.rank, own, t.name, unless=guard(red, found))
+            total, count = t.codec.sum(gathered, g.rank, own, t.name, unless=guard(red, found), out=t.out)
     except GradqError as e:
         if not stops_of(e):  # only a poison received is a stop every member meets alike
             raise
@@ -104,13 +105,15 @@ def scatter(red: Reduction, t: Part, x: Array) -> Phases:
     red.took("encode", t0)
     if error is None and red.ef:
         red.sent(t, x, red.ops.concat([t.codec.values(o) for o in owns], 0))
+    mine = owns[g.rank] if owns else None
+    del x, owns  # read: only this rank's own chunk waits for the alltoall
     recv = yield Alltoall(collective(g.key, Kind.ALLTOALL, t.name), buf, lens)
     found = t.codec.verify(recv, g.rank, Phase.CHUNKS)  # zeros in its place, named in the verdict
     if error is not None:  # every chunk was a poison: every rank stops here
         yield from halt(t, error)
     try:
         with red.timed("decode"):  # where the chunks were encoded
-            part, _count = t.codec.sum(recv, g.rank, owns[g.rank], t.name, unless=found)
+            part, _count = t.codec.sum(recv, g.rank, mine, t.name, unless=found)
     except GradqError as e:
         if not stops_of(e):  # only a poison received is a stop every member meets alike
             raise
@@ -128,7 +131,8 @@ def scatter(red: Reduction, t: Part, x: Array) -> Phases:
     verdict = yield from round_(red, t, red.ops, found)
     gathered = yield from judged(red, t, red.ops, verdict, gathered)
     with red.timed("decode"):
-        out = t.codec.concat(gathered, g.rank, rown, [hi - lo for lo, hi in bounds], t.what, unless=guard(red, found))
+        out = t.codec.concat(gathered, g.rank, rown, [hi - lo for lo, hi in bounds], t.what,
+                             unless=guard(red, found), out=t.out)
     if red.stats is not None:
         sent = sum(n for j, n in enumerate(lens) if j != g.rank)
         received = int(recv.shape[0]) - lens[g.rank]

@@ -6,7 +6,9 @@ are zero for every rank outside the group a phase runs in: the host's ranks, or 
 own the same piece on every host. So no process set has to be registered with ``hvd.init``
 (Horovod 0.28.1 only adds them at run time with ``HOROVOD_DYNAMIC_PROCESS_SETS``), and a rank's
 bytes go only where they are needed. Each phase sends to its own rank too (a local copy), so
-what comes back is every member's part in member order, one layout for all.
+what comes back is every member's part in member order, one layout for all. Every phase is
+fusable (:class:`~.core.Alltoall`'s ``fuse``): PyTorch's driver sends a round's phases of every
+tensor as one alltoall, which keeps a rank that dies mid-step from aborting a survivor.
 
 Phases, for the piece this rank owns (``m`` elements, 1/local of the tensor on bucket bounds):
 
@@ -76,6 +78,7 @@ def hierarchical(red: Reduction, t: Part, x: Array, hosts: Hosts, cross: Pattern
     pieces = chunk_bounds(int(ops.shape(x)[0]), scheme.bucket, h.local)
     sizes = [e - s for s, e in pieces]
     got = yield _send(t, 1, _checked(ops, x, sizes), {r: sizes[i] + 2 for i, r in enumerate(h.local_peers())}, h)
+    del x  # sent: not kept while the later phases are out
     lo, hi = pieces[h.local_rank]
     m = hi - lo
     got, found = _pieces(ops, got, [m] * h.local, t.group.rank, 1, h)
@@ -139,9 +142,10 @@ def hierarchical(red: Reduction, t: Part, x: Array, hosts: Hosts, cross: Pattern
 
 
 def _send(t: Part, phase: int, buf: Any, sizes: dict[int, int], h: Hosts, last: bool = False) -> Alltoall:
-    """``buf`` cut into ``sizes`` ({rank: elements}, in rank order) through the global alltoall."""
+    """``buf`` cut into ``sizes`` ({rank: elements}, in rank order) through the global alltoall,
+    fusable with the other tensors' phases of the round (:class:`~.core.Alltoall`)."""
     splits = tuple(sizes.get(r, 0) for r in range(h.nranks))
-    return Alltoall(collective(t.group.key, Kind.HIER, t.name, phase), buf, splits, last)
+    return Alltoall(collective(t.group.key, Kind.HIER, t.name, phase), buf, splits, last, fuse=True)
 
 
 def _checked(ops: Ops, x: Array, sizes: list[int]) -> Array:

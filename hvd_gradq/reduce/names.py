@@ -45,6 +45,7 @@ class Kind(str, enum.Enum):
     VERDICT = "c"  #: what every rank found wrong with the bytes it received (:mod:`hvd_gradq.reduce.integrity`)
     STEP_VERDICT = "cs"  #: the same, once a step and process set (PyTorch: :mod:`hvd_gradq.reduce.verdicts`)
     STEP_STOP = "xs"  #: the barrier ranks pass before raising a step's verdict (:mod:`hvd_gradq.reduce.verdicts`)
+    FUSED = "f"  #: one alltoall carrying a round's fusable alltoalls of every tensor (``f0``, ``f1``...: PyTorch)
     STOP = "x"  #: the barrier ranks pass before raising a stop on a gradient (:func:`hvd_gradq.reduce.core.halt`)
     WARM = "w"  #: a warm-up step's exact sum (TensorFlow's, inside its branch)
     VALUE = "v"  #: TensorFlow elastic's eager reduction of Horovod's [1.0]

@@ -133,7 +133,7 @@ class GraphCodec:
         return tf.ensure_shape(found, (1,))
 
     def sum(self, buf: Any, rank: int, own: Own, what: str, ranks: Sequence[int] | None = None,
-            unless: Any = None) -> tuple[Any, int]:
+            unless: Any = None, out: Any = None) -> tuple[Any, int]:  # out: a graph's parts carry none
         count = self.size if ranks is None else len(ranks)
         rows = tf.reshape(buf, (count, -1))  # one payload a member, all of one size
         fn = host.rows_decoder(rank, self.what, None if ranks is None else tuple(ranks), own.n if unless is not None
@@ -146,7 +146,7 @@ class GraphCodec:
         return tf.ensure_shape(total, (own.n,)), count
 
     def concat(self, buf: Any, rank: int, own: Own, sizes: Sequence[int], what: str,
-               ranks: Sequence[int] | None = None, unless: Any = None) -> Any:
+               ranks: Sequence[int] | None = None, unless: Any = None, out: Any = None) -> Any:
         fn = host.chunks_decoder(tuple(sizes), rank, self.what, None if ranks is None else tuple(ranks),
                                  unless is not None)
         mine = [] if own.values is None else [own.values]

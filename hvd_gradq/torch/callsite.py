@@ -41,6 +41,10 @@ class CallSite:
     process_set: Any  # the ProcessSet the reduction runs on
     name: str | None  # Horovod's name for the tensor (the optimizer's parameter name), if any
     param: Any = None  # the parameter whose gradient this is (optimizer calls)
+    # Horovod's optimizer: it reduces p.grad in place and sets p.grad to decompress()'s result,
+    # so the tensor's storage may hold the result (stock Horovod's own allreduce_async_ writes
+    # there); hvd.allreduce and grouped_allreduce return a new tensor and leave theirs alone
+    writes_back: bool = False
 
 
 def _is_horovod(frame: FrameType, module: str) -> bool:
@@ -71,7 +75,7 @@ def inspect_call(depth: int = 2) -> CallSite | None:
         if _is_horovod(outer, "optimizer.py") and outer.f_code.co_name == "_grouped_allreduce_grad_async":
             opt = up["self"]
             p = local.get("p")
-            return CallSite("grouped", opt.op, opt.process_set, opt._parameter_names.get(p), p)
+            return CallSite("grouped", opt.op, opt.process_set, opt._parameter_names.get(p), p, True)
         if _is_horovod(outer, "mpi_ops.py") and outer.f_code.co_name in ("grouped_allreduce", "grouped_reducescatter"):
             kind = "grouped" if outer.f_code.co_name == "grouped_allreduce" else "reducescatter"
             t, tensors, base = local.get("t"), up.get("tensors") or (), up.get("name")
@@ -84,7 +88,7 @@ def inspect_call(depth: int = 2) -> CallSite | None:
         p = local.get("p")
         if not hasattr(opt, "op"):  # _DistributedAdasumOptimizer: compresses parameter deltas
             return CallSite("adasum", hvd.Adasum, None, local.get("name"), p)
-        return CallSite("optimizer", opt.op, opt.process_set, local.get("name"), p)
+        return CallSite("optimizer", opt.op, opt.process_set, local.get("name"), p, True)
     if _is_horovod(f, "mpi_ops.py") and code in ("allreduce", "reducescatter"):
         kind = "allreduce" if code == "allreduce" else "reducescatter"
         return CallSite(kind, _op_of(local), local.get("process_set"), local.get("name"))

@@ -282,7 +282,10 @@ class GradqCompressor(CompressorCore):
         if self.policy.ef:
             x = self.memory.compensate(name, x)
         ctx = Ctx(name, step, tensor.shape, tensor.dtype, tensor.device, group, choice)
-        ctx.flow = self._reducer.start(choice, name, step, group, x)
+        # where Horovod sets the gradient to the result, the result goes into the gradient's own
+        # storage as stock Horovod's in-place allreduce: no second full-size copy of a huge tensor
+        into = site is not None and site.writes_back and tensor.dtype == torch.float32 and tensor.is_contiguous()
+        ctx.flow = self._reducer.start(choice, name, step, group, x, tensor.detach().view(-1) if into else None)
         return self._telemetry.compressed(t0, (torch.ones(1, dtype=torch.float32), ctx))
 
     def decompress(self, tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
@@ -298,10 +301,13 @@ class GradqCompressor(CompressorCore):
         if not isinstance(ctx, Ctx) or ctx.flow is None:
             raise GradqError("decompress() got a context hvd_gradq did not make")
         # Horovod reduced our [1.0] with this call's op and scale factors (frontend/compressor.py)
-        total = self._reducer.finish(ctx.flow)
-        view = HOST.host_view(total)  # on the CPU, NumPy's division: no parallel region of torch's pool
-        scaled = final_scale(total if view is None else view, float(tensor.reshape(-1)[0]), ctx.group.size)
-        total = scaled if view is None else torch.from_numpy(scaled)
+        total: torch.Tensor = self._reducer.finish(ctx.flow)  # the sum is this call's own buffer: scaled in place
+        view = HOST.host_view(total)  # on the CPU, NumPy's arithmetic: no parallel region of torch's pool
+        v = float(tensor.reshape(-1)[0])
+        if view is None:
+            total = final_scale(total, v, ctx.group.size, in_place=True)
+        else:
+            final_scale(view, v, ctx.group.size, in_place=True)
         out = total.reshape(ctx.shape).to(device=ctx.device, dtype=ctx.dtype)
         self._check_output(out)
         return self._telemetry.decompressed(t0, out)

@@ -58,58 +58,76 @@ def on_device(codec: str, x: torch.Tensor) -> bool:
     return codec == "device" or (codec == "auto" and x.is_cuda)
 
 
-def encode(scheme: Scheme, x: torch.Tensor, seed: Seed) -> tuple[NDArray[np.uint8], torch.Tensor] | None:
-    """The payload bytes of flat float32 ``x`` and this rank's decoded values (on ``x``'s device),
-    or None when ``x`` holds values the device path leaves to the host path (see the docstring)."""
+def encode(scheme: Scheme, x: torch.Tensor, seed: Seed,
+           own: bool = True) -> tuple[NDArray[np.uint8], torch.Tensor | None] | None:
+    """The payload bytes of flat float32 ``x`` and this rank's decoded values (on ``x``'s device;
+    None where ``own`` is False), or None when ``x`` holds values the device path leaves to the
+    host path (see the docstring)."""
     if x.numel() and not bool((x.abs() < scheme.limit).all()):  # NaN compares False: the host path
         return None
     ops = TorchOps(x.device)
     parts = scheme.encode(ops, x, seed)
-    own = scheme.decode(ops, parts, x.numel())
+    mine = scheme.decode(ops, parts, x.numel()) if own else None
     host = {k: v.cpu().numpy() for k, v in parts.items()}  # payload-sized copies
-    return payload_of(scheme, host, (x.numel(),), "float32").to_array(), own
+    return payload_of(scheme, host, (x.numel(),), "float32").to_array(), mine
 
 
-def decode_sum(buf: NDArray[np.uint8], own_rank: int, own: torch.Tensor, name: str,
-               ranks: Sequence[int] | None = None) -> tuple[torch.Tensor, int]:
+def decode_sum(buf: NDArray[np.uint8], own_rank: int, own: torch.Tensor | None, name: str,
+               ranks: Sequence[int] | None = None, where: torch.device | None = None,
+               out: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
     """The sum over ranks, in rank order, of the payloads in a gathered buffer, decoded on
-    ``own``'s device (``own`` stands for this rank's payload); returns (sum, payload count).
-    The same checks as the host path's :func:`hvd_gradq.reduce.codec.decode_sum`."""
+    ``own``'s device (``own`` stands for this rank's payload; None: decoded as the others, on
+    ``where``); returns (sum, payload count). The same checks as the host path's
+    :func:`hvd_gradq.reduce.codec.decode_sum`, and its one buffer (``out``, else a fresh tensor)
+    that each payload is added to in place, in rank order."""
     payloads = codec.split_checked(buf, name, ranks)
-    total: torch.Tensor | None = None
+    if not payloads:
+        raise GradqError(f"{name}: the gathered buffer holds no payload")
+    dev = own.device if own is not None else torch.device("cpu") if where is None else where
+    total = torch.empty(payloads[0].n, dtype=torch.float32, device=dev) if out is None else out
     for r, p in enumerate(payloads):
-        v = own if r == own_rank else decode_any(p, own)  # check_parts: codes beyond the alphabet raise
-        total = v.clone() if total is None else total + v
-    assert total is not None
+        v = own if r == own_rank and own is not None else decode_on(p, dev)  # check_parts: bad codes raise
+        if r:
+            total.add_(v)
+        else:
+            total.copy_(v)
     return total, len(payloads)
 
 
 def encode_any(scheme: SchemeLike, x: torch.Tensor, seed: Seed, what: str,
-               device: bool) -> tuple[NDArray[np.uint8], Any]:
-    """The payload and own values of flat float32 ``x``: on its device when ``device`` (own: a
-    tensor there) and the device path takes it, else on the host (own: NumPy; the host path
-    raises NonFiniteError under a config's nonfinite=raise)."""
-    got = encode(as_config(scheme).scheme, x, seed) if device else None
-    return got if got is not None else codec.encode(scheme, x.cpu().numpy(), seed, what)
+               device: bool, own: bool = True) -> tuple[NDArray[np.uint8], Any]:
+    """The payload and own values of flat float32 ``x`` (None for them where ``own`` is False):
+    on its device when ``device`` (own: a tensor there) and the device path takes it, else on
+    the host (own: NumPy; the host path raises NonFiniteError under a config's nonfinite=raise)."""
+    got = encode(as_config(scheme).scheme, x, seed, own) if device else None
+    return got if got is not None else codec.encode(scheme, x.cpu().numpy(), seed, what, own)
 
 
-def sum_any(buf: NDArray[np.uint8], own_rank: int, own: Any, name: str,
-            ranks: Sequence[int] | None = None) -> tuple[torch.Tensor, int]:
+def sum_any(buf: NDArray[np.uint8], own_rank: int, own: Any, name: str, ranks: Sequence[int] | None = None,
+            where: torch.device | None = None, out: torch.Tensor | None = None) -> tuple[torch.Tensor, int]:
     """The sum of a gathered buffer's payloads where ``own`` lives (a tensor: its device; NumPy:
-    the host kernels, as a CPU tensor), and the payload count."""
-    if isinstance(own, torch.Tensor):
-        return decode_sum(buf, own_rank, own, name, ranks)
-    total, count = codec.decode_sum(buf, own_rank, own, name, ranks)
-    return torch.from_numpy(total), count
+    the host kernels, as a CPU tensor; None: on ``where``, the host kernels where that is None),
+    and the payload count; into ``out`` where given (a float32 tensor of the sum's size)."""
+    if isinstance(own, torch.Tensor) or (own is None and where is not None):
+        return decode_sum(buf, own_rank, own, name, ranks, where, out)
+    host = None if out is None else out.numpy()
+    total, count = codec.decode_sum(buf, own_rank, own, name, ranks, host)
+    return (out if out is not None else torch.from_numpy(total)), count
 
 
 def decode_any(p: Payload, like: Any) -> torch.Tensor:
     """One payload decoded (flat float32) where ``like`` lives, as :func:`sum_any` does."""
     if not isinstance(like, torch.Tensor):
         return torch.from_numpy(np.ascontiguousarray(decode_flat(p)))
+    return decode_on(p, like.device)
+
+
+def decode_on(p: Payload, where: torch.device) -> torch.Tensor:
+    """One payload decoded (flat float32) on device ``where`` by the scheme's own mathematics
+    (:class:`~hvd_gradq.torch.ops.TorchOps`: the device path, on CPU tensors too)."""
     p.scheme.check_parts(p.parts, p.n)
-    parts = {k: torch.from_numpy(_math(a)).to(like.device) for k, a in p.parts.items()}
-    out: torch.Tensor = p.scheme.decode(TorchOps(like.device), parts, p.n).reshape(-1)
+    parts = {k: torch.from_numpy(_math(a)).to(where) for k, a in p.parts.items()}
+    out: torch.Tensor = p.scheme.decode(TorchOps(where), parts, p.n).reshape(-1)
     return out
 
 

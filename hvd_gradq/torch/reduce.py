@@ -17,14 +17,17 @@ ever *starts* collectives inside ``compress()`` (see :mod:`hvd_gradq.torch.compr
   one round for all tensors before any waits on the next (so no rank waits on a phase another
   rank starts only after a phase it waits on), until every tensor's last collective is out;
   with workers, what remains (decoding) is queued on the worker;
+* fusable alltoalls (the hierarchical pattern's phases: :class:`~hvd_gradq.reduce.core.Alltoall`'s
+  ``fuse``) are not started one a tensor: a round's go out as ONE Horovod alltoall, its first
+  round at the step's first ``decompress()``, so that a rank dying mid-step cannot leave a
+  survivor two of hvd_gradq's alltoalls in one Horovod cycle (issue 35, item 10: an abort);
 * :meth:`Reducer.finish` hands ``decompress()`` the decoded sum over the group, or raises the
   step's CorruptionError where this rank found corruption in that tensor.
 
 Integrity: the patterns note what each rank found wrong with the bytes it received in the step's
 record (no collective a tensor); the step's findings are compared once, in one verdict a step
 and process set (:mod:`.verdict`, :mod:`hvd_gradq.reduce.verdicts`), started as the step's last
-tensor is handed to ``decompress()`` and read by :meth:`Reducer.begin_step` at the first
-``compress()`` of the next step.
+tensor is handed to ``decompress()`` and read during the next step's ``compress()`` calls.
 
 Bits: a pattern's result depends on its inputs only (seeds are per rank, step and tensor; sums
 run in rank order), so threads, rounds and the order of tensors change no bit.
@@ -46,6 +49,7 @@ from ..frontend.workers import Workers
 from ..plan.decide import Choice
 from ..policy import Policy
 from ..reduce import table
+from ..reduce.names import Kind, collective
 from ..reduce.stats import Stats
 from ..reduce.verdicts import StepRecord
 from ..schemes.scheme import Scheme
@@ -63,6 +67,7 @@ class Flow:
 
     gen: core.Phases
     transport: HorovodTransport
+    scope: str = ""  # the group's key: the scope of its collectives' names (reduce/names.py)
     request: core.Request | None = None  # the collective in flight
     handle: Any = None
     job: Future[None] | None = None  # the first segment, on a worker
@@ -88,6 +93,8 @@ class Reducer:
     flows: list[Flow] = field(default_factory=list)  # a collective out, another to follow
     done: list[Flow] = field(default_factory=list)  # the last collective out, decoding not queued
     decoding: list[Future[torch.Tensor]] = field(default_factory=list)  # the last step's queued decodings
+    fusing: list[Flow] = field(default_factory=list)  # fusable alltoalls of this round, not started yet
+    rounds: dict[str, int] = field(default_factory=dict)  # fused alltoalls started this step, by scope
 
     def __post_init__(self) -> None:  # the patterns encode with the policy: its nonfinite=raise applies
         self.config = Config(self.scheme, self.policy)
@@ -98,19 +105,30 @@ class Reducer:
         step's verdicts read (a CorruptionError on every rank where one names a finding)."""
         self.verdicts.begin_step()
 
-    def start(self, choice: Choice, name: str, step: int, group: core.Group, x: torch.Tensor) -> Flow:
+    def start(self, choice: Choice, name: str, step: int, group: core.Group, x: torch.Tensor,
+              out: torch.Tensor | None = None) -> Flow:
         """Start the chosen pattern for tensor ``name`` at ``step`` over ``group`` on ``x`` (float32,
-        flat, error feedback already added): its first segment, up to its first collective."""
+        flat, error feedback already added): its first segment, up to its first collective.
+        ``out``: a flat float32 tensor of ``x``'s size the result may be written into once ``x``
+        is read (the gradient's storage, where Horovod sets the gradient to the result), or None.
+
+        The codec keeps this rank's decoded values (own) only where error feedback needs them:
+        otherwise a full-size array would wait, for every tensor of the step, from the encode to
+        the decode, where decoding the own payload with the others costs the same work."""
         row = table.entry(choice.pattern)
         record = self.verdicts.record(group, name, step)
         red = core.Reduction(self.config, self.seed, hvd.rank(), self.memory, self.stats, HOST, findings=record)
         on_dev = device.on_device(self.codec, x) and not row.host_fp32  # host_fp32: pieces on the host
-        part = core.Part(name, step, group, TorchCodec(on_dev, "cpu" if row.host_fp32 else x.device))
+        where = "cpu" if row.host_fp32 else x.device
+        if out is not None and (out.device != torch.device(where) or out.dtype != torch.float32
+                                or not out.is_contiguous() or out.numel() != x.numel()):
+            out = None
+        part = core.Part(name, step, group, TorchCodec(on_dev, where, own=self.policy.ef), out=out)
         if not on_dev and not row.encodes_first:  # the host codec's encode copies to the host itself
             x = x.detach().cpu()
         transport = HorovodTransport(group.process_set, self.stats.clock)
-        flow = Flow(row.run(red, part, x, TorchOps(x.device) if on_dev else HOST, choice), transport, record=record,
-                    name=name)
+        flow = Flow(row.run(red, part, x, TorchOps(x.device) if on_dev else HOST, choice), transport, group.key,
+                    record=record, name=name)
         if row.encodes_first:
             # the job reads x's values; nothing writes the gradient before the step settles the job
             flow.job = self.workers.submit(lambda: self._advance(flow))
@@ -127,10 +145,34 @@ class Reducer:
 
     def _advance(self, ctx: Flow) -> None:
         """Wait for the collective in flight (none at the start), run the pattern on to its next
-        collective and start that."""
+        collective and start that, or leave it for the round's fused alltoall (:meth:`_start_fused`)."""
         got = None if ctx.request is None else ctx.transport.wait(ctx.handle)
         ctx.request = next(ctx.gen) if ctx.request is None else ctx.gen.send(got)
-        ctx.handle = ctx.transport.start(ctx.request)
+        if isinstance(ctx.request, core.Alltoall) and ctx.request.fuse:
+            ctx.handle = None
+            self.fusing.append(ctx)
+        else:
+            ctx.handle = ctx.transport.start(ctx.request)
+
+    def _start_fused(self) -> None:
+        """Start the round's fusable alltoalls, one Horovod alltoall a process set, the requests in
+        name order (the same on every rank: every rank runs the same tensors' same phases in a
+        round), named for the round (``hvd_gradq.<scope>f<k>``, k counted in the step: names that
+        come back every step, which Horovod's response cache keeps). Why one:
+        :class:`~hvd_gradq.reduce.core.Alltoall`."""
+        pending, self.fusing = self.fusing, []
+        by_scope: dict[str, list[Flow]] = {}
+        for ctx in pending:
+            by_scope.setdefault(ctx.scope, []).append(ctx)
+        for scope, flows in by_scope.items():
+            flows.sort(key=lambda c: c.request.name if c.request is not None else "")
+            k = self.rounds.get(scope, 0)
+            self.rounds[scope] = k + 1
+            requests = [c.request for c in flows if isinstance(c.request, core.Alltoall)]
+            assert len(requests) == len(flows)
+            handles = flows[0].transport.start_fused(requests, collective(scope, Kind.FUSED, "", k))
+            for ctx, handle in zip(flows, handles):
+                ctx.handle = handle
 
     def _finish(self, ctx: Flow) -> torch.Tensor:
         """Wait for the last collective and run the pattern to its end: the group's sum (or its
@@ -165,6 +207,9 @@ class Reducer:
         encoding, self.encoding = self.encoding, []
         error: GradqError | None = None
         flows = self.flows
+        if flows or encoding:  # a new step's rounds: the fused alltoalls' names count from 0 again
+            self.rounds.clear()
+        self._start_fused()  # the first phases the step's compress() calls left for one alltoall
         for ctx in encoding:
             assert ctx.job is not None
             ctx.job.result()  # an unexpected exception is raised here
@@ -184,6 +229,7 @@ class Reducer:
                     ctx.error, error = e, error or e
                     continue
                 later.append(ctx)
+            self._start_fused()
             flows = later
         done, self.done = self.done, []
         if self.workers.threads:
@@ -205,3 +251,4 @@ class Reducer:
         self.done.clear()
         self.decoding.clear()
         self.verdicts.forget()
+        self.fusing.clear()

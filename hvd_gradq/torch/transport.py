@@ -13,8 +13,11 @@ them to the tensor's device, as error feedback and the concatenations need.
 """
 from __future__ import annotations
 
+import hashlib
+import threading
 import time
 from collections.abc import Sequence
+from dataclasses import dataclass, field
 from typing import Any
 
 import horovod.torch as hvd
@@ -22,13 +25,15 @@ import numpy as np
 import torch
 from numpy.typing import NDArray
 
-from ..api import split
+from ..api import decode_flat, split
+from ..errors import GradqError, RankMismatchError
 from ..frontend.workers import wait
 from ..reduce import stop as codec
 from ..reduce.core import Allgather, Allreduce, Alltoall, Barrier, Request
 from ..reduce.integrity import Phase, verify_payloads
 from ..reduce.stats import Clock
 from ..spec import SchemeLike
+from ..wire import blocks, payload
 from ..xp import Seed
 from . import device
 
@@ -47,6 +52,46 @@ def sync(handle: Any, clock: Clock | None = None) -> Any:
 
 def _tensor(buf: Any) -> torch.Tensor:
     return torch.from_numpy(buf) if isinstance(buf, np.ndarray) else buf.detach().cpu().contiguous()
+
+
+@dataclass
+class _Fused:
+    """One Horovod alltoall carrying several requests' parts (:meth:`HorovodTransport.start_fused`),
+    waited once, by whichever part is waited first (the driver's thread and a worker may both
+    wait: a lock); its results, or the error that wait raised, serve every part."""
+
+    handle: Any
+    requests: list[Alltoall]
+    tags: list[int]
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    results: list[Any] | None = None
+    error: BaseException | None = None
+
+
+@dataclass(frozen=True)
+class _Part:
+    """Request ``index`` of a fused alltoall: what :meth:`HorovodTransport.wait` takes for it."""
+
+    fused: _Fused
+    index: int
+
+
+def _tag(name: str) -> int:
+    """A request's tag in a fused alltoall: 64 bits of its name's hash (names are unique in a round)."""
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=8).digest(), "little")
+
+
+def _raw(buf: Any) -> NDArray[np.uint8]:
+    """A request's buffer as bytes (NumPy or a tensor, brought to the host; no copy where it is one)."""
+    return blocks.as_bytes(buf if isinstance(buf, np.ndarray) else buf.detach().cpu().contiguous().numpy())
+
+
+def _as_sent(request: Alltoall, data: NDArray[np.uint8]) -> Any:
+    """Received bytes as the request's kind of buffer: NumPy of its dtype, or a tensor where it was sent."""
+    sent = request.buf
+    if isinstance(sent, np.ndarray):
+        return data.view(sent.dtype)
+    return torch.from_numpy(data.view(torch.empty(0, dtype=sent.dtype).numpy().dtype)).to(sent.device)
 
 
 class HorovodTransport:
@@ -75,7 +120,60 @@ class HorovodTransport:
                                          process_set=ps)
         return request, handle
 
+    def start_fused(self, requests: Sequence[Alltoall], name: str) -> list[Any]:
+        """Several alltoall requests (the fusable ones of one round, in an order every rank shares)
+        as ONE Horovod alltoall named ``name``: what each sends each rank travels as a tagged frame
+        (:func:`hvd_gradq.wire.blocks.frames`: its name's tag, its length, its bytes; empty parts
+        left out), so each request's result comes back exactly as its own alltoall's would. Returns
+        a handle a request for :meth:`wait`. Why one: :class:`~hvd_gradq.reduce.core.Alltoall`."""
+        tags = [_tag(r.name) for r in requests]
+        if len(set(tags)) != len(tags):
+            raise GradqError(f"{name}: two requests of one round share a name's tag: {[r.name for r in requests]}")
+        size = len(requests[0].splits)
+        to: list[list[tuple[int, NDArray[np.uint8]]]] = [[] for _ in range(size)]
+        for request, tag in zip(requests, tags):
+            raw = _raw(request.buf)
+            width = raw.shape[0] // max(1, sum(request.splits))  # bytes an element
+            at = 0
+            for rank, k in enumerate(request.splits):
+                to[rank].append((tag, raw[at:at + k * width]))
+                at += k * width
+        chunks = [blocks.frames(parts) for parts in to]
+        splits = [sum(int(a.shape[0]) for a in c) for c in chunks]
+        send = np.concatenate([a for c in chunks for a in c]) if sum(splits) else np.zeros(0, np.uint8)
+        handle = hvd.alltoall_async(torch.from_numpy(send), splits=torch.tensor(splits, dtype=torch.int32), name=name,
+                                    process_set=self.process_set)
+        fused = _Fused(handle, list(requests), tags)
+        return [_Part(fused, i) for i in range(len(requests))]
+
+    def _fused(self, part: _Part) -> Any:
+        """A fused request's result: the one alltoall waited (once), each sender's frames split by tag."""
+        fused = part.fused
+        with fused.lock:
+            if fused.error is not None:
+                raise fused.error
+            if fused.results is None:
+                try:
+                    out, got = sync(fused.handle, self.clock)
+                except BaseException as e:  # every part raises the one error
+                    fused.error = e
+                    raise
+                raw, at, frames = out.numpy(), 0, []
+                for nbytes in got.tolist():  # what each rank sent this one, in rank order
+                    frames.append(blocks.split_frames(raw[at:at + nbytes]))
+                    at += nbytes
+                known = set(fused.tags)
+                if any(set(f) - known for f in frames):
+                    raise RankMismatchError(f"{fused.requests[0].name}: a rank sent a part of a tensor this rank does "
+                                            "not reduce in this round; the ranks' models or patterns differ")
+                fused.results = [_as_sent(r, np.concatenate([f[tag] for f in frames if tag in f] or
+                                                            [np.zeros(0, np.uint8)]))
+                                 for r, tag in zip(fused.requests, fused.tags)]
+        return fused.results[part.index]
+
     def wait(self, handle: Any) -> Any:
+        if isinstance(handle, _Part):
+            return self._fused(handle)
         request, h = handle
         if isinstance(request, Barrier):
             try:
@@ -100,15 +198,35 @@ def _found(unless: Any) -> bool:
     return unless is not None and float(unless.reshape(-1)[0]) != 0.0  # a finding is one element
 
 
+def _elements(buf: NDArray[np.uint8], own: Any, out: Any) -> int:
+    """The element count of a sum whose payloads failed their checks: this rank's own values'
+    or the result buffer's where there is one, else the first payload's header where that one is
+    intact (every payload a sum takes encodes the same elements)."""
+    if own is not None:
+        return int(own.shape[0])
+    if out is not None:
+        return int(out.numel())
+    flat = np.ascontiguousarray(np.asarray(buf).reshape(-1))
+    # the first payload unreadable too: this rank's part is empty, and the verdict, which every
+    # rank reads before applying the step, names the corruption
+    return payload.read_header(flat).n if payload.intact(flat) is not None else 0
+
+
 class TorchCodec:
     """Payloads of flat float32 tensors: on their device when ``on_device`` (:mod:`.device`),
-    else by the host kernels; ``own`` values are brought to ``device`` by :meth:`values`."""
+    else by the host kernels; ``own`` values are brought to ``device`` by :meth:`values`.
 
-    def __init__(self, on_device: bool, where: torch.device | str = "cpu") -> None:
-        self.on_device, self.device = on_device, torch.device(where)
+    ``own``: whether :meth:`encode` keeps this rank's decoded values (error feedback subtracts
+    them); without them a sum or concatenation decodes this rank's payload as any other's (the
+    same bits), so no full-size array waits from the encode to the decode. ``out``: a flat
+    float32 tensor the whole tensor's result may be written into (the gradient's own storage,
+    where Horovod's call sets the gradient to the result), else None: a fresh one."""
+
+    def __init__(self, on_device: bool, where: torch.device | str = "cpu", own: bool = True) -> None:
+        self.on_device, self.device, self.own = on_device, torch.device(where), own
 
     def encode(self, config: SchemeLike, x: Any, seed: Seed, what: str) -> tuple[NDArray[np.uint8], Any]:
-        return device.encode_any(config, x, seed, what, self.on_device)
+        return device.encode_any(config, x, seed, what, self.on_device, self.own)
 
     def encode_chunks(self, config: SchemeLike, x: Any, bounds: Sequence[tuple[int, int]], seeds: Sequence[Seed],
                       what: str) -> tuple[NDArray[np.uint8], tuple[int, ...], list[Any]]:
@@ -120,21 +238,36 @@ class TorchCodec:
         return torch.from_numpy(verify_payloads(buf, finder, Phase(phase), ranks))
 
     def sum(self, buf: NDArray[np.uint8], rank: int, own: Any, what: str,
-            ranks: Sequence[int] | None = None, unless: Any = None) -> tuple[torch.Tensor, int]:
+            ranks: Sequence[int] | None = None, unless: Any = None, out: Any = None) -> tuple[torch.Tensor, int]:
         if _found(unless):  # a corrupted payload: zeros in its place (the step's verdict names it)
-            where = own.device if isinstance(own, torch.Tensor) else "cpu"
-            return torch.zeros(int(own.shape[0]), dtype=torch.float32, device=where), 0
-        return device.sum_any(buf, rank, own, what, ranks)
+            n = _elements(buf, own, out)
+            where = own.device if isinstance(own, torch.Tensor) else self.device if self.on_device else "cpu"
+            return torch.zeros(n, dtype=torch.float32, device=where), 0
+        return device.sum_any(buf, rank, own, what, ranks, self.device if self.on_device else None, out)
 
     def concat(self, buf: NDArray[np.uint8], rank: int, own: Any, sizes: Sequence[int], what: str,
-               ranks: Sequence[int] | None = None, unless: Any = None) -> torch.Tensor:
+               ranks: Sequence[int] | None = None, unless: Any = None, out: Any = None) -> torch.Tensor:
         if _found(unless):
             return torch.zeros(sum(sizes), dtype=torch.float32, device=self.device)
         peers = codec.stops_in(buf, ranks) if ranks is not None else None
         if peers:
             raise codec.stopped(what, peers)
-        return torch.cat([self.values(own if r == rank else device.decode_any(p, own))
-                          for r, p in enumerate(split(buf))], 0)
+        # decoded where own lives, as the sum: a tensor's device; NumPy's host; none, the codec's
+        where = own.device if isinstance(own, torch.Tensor) else self.device if own is None and self.on_device else None
+        total = torch.empty(sum(sizes), dtype=torch.float32, device=self.device) if out is None else out
+        at = 0
+        for r, p in enumerate(split(buf)):  # each payload decoded into its slice: no full-size temporary
+            piece = total[at:at + p.n]
+            if r == rank and own is not None:
+                piece.copy_(self.values(own))
+            elif where is not None:
+                piece.copy_(device.decode_on(p, where))
+            elif piece.device.type == "cpu":
+                decode_flat(p, out=piece.numpy())
+            else:
+                piece.copy_(torch.from_numpy(decode_flat(p)))
+            at += p.n
+        return total
 
     def values(self, own: Any) -> torch.Tensor:
         t = own if isinstance(own, torch.Tensor) else torch.from_numpy(own)

@@ -1,6 +1,7 @@
 """The hierarchical pattern (PyTorch): 2 hosts x 2 ranks (the cross-host part gathers) and
 3 hosts x 2 ranks on a slow modelled link (the cross-host part scatters), against a NumPy oracle
-of the pattern; see worker_torch_hier.py."""
+of the pattern; last, a rank killed as a step's last round goes out (every survivor raises, none
+aborts); see worker_torch_hier.py."""
 from __future__ import annotations
 
 import re
@@ -41,6 +42,16 @@ def test_hierarchical(np_: int, per_host: int, link: float, cross: str) -> None:
     assert_ranks_equal({r: {"d": rep["auto"]["digest"]} for r, rep in reports.items()}, "d")
     auto = reports[0]["auto"]
     assert auto["want"] == "hierarchical" and "hierarchical" in auto["patterns"], auto
+    # issue 35, item 10 (the launch's last case): the last rank died as the step's last round of
+    # collectives went out (every tensor's last phase, 1-element tensors among them); every
+    # survivor raised Horovod's error within Gloo's timeout and lived to report it (an abort, as a
+    # stray part landing in a smaller buffer caused, or a hang, leaves no report: the launch fails)
+    died = reports[np_ - 1]["killed"]["victim"]
+    assert len(died) == 6 and re.fullmatch(r"hvd_gradq\.h[34]\.k\.scale", died[4]), died  # name order: the 5th
+    for r in range(np_ - 1):
+        got = reports[r]["killed"]
+        assert got["survivor"] and got["type"] == "HorovodInternalError", (r, got)
+        assert got["s"] < 170, (r, got)  # within Gloo's timeout (180 s in the harness): not a hang
     for r, rep in reports.items():
         assert rep["nonfinite"] == f"raised:{np_}:True", (r, rep["nonfinite"])
         # a value beyond the scheme's range on the last rank: every rank stops naming it

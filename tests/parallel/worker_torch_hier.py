@@ -9,6 +9,8 @@ kernels can agree with themselves.
 """
 import argparse
 import hashlib
+import os
+import time
 import traceback
 
 import draws
@@ -26,6 +28,7 @@ from hvd_gradq.plan.layout import chunk_bounds
 from hvd_gradq.plan.pattern import Pattern
 from hvd_gradq.plan.second_phase import reduced_scheme
 from hvd_gradq.reduce import codec
+from hvd_gradq.torch import transport
 from hvd_gradq.wire.payload import header_size
 
 ap = argparse.ArgumentParser()
@@ -248,4 +251,59 @@ def range_case() -> dict:
 
 
 check("range", range_case)
-report(rank, out)
+
+
+def killed_case() -> None:
+    """Issue 35, item 10, last (it ends the world): the last rank dies (``os._exit``: its sockets
+    close as a killed process's do) right after it starts the step's last round of collectives,
+    so that the round is out on every rank while the victim's part of it may be half sent: the
+    moment that once aborted a survivor (SIGABRT in Gloo: a rank that failed one of several
+    alltoalls of a Horovod cycle took a peer's stray part into the next one's smaller buffer;
+    reproduced with 1-element tensors, whose last phase sends 8 bytes, and a rank dying mid-round).
+    The model has such tensors. Every survivor must raise an error (Horovod's) within Gloo's
+    timeout and live on to report it: a survivor that aborts or hangs leaves no report, and the
+    launch fails. The victim exits 0, so that horovodrun does not SIGTERM the survivors before
+    they are seen through; they leave by ``os._exit`` after a few seconds' watch, since Horovod's
+    shutdown would wait out Gloo's timeout (180 s here) for a peer that is gone (stock Horovod's
+    does the same)."""
+    victim = size - 1
+    torch.manual_seed(0)
+    model = torch.nn.Sequential(torch.nn.Linear(64, 300), torch.nn.ReLU(), torch.nn.Linear(300, 10))
+    scale, shift = torch.nn.Parameter(torch.ones(1)), torch.nn.Parameter(torch.zeros(1))  # 1-element tensors
+    named = [(f"k.{n}", p) for n, p in model.named_parameters()] + [("k.scale", scale), ("k.shift", shift)]
+    hvd.broadcast_parameters(dict(named), root_rank=0)
+    comp = gq.from_spec("orq:levels=5", named_parameters=named, pattern="hierarchical")
+    opt = hvd.DistributedOptimizer(torch.optim.SGD([p for _, p in named], lr=0.01), named_parameters=named,
+                                   compression=comp)
+    real_start = transport.HorovodTransport.start_fused
+
+    def start_fused(self, requests, name):  # the victim's: it dies as its last round of the last step goes out
+        handles = real_start(self, requests, name)
+        if rank == victim and armed and any(r.last for r in requests):
+            out["killed"] = {"victim": [r.name for r in requests]}
+            report(rank, out)
+            os._exit(0)
+        return handles
+
+    transport.HorovodTransport.start_fused = start_fused
+    armed = False
+    rng = np.random.default_rng(rank)
+    t0 = time.monotonic()
+    try:
+        for step in range(3):
+            armed = step == 2
+            x = torch.from_numpy(rng.standard_normal((16, 64)).astype(np.float32))
+            opt.zero_grad()
+            ((model(x) * scale + shift) ** 2).mean().backward()
+            t0 = time.monotonic()
+            opt.step()
+        got = {"type": "", "message": "the step ran"}
+    except Exception as e:  # Horovod's error is a RuntimeError, hvd_gradq's a GradqError
+        got = {"type": type(e).__name__, "message": str(e)[:300]}
+    out["killed"] = {**got, "s": time.monotonic() - t0, "survivor": True}
+    report(rank, out)
+    time.sleep(3)  # a stray part landing in a smaller buffer aborts Gloo's device thread: the watch
+    os._exit(0)
+
+
+killed_case()

@@ -374,6 +374,12 @@ def test_final_scale_is_stock_horovods_result_with_the_plain_cases_exact(v: floa
     want = total / np.float32(3.0) if v == 1.0 else total if v == 3.0 else total * np.float32(v / 3.0)
     eager = final_scale(total, v, size)
     assert eager.dtype == np.float32 and eager.tobytes() == want.tobytes()
+    # in place (PyTorch's decompress, on its own sum): the same bits in the same array, NumPy and torch
+    import torch
+
+    for buf in (total.copy(), torch.from_numpy(total.copy())):
+        got = final_scale(buf, v, size, in_place=True)
+        assert got is buf and np.asarray(got).tobytes() == want.tobytes(), type(buf)
     traced = np.asarray(final_scale(total, np.float32(v), size, np.where, np.equal), np.float32)  # as a graph
     if v in (1.0, 3.0):
         assert traced.tobytes() == want.tobytes()

@@ -293,3 +293,28 @@ def test_input_scan_is_numpys():
             want = (True, True) if x.size == 0 else (
                 bool(np.isfinite(x).all()), bool(np.isfinite(x).all() and np.abs(x).max() < lim))
         assert kernels.scan(x, lim) == want, x[:4]
+
+
+@pytest.mark.parametrize("spec", NAN_SPECS + ["orq:levels=9", "bingrad:bucket=100"])
+def test_accumulating_decode_is_numpys_sum(spec):
+    """``decode(..., out=total, acc=True)`` adds the decoded values to ``total`` in place with the
+    bits of NumPy's ``total + decoded`` (the sum over ranks in one buffer: reduce/codec.py),
+    NaN/Inf buckets and several threads' ranges included; without ``out`` it refuses."""
+    rng = np.random.default_rng(11)
+    scheme = parse_scheme(spec)
+    n = 2 * 65536 + 777  # two threads' ranges and a tail
+    xs = [rng.standard_normal(n).astype(np.float32) * np.float32(10.0 ** k) for k in range(3)]
+    xs[1][5], xs[2][70000] = np.nan, np.inf  # NaN buckets in two payloads, one shared position apart
+    ps = [quantize(x, scheme, seed=i) for i, x in enumerate(xs)]
+    decoded = [kernels.decode(scheme, p.parts, n) for p in ps]
+    assert all(d is not None for d in decoded)
+    want = decoded[0].copy()
+    for d in decoded[1:]:
+        want = want + d
+    for threads in (1, 2):
+        total = decoded[0].copy()
+        for p in ps[1:]:
+            assert kernels.decode(scheme, p.parts, n, out=total, acc=True, threads=threads) is total
+        assert total.tobytes() == want.tobytes(), (spec, threads)
+    with pytest.raises(ValueError, match="acc=True adds to out"):
+        kernels.decode(scheme, ps[0].parts, n, acc=True)

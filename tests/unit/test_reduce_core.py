@@ -27,15 +27,29 @@ CPU = TorchOps("cpu")
 SEED = 11
 
 
-def run(spec: str, xs: list[torch.Tensor], make, step: int = 0, local: int = 1, **kw) -> list[torch.Tensor]:
+#: How a rank's codec keeps what the patterns decode (PyTorch's Reducer.start): "own" keeps this
+#: rank's decoded values from the encode (error feedback needs them), "decode" decodes its own
+#: payload with the others (where error feedback is off), "into" also writes the result into the input's own storage (Horovod's
+#: optimizer: the gradient, read by then). Every way gives the same bits.
+CODECS = ("own", "decode", "into")
+
+
+def run(spec: str, xs: list[torch.Tensor], make, step: int = 0, local: int = 1, codec: str = "own",
+        **kw) -> list[torch.Tensor]:
     cfg = hvd_gradq.parse(spec)
     w = len(xs)
     gens = []
     for r, x in enumerate(xs):
         red = core.Reduction(cfg, SEED, r, Memory(CPU, TensorStore()), Stats(), CPU)
         red.stats.decide("t", "p", "", x.numel(), w)
-        gens.append(make(red, core.Part("t", step, core.Group(r, w, "", local), TorchCodec(False)), x, **kw))
-    return core.lockstep(CPU, gens)
+        own = codec == "own" or cfg.policy.ef  # error feedback subtracts them: Reducer.start's rule
+        part = core.Part("t", step, core.Group(r, w, "", local), TorchCodec(False, own=own),
+                         out=x if codec == "into" else None)
+        gens.append(make(red, part, x, **kw))
+    outs = core.lockstep(CPU, gens)
+    if codec == "into":  # the results went into the inputs' storage
+        assert all(o.data_ptr() == x.data_ptr() for o, x in zip(outs, xs))
+    return outs
 
 
 def via(pattern: Pattern, cross: Pattern = Pattern.GATHER):
@@ -54,10 +68,11 @@ def grads(w: int, n: int, seed: int = 0) -> list[torch.Tensor]:
     return [torch.randn(n, generator=g) for _ in range(w)]
 
 
-@pytest.mark.parametrize("spec", ["orq:levels=5", "qsgd:levels=4", "terngrad", "bingrad", "topk:ratio=0.1"])
-def test_gather_is_the_sum_of_every_ranks_payload_in_rank_order(spec: str) -> None:
+@pytest.mark.parametrize("codec", CODECS)
+@pytest.mark.parametrize("spec", ["orq:levels=5", "qsgd:levels=4", "terngrad", "bingrad", "topk:ratio=0.1", "none"])
+def test_gather_is_the_sum_of_every_ranks_payload_in_rank_order(spec: str, codec: str) -> None:
     xs = grads(3, 3000)
-    outs = run(spec, xs, via(Pattern.GATHER), step=2)
+    outs = run(spec, [x.clone() for x in xs], via(Pattern.GATHER), step=2, codec=codec)
     scheme = hvd_gradq.parse(spec).scheme
     expect = payload_values(scheme, xs[0].numpy(), 0, "t", 2)
     for r in (1, 2):
@@ -66,11 +81,12 @@ def test_gather_is_the_sum_of_every_ranks_payload_in_rank_order(spec: str) -> No
         assert np.array_equal(out.numpy(), expect)
 
 
+@pytest.mark.parametrize("codec", CODECS)
 @pytest.mark.parametrize("spec,w", [("orq:levels=5", 4), ("qsgd:levels=4", 3), ("bingrad", 2)])
-def test_scatter_reduces_each_chunk_then_sends_it_by_the_second_phase_scheme(spec: str, w: int) -> None:
+def test_scatter_reduces_each_chunk_then_sends_it_by_the_second_phase_scheme(spec: str, w: int, codec: str) -> None:
     xs = grads(w, 5000, seed=1)
     scheme = hvd_gradq.parse(spec).scheme
-    outs = run(spec, xs, via(Pattern.SCATTER), step=1)
+    outs = run(spec, [x.clone() for x in xs], via(Pattern.SCATTER), step=1, codec=codec)
     pieces = []
     for j, (lo, hi) in enumerate(chunk_bounds(5000, scheme.bucket, w)):
         part = payload_values(scheme, xs[0].numpy()[lo:hi], 0, f"t#{j}", 1)
