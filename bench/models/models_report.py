@@ -18,7 +18,8 @@ def throughput(result: dict[str, Any]) -> dict[str, dict[str, Any]]:
         blocks = c["block_s"]
         rounds = [per_block / b for b in blocks]
         rows[spec] = {"per_s": per_block * len(blocks) / sum(blocks), "min": min(rounds), "max": max(rounds),
-                      "ranks_equal": c["ranks_equal"], "bytes_vs_fp32": c.get("bytes_vs_fp32")}
+                      "ranks_equal": c["ranks_equal"], "bytes_vs_fp32": c.get("bytes_vs_fp32"),
+                      "compressor_s": c.get("compressor_s_a_step")}
     for row in rows.values():
         for base in ("fp16", "fp32"):
             ref = rows.get(base)
@@ -100,7 +101,9 @@ def markdown(doc: dict[str, Any]) -> str:
             f"throughput = the {UNITS[info.unit]} of all ranks over all rounds / their time (in brackets: the slowest "
             "and fastest round). **vs fp16** is the ratio to Horovod's `Compression.fp16` in the same launch. "
             "**bytes vs fp32**: how many times fewer bytes than Horovod's fp32 allreduce the compressor says it "
-            "sent (`stats()`). **ranks equal**: every rank ended with bitwise the same weights.",
+            "sent (`stats()`). **compressor ms a step**: seconds a timed step inside hvd_gradq's `compress()` / "
+            "`decompress()` (`stats()`), the rank with the most. **ranks equal**: every rank ended with bitwise the "
+            "same weights.",
             "",
             "Links: **loopback** is `horovodrun --gloo -np 2` on this host (Gloo over TCP on loopback, no limit); "
             "**100mbit** and **1gbit** are 2 emulated hosts (`bench/netemu/`: network namespaces, each link "
@@ -135,10 +138,11 @@ def _run_section(run: dict[str, Any], unit: str) -> list[str]:
     r = run["result"]
     lines += [f"{_threads(r)}. Load average before: {_load(run['load_before'])}, after: "
               f"{_load(run['load_after'])}. Launch: {run['seconds']:.0f} s (set-up and warm-up {r['setup_s']:.0f} s).",
-              "", f"| compression | {unit}/s (rounds) | vs fp16 | vs fp32 | bytes vs fp32 | ranks equal |",
-              "|---|---:|---:|---:|---:|---|"]
+              "", f"| compression | {unit}/s (rounds) | vs fp16 | vs fp32 | bytes vs fp32 | compressor ms a step | "
+              "ranks equal |", "|---|---:|---:|---:|---:|---:|---|"]
     for spec, row in throughput(r).items():
-        b = row["bytes_vs_fp32"]
+        b, c = row["bytes_vs_fp32"], row.get("compressor_s")
         lines.append(f"| {spec} | {row['per_s']:.1f} ({row['min']:.1f}-{row['max']:.1f}) | {_ratio(row['vs_fp16'])} "
-                     f"| {_ratio(row['vs_fp32'])} | {_ratio(b)} | {'yes' if row['ranks_equal'] else '**NO**'} |")
+                     f"| {_ratio(row['vs_fp32'])} | {_ratio(b)} | {'-' if c is None else f'{1e3 * c:.0f}'} "
+                     f"| {'yes' if row['ranks_equal'] else '**NO**'} |")
     return [*lines, ""]

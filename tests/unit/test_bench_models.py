@@ -96,7 +96,9 @@ def _result(blocks: dict[str, list[float]], equal: bool = True) -> dict[str, Any
             "params": 11_689_512, "tensors": 62, "omp_num_threads": None, "threads": {"torch_threads": 2},
             "setup_s": 10.0,
             "compressions": {s: {"block_s": b, "ranks_equal": equal or s != "orq",
-                                 "bytes_vs_fp32": None if s in ("fp32", "fp16") else 12.0} for s, b in blocks.items()}}
+                                 "bytes_vs_fp32": None if s in ("fp32", "fp16") else 12.0,
+                                 "compressor_s_a_step": None if s in ("fp32", "fp16") else 0.0425}
+                             for s, b in blocks.items()}}
 
 
 def test_throughput_is_all_samples_over_all_time_and_ratios_are_to_the_same_launch() -> None:
@@ -120,7 +122,8 @@ def test_report_has_the_summary_each_run_and_says_when_ranks_differ_or_a_run_fai
     text = models_report.markdown(doc)
     assert "**Smoke run**" in text and "11,689,512 parameters in 62 tensors" in text
     assert "| orq | 2.00x |" in text  # the summary: ratio to fp16 per run
-    assert "| orq | 160.0 (160.0-160.0) | 2.00x | - | 12.00x | **NO** |" in text
+    assert "| orq | 160.0 (160.0-160.0) | 2.00x | - | 12.00x | 42 | **NO** |" in text  # 42 ms a step inside it
+    assert "| fp16 | 80.0 (80.0-80.0) | 1.00x | - | - | - | yes |" in text  # Horovod's own: no compressor time
     assert "## 1gbit, OMP_NUM_THREADS=1" in text and "Failed: timeout after 5 s" in text
     assert "RANKS DIFFER" in models_report.progress_line(ok) and "FAILED" in models_report.progress_line(bad)
 
