@@ -78,7 +78,7 @@ def check(reports: dict) -> None:
             assert all(ok.values()), f"rank {r} identity {case}: {ok}"
     check_telemetry({r: reports[r]["results"]["orq:levels=5"] for r in reports}, size)
     # stats: gather payloads are the schemes' wire size; bytes below fp32 for compressing schemes
-    for spec in ("orq:levels=3", "orq:levels=5", "bingrad:ef=false", "uniform:bits=8", "sign"):
+    for spec in [s for s in ("orq:levels=3", "orq:levels=5", "bingrad:ef=false", "uniform:bits=8", "sign") if s in res[0]]:
         st = res[0][spec]["stats"]["last_step"]["all"]
         assert st["sent"] > 0 and st["fp32"] / st["sent"] > (1.5 if size == 2 else 1.0), (spec, st)
 
@@ -125,9 +125,16 @@ def check_telemetry(runs: dict, size: int) -> None:
     assert "  gather " in text and "in compress/decompress" in text and len(text.splitlines()) <= 12, text
 
 
-@pytest.mark.parametrize("controller", ["gloo", "mpi"])
-def test_every_scheme_two_ranks(controller: str) -> None:
-    check(launch("worker_torch_schemes.py", np=2, controller=controller, timeout=900))
+def test_every_scheme_two_ranks() -> None:
+    check(launch("worker_torch_schemes.py", np=2, controller="gloo", timeout=900))
+
+
+def test_schemes_of_every_pattern_under_mpi() -> None:
+    # the controller changes Horovod's negotiation and transport, not a scheme's arithmetic: one
+    # scheme of each pattern (gather, summable's uniform, the probes' scatter and Sum) under MPI,
+    # with and without error feedback; the rest run under Gloo above and at 4 ranks
+    check(launch("worker_torch_schemes.py", np=2, controller="mpi", timeout=900,
+                 args=["--schemes", "none;orq:levels=5;bingrad:ef=false;uniform:bits=4;sign"]))
 
 
 def test_every_scheme_four_ranks() -> None:
