@@ -64,12 +64,17 @@ def entries(schemes: list[str], patterns: list[str]) -> list[tuple[str, str]]:
 # ================================================================================== the worker
 
 
-def _hwm_kib() -> int:
+def _status_kib(field: str) -> int:
+    """A KiB figure of this process's ``/proc/self/status`` (``VmHWM``: the peak RSS, ``VmRSS``)."""
     with open("/proc/self/status") as f:
         for line in f:
-            if line.startswith("VmHWM:"):
+            if line.startswith(f"{field}:"):
                 return int(line.split()[1])
-    raise RuntimeError("no VmHWM in /proc/self/status")
+    raise RuntimeError(f"no {field} in /proc/self/status")
+
+
+def _hwm_kib() -> int:
+    return _status_kib("VmHWM")
 
 
 def _reset_hwm() -> None:
@@ -127,11 +132,7 @@ def worker(n: int, runs: list[tuple[str, str]], out_dir: str) -> None:
 
 
 def _rss_kib() -> int:
-    with open("/proc/self/status") as f:
-        for line in f:
-            if line.startswith("VmRSS:"):
-                return int(line.split()[1])
-    raise RuntimeError("no VmRSS in /proc/self/status")
+    return _status_kib("VmRSS")
 
 
 # ================================================================================ the launcher
