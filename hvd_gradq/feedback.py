@@ -42,8 +42,10 @@ and the undo log stay :class:`Memory`'s, the same for every variant.
 **Passes.** The classic rule on CPU float32 runs as two compiled passes a tensor
 (:mod:`hvd_gradq.kernels.feedback`), not as six to eight framework operations, each a parallel
 region of the framework's thread pool: on NumPy views where the Ops hand them out (``host_view``:
-torch on the CPU, NumPy), and in a graph (``host_op``: TensorFlow) as one host op for
-:meth:`Memory.compensate` and one for :meth:`Memory.update`, which also takes in the owner check
+torch on the CPU, NumPy), and in a graph (``host_op``: TensorFlow; for tensors of at least
+``host_op_min`` elements, below which a host op's fixed cost outweighs the framework's
+operations) as one host op for :meth:`Memory.compensate` and one for :meth:`Memory.update`, which
+also takes in the owner check
 of a graph store (``read_masked``), the loss scale as a graph tensor and the masks of a step
 (``result``'s NaN/Inf, ``hold``), with subnormals flushed as TensorFlow's kernels do
 (``flushes_subnormals``). Same bits as the rule's operations in that framework: the tests run both.
@@ -206,6 +208,7 @@ class Memory:
         self._view: Callable[[Array], Any] | None = getattr(ops, "host_view", None) if classic else None
         self._op: Callable[..., Array] | None = getattr(ops, "host_op", None) if classic else None
         self._on_host: Callable[[Array], bool] = getattr(ops, "on_host", lambda a: False)
+        self._op_min: Callable[[], int] = getattr(ops, "host_op_min", lambda: 0)
         self._flush = bool(getattr(ops, "flushes_subnormals", False))  # the framework's arithmetic does
         # per key, last step's residual (the framework's array), once no undo needs it: the next
         # residual is written into its memory and the same array stored again (no allocation a step;
@@ -277,9 +280,11 @@ class Memory:
 
     def _graph(self, *arrays: Array) -> bool:
         """Whether the classic rule's passes run as host ops of a graph: the Ops make them (a
-        graph namespace), and every array is float32 on the CPU (elsewhere the framework's
-        operations stay on the device)."""
-        return self._op is not None and all(self._on_host(a) for a in arrays)
+        graph namespace), every array is float32 on the CPU (elsewhere the framework's
+        operations stay on the device), and the tensor is large enough to pay a host op's fixed
+        cost (the Ops' ``host_op_min``)."""
+        return (self._op is not None and self.ops.shape(arrays[0])[0] >= self._op_min()
+                and all(self._on_host(a) for a in arrays))
 
     def _stored(self, key: str, like: Array) -> tuple[Array, Array | None] | None:
         """The residual of ``key`` as (value, mine): see :class:`Store`'s ``read_masked``."""
@@ -351,11 +356,8 @@ def _compensate_pass(flush: bool, x: Any, e: Any, mine: Any = None, scale: Any =
 
 def _residual_pass(flush: bool, sent: Any, decoded: Any, old: Any = None, mine: Any = None, scale: Any = None,
                    keep: Any = None, result: Any = None, hold: Any = None) -> Any:
-    """The residual to keep (:func:`hvd_gradq.kernels.feedback.residual`), with ``keep`` grown
-    by where ``result`` is not finite (looked for only when it has a NaN/Inf) and by ``hold``."""
+    """The residual to keep (:func:`hvd_gradq.kernels.feedback.residual`: ``result``'s NaN/Inf
+    looked for in the same pass), all of the old one where ``hold`` is set."""
     if hold is not None and bool(hold):
         keep = np.ones(sent.shape, np.bool_)
-    elif result is not None and not fused.all_finite(result):
-        bad = ~np.isfinite(result)
-        keep = bad if keep is None else keep | bad
-    return fused.residual(sent, decoded, _scalar(scale), keep, _mine(old, mine), flush=flush)
+    return fused.residual(sent, decoded, _scalar(scale), keep, _mine(old, mine), flush=flush, result=result)

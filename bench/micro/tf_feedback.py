@@ -3,7 +3,10 @@
 interleaved in one process so that both see the same machine. Prints each side's median step
 time, their ratio and the load average.
 
-    .venv/bin/python bench/micro/tf_feedback.py --tensors 100 --elements 65536 --reps 20
+    .venv/bin/python bench/micro/tf_feedback.py --tensors 100 --elements 65536 --reps 20 [--procs 2]
+
+``--procs 2`` runs two such processes at once, each call started together (a barrier), as two
+ranks sharing a host's cores do: where TF's parallel regions of one wait for the other's.
 
 A step is what the compressor does around a tensor's codec: compensate with the residual (a loss
 scale as a traced tensor), a stand-in decode (``sign``'s: the mean magnitude times the sign), and
@@ -12,11 +15,13 @@ the residual update with the result's NaN check and a warm-up flag, for every te
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import os
 import statistics
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
@@ -32,6 +37,13 @@ class GraphOps(TFOps):
     """TensorFlow's operations only: the rule as graph ops (before the host ops)."""
 
     host_op = None
+
+
+class HostOps(TFOps):
+    """The host ops whatever the tensor's size (the compressor's own from ``host_op_min()``)."""
+
+    def host_op_min(self) -> int:
+        return 0
 
 
 def step_fn(ops: TFOps, grads: list, scale: tf.Variable) -> tf.types.experimental.GenericFunction:
@@ -55,16 +67,13 @@ def step_fn(ops: TFOps, grads: list, scale: tf.Variable) -> tf.types.experimenta
     return step
 
 
-def main() -> None:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--tensors", type=int, default=100)
-    ap.add_argument("--elements", type=int, default=65536)
-    ap.add_argument("--reps", type=int, default=20)
-    a = ap.parse_args()
+def run(a: argparse.Namespace, barrier: Any = None, results: Any = None) -> dict[str, float]:
+    """One process's interleaved runs (with ``barrier``: each call started with every other
+    process's, as ranks of a step are); the median seconds of each side."""
     rng = np.random.default_rng(0)
     grads = [tf.constant(rng.standard_normal(a.elements).astype(np.float32)) for _ in range(a.tensors)]
     scale = tf.Variable(1024.0)
-    sides = {"graph ops": step_fn(GraphOps(), grads, scale), "host ops": step_fn(TFOps(), grads, scale)}
+    sides = {"graph ops": step_fn(GraphOps(), grads, scale), "host ops": step_fn(HostOps(), grads, scale)}
     warm = tf.constant(False)
     for f in sides.values():  # trace and compile first
         f(warm).numpy()
@@ -72,15 +81,41 @@ def main() -> None:
     times: dict[str, list[float]] = {k: [] for k in sides}
     for r in range(a.reps):
         for name, f in (list(sides.items()) if r % 2 == 0 else list(sides.items())[::-1]):  # ABBA
+            if barrier is not None:
+                barrier.wait()
             t0 = time.perf_counter()
             f(warm).numpy()
             times[name].append(time.perf_counter() - t0)
     med = {k: statistics.median(v) for k, v in times.items()}
-    for k, v in med.items():
-        print(f"{k}: median {v * 1e3:.1f} ms a step ({a.tensors} tensors of {a.elements})")
-    print(f"ratio graph/host: {med['graph ops'] / med['host ops']:.2f}x; "
-          f"intra-op threads {tf.config.threading.get_intra_op_parallelism_threads()}; "
-          f"load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
+    if results is not None:
+        results.put(med)
+    return med
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--tensors", type=int, default=100)
+    ap.add_argument("--elements", type=int, default=65536)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--procs", type=int, default=1, help="processes at once, each call in step (2: two ranks a host)")
+    a = ap.parse_args()
+    if a.procs == 1:
+        meds = [run(a)]
+    else:
+        ctx = mp.get_context("spawn")
+        barrier, results = ctx.Barrier(a.procs), ctx.Queue()
+        procs = [ctx.Process(target=run, args=(a, barrier, results)) for _ in range(a.procs)]
+        for p in procs:
+            p.start()
+        meds = [results.get() for _ in procs]
+        for p in procs:
+            p.join()
+    for i, med in enumerate(meds):
+        print(f"process {i}: " + ", ".join(f"{k} {v * 1e3:.1f} ms" for k, v in med.items())
+              + f" (median a step, {a.tensors} tensors of {a.elements}); "
+              f"graph/host {med['graph ops'] / med['host ops']:.2f}x")
+    print(f"{a.procs} process(es), TF's default threads ({tf.config.threading.get_intra_op_parallelism_threads()}: "
+          f"its cores), {os.cpu_count()} CPUs; load average {' '.join(f'{x:.2f}' for x in os.getloadavg())}")
 
 
 if __name__ == "__main__":

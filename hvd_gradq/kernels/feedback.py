@@ -21,6 +21,7 @@ single-threaded too.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -30,6 +31,9 @@ from . import parallel
 from ._switch import available
 
 F32 = NDArray[np.float32]
+_NO_KEEP = np.zeros(1, np.bool_)  # what the kernel gets for a mask or result it does not read
+_NO_RESULT = np.zeros(1, np.float32)
+_TINY = np.float32(np.finfo(np.float32).tiny)  # the smallest normal float32
 
 
 def _ranges(n: int) -> list[tuple[int, int]]:
@@ -39,12 +43,14 @@ def _ranges(n: int) -> list[tuple[int, int]]:
 
 def _scale(scale: float | None, flush: bool) -> tuple[np.float32, bool]:
     s = np.float32(1.0 if scale is None else scale)
-    return (np.float32(_flushed(s)) if flush else s), scale is not None
+    if flush and abs(s) < _TINY:  # Python's test: a NumPy call on a scalar costs microseconds
+        s = np.float32(math.copysign(0.0, float(s)))
+    return s, scale is not None
 
 
 def _flushed(a: Any) -> Any:
     """``a`` with each subnormal a zero of its sign (the NumPy form of ``_nb_feedback._ftz``)."""
-    return np.where(np.abs(a) < np.finfo(np.float32).tiny, np.copysign(np.float32(0.0), a), a).astype(np.float32)
+    return np.where(np.abs(a) < _TINY, np.copysign(np.float32(0.0), a), a).astype(np.float32)
 
 
 def compensate(x: F32, e: F32, scale: float | None, out: F32 | None = None, flush: bool = False) -> F32:
@@ -64,10 +70,11 @@ def compensate(x: F32, e: F32, scale: float | None, out: F32 | None = None, flus
 
 
 def residual(sent: F32, decoded: F32, scale: float | None, keep: NDArray[np.bool_] | None,
-             old: F32 | None, out: F32 | None = None, flush: bool = False) -> F32:
+             old: F32 | None, out: F32 | None = None, flush: bool = False, result: F32 | None = None) -> F32:
     """The residual to keep: ``(sent - decoded) / scale`` (no division where ``scale`` is None),
-    ``old`` (zeros where None) where that is not finite or ``keep`` is set; into ``out`` if given
-    (which may be ``old``). ``flush``: with subnormals as zeros, as TensorFlow computes it."""
+    ``old`` (zeros where None) where that is not finite, ``keep`` is set or ``result`` (the
+    step's reduced tensor, or None) is not finite; into ``out`` if given (which may be ``old``).
+    ``flush``: with subnormals as zeros, as TensorFlow computes it."""
     out = np.empty_like(sent) if out is None else out
     s, scaled = _scale(scale, flush)
     if not available():
@@ -75,15 +82,19 @@ def residual(sent: F32, decoded: F32, scale: float | None, keep: NDArray[np.bool
         e: Any = f(f(sent) - f(decoded))
         if scaled:
             e = f(e / s)
-        bad = ~np.isfinite(e) if keep is None else ~np.isfinite(e) | keep
+        bad = ~np.isfinite(e)
+        for also in (keep, None if result is None else ~np.isfinite(result)):
+            if also is not None:
+                bad = bad | also
         np.copyto(out, np.where(bad, np.float32(0.0) if old is None else old, e))
         return out
     from ._nb_feedback import residual as kernel
 
-    k = np.zeros(1, np.bool_) if keep is None else keep
-    o = out if old is None else old  # any float32 array: not read without has_old
-    parallel.run(lambda e0, e1: kernel(sent, decoded, s, scaled, flush, k, keep is not None, o, old is not None, out,
-                                       e0, e1), _ranges(sent.shape[0]))
+    k = _NO_KEEP if keep is None else keep
+    r = _NO_RESULT if result is None else result
+    o = out if old is None else old
+    parallel.run(lambda e0, e1: kernel(sent, decoded, s, scaled, flush, k, keep is not None, r, result is not None, o,
+                                       old is not None, out, e0, e1), _ranges(sent.shape[0]))
     return out
 
 

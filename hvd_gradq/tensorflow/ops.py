@@ -28,6 +28,7 @@ checks every scheme byte for byte, eager and inside ``tf.function``):
 from __future__ import annotations
 
 import functools
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -44,6 +45,11 @@ _DT = {"int64": tf.int64, "float32": tf.float32, "float64": tf.float64, "uint8":
 
 def _t(x: Array) -> Any:
     return x if isinstance(x, (tf.Tensor, tf.Variable)) else tf.convert_to_tensor(x)
+
+
+#: Elements from which error feedback runs as host ops by default (:meth:`TFOps.host_op_min`)
+HOST_OP_MIN = 1 << 20
+HOST_OP_MIN_ENV = "HVD_GRADQ_TF_EF_HOST_MIN"
 
 
 @functools.lru_cache(maxsize=1)
@@ -236,6 +242,25 @@ class TFOps:
                               stateful=False, name=name)
         y.set_shape(shape)
         return y
+
+    def host_op_min(self) -> int:
+        """Elements from which :class:`hvd_gradq.feedback.Memory` runs error feedback's passes as
+        host ops: ``HVD_GRADQ_TF_EF_HOST_MIN``, else :data:`HOST_OP_MIN` (0: every tensor). A host
+        op has a fixed cost TF's operations have not (the Python call, the GIL, handed between
+        the executor's threads: 40-400 us a call on a loaded 2-core host), paid back only by
+        large tensors: ``bench/micro/tf_feedback.py`` with two processes on 2 cores measured the
+        two host ops 1.2-1.6x faster than the rule's graph ops at 1M elements (1.8-1.9x at 4M),
+        0.8-0.9x at 256K-512K, 0.5-0.7x at 64K and 0.2x at 4K."""
+        raw = os.environ.get(HOST_OP_MIN_ENV, "").strip()
+        if not raw:
+            return HOST_OP_MIN
+        try:
+            value = int(raw)
+        except ValueError:
+            value = -1
+        if value < 0:
+            raise GradqError(f"{HOST_OP_MIN_ENV}={raw!r}: give a number of elements, 0 or more (0: every tensor)")
+        return value
 
     def on_host(self, x: Array) -> bool:
         """Whether ``x`` is a float32 tensor on the CPU (placed there, or unplaced with no GPU to

@@ -10,9 +10,10 @@ import pytest
 
 tf = pytest.importorskip("tensorflow")
 
+from hvd_gradq.errors import GradqError  # noqa: E402
 from hvd_gradq.feedback import Memory  # noqa: E402
 from hvd_gradq.kernels import _switch  # noqa: E402
-from hvd_gradq.tensorflow.ops import TFOps  # noqa: E402
+from hvd_gradq.tensorflow.ops import HOST_OP_MIN, HOST_OP_MIN_ENV, TFOps  # noqa: E402
 from hvd_gradq.tensorflow.store import SlotStore  # noqa: E402
 
 TINY = np.finfo(np.float32).tiny
@@ -26,7 +27,14 @@ class _GraphOps(TFOps):
     host_op = None
 
 
-class _NoFlush(TFOps):
+class _HostOps(TFOps):
+    """The host ops for tensors of every size (by default only from HOST_OP_MIN elements)."""
+
+    def host_op_min(self) -> int:
+        return 0
+
+
+class _NoFlush(_HostOps):
     """The host passes without TensorFlow's subnormal rule: what the test data must tell apart."""
 
     flushes_subnormals = False
@@ -109,7 +117,7 @@ def _same_bits(want: list[np.ndarray], got: list[np.ndarray]) -> None:
 def test_host_ops_are_the_graph_rule_bit_for_bit(n: int, graph: bool, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HVD_GRADQ_THREADS", "2")
     want = _run(_GraphOps(), n, graph)
-    got = _run(TFOps(), n, graph)
+    got = _run(_HostOps(), n, graph)
     _same_bits(want, got)
     w = want[3::6]  # residual "w" after each step: it moved, and step 3 (hold) kept it whole
     assert np.array_equal(w[3], w[2]) and (n == 1 or not np.array_equal(w[1], w[0]))
@@ -127,7 +135,7 @@ def test_numpy_fallback_is_the_graph_rule_bit_for_bit() -> None:
     # without the compiled kernels the passes are NumPy expressions: they flush subnormals too
     want = _run(_GraphOps(), 1000, False)
     with _switch.disabled():
-        got = _run(TFOps(), 1000, False)
+        got = _run(_HostOps(), 1000, False)
     _same_bits(want, got)
 
 
@@ -143,7 +151,7 @@ def test_the_function_runs_one_host_op_a_pass_and_no_graph_rule() -> None:
         graph = f.get_concrete_function(tf.TensorSpec((), tf.float32), tf.TensorSpec((), tf.bool)).graph
         return [op.type for op in graph.get_operations()]
 
-    new, old = ops_of(TFOps()), ops_of(_GraphOps())
+    new, old = ops_of(_HostOps()), ops_of(_GraphOps())
     assert new.count("PyFuncStateless") == 6  # three keys, two passes each
     assert not {"IsFinite", "RealDiv", "Mul", "SelectV2", "LogicalOr"} & set(new)
     assert "PyFuncStateless" not in old and {"IsFinite", "RealDiv", "Mul", "SelectV2", "LogicalOr"} <= set(old)
@@ -157,3 +165,21 @@ def test_off_the_cpu_or_not_float32_the_graph_rule_stays() -> None:
             assert not ops.on_host(tf.zeros(3))
         with tf.device("/device:CPU:0"):
             assert ops.on_host(tf.zeros(3))
+
+
+def test_host_ops_from_host_op_min_elements(monkeypatch: pytest.MonkeyPatch) -> None:
+    # below the size where a host op's fixed cost is paid back, TF's operations stay
+    def host_ops(n: int) -> int:
+        store = SlotStore({"w": tf.Variable(np.zeros(n, np.float32))}, {"w": tf.Variable(np.int64(0))}, 0)
+        mem = Memory(TFOps(), store, undo=False)
+        f = tf.function(lambda g: mem.update("w", mem.compensate("w", g), g))
+        graph = f.get_concrete_function(tf.TensorSpec((n,), tf.float32)).graph
+        return [op.type for op in graph.get_operations()].count("PyFuncStateless")
+
+    assert TFOps().host_op_min() == HOST_OP_MIN and host_ops(HOST_OP_MIN - 1) == 0 and host_ops(HOST_OP_MIN) == 2
+    monkeypatch.setenv(HOST_OP_MIN_ENV, "0")
+    assert host_ops(5) == 2
+    for bad in ("-1", "lots"):
+        monkeypatch.setenv(HOST_OP_MIN_ENV, bad)
+        with pytest.raises(GradqError, match=HOST_OP_MIN_ENV):
+            TFOps().host_op_min()
