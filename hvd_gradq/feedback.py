@@ -38,11 +38,24 @@ spec's ``ef=true``). A variant is one class with :meth:`Rule.compensate` and
 ``ef=name`` in a spec and a factory's ``ef=`` keyword, and :class:`Memory` runs it (the
 frontends call only ``Memory``, so they are unchanged). Loss-scale units, the non-finite guard
 and the undo log stay :class:`Memory`'s, the same for every variant.
+
+**Passes.** The classic rule on CPU float32 runs as two compiled passes a tensor
+(:mod:`hvd_gradq.kernels.feedback`), not as six to eight framework operations, each a parallel
+region of the framework's thread pool: on NumPy views where the Ops hand them out (``host_view``:
+torch on the CPU, NumPy), and in a graph (``host_op``: TensorFlow; for tensors of at least
+``host_op_min`` elements, below which a host op's fixed cost outweighs the framework's
+operations) as one host op for :meth:`Memory.compensate` and one for :meth:`Memory.update`, which
+also takes in the owner check
+of a graph store (``read_masked``), the loss scale as a graph tensor and the masks of a step
+(``result``'s NaN/Inf, ``hold``), with subnormals flushed as TensorFlow's kernels do
+(``flushes_subnormals``). Same bits as the rule's operations in that framework: the tests run both.
 """
 from __future__ import annotations
 
 from collections.abc import Callable
 from typing import Any, ClassVar, Protocol, TypeVar
+
+import numpy as np
 
 from .errors import SpecError
 from .kernels import feedback as fused
@@ -160,7 +173,12 @@ NONE = "none"
 
 
 class Store(Protocol):
-    """Where a frontend keeps residuals (unscaled float32, flat)."""
+    """Where a frontend keeps residuals (unscaled float32, flat).
+
+    A graph store may also offer ``read_masked(key, like)``: the residual as ``(value, mine)``, or
+    None, the residual being ``value`` where the scalar bool ``mine`` holds and zero elsewhere
+    (another rank's, :class:`hvd_gradq.tensorflow.store.SlotStore`), so that a host pass takes
+    the choice in (``mine`` None: always ``value``)."""
 
     def read(self, key: str, like: Array) -> Array | None:
         """The residual of ``key`` where ``like`` lives (device, graph), or None if there is none."""
@@ -184,9 +202,14 @@ class Memory:
         self.scale: Any = None  # the step's loss scale: None (or 1.0) when gradients are unscaled
         self._undo: dict[str, Array | None] | None = {} if undo else None
         self._zero = ops.full((), 0.0)  # a 0-d zero: broadcasts, and torch lets it meet CUDA tensors
-        # the classic rule on host arrays runs compiled where the Ops hand out host views
-        self._view: Callable[[Array], Any] | None = getattr(ops, "host_view", None) if isinstance(
-            self.rule, Classic) else None
+        # the classic rule on host arrays runs compiled where the Ops hand out host views; in a
+        # graph (TensorFlow), as one host op a pass where the Ops make them (:meth:`_graph_pass`)
+        classic = isinstance(self.rule, Classic)
+        self._view: Callable[[Array], Any] | None = getattr(ops, "host_view", None) if classic else None
+        self._op: Callable[..., Array] | None = getattr(ops, "host_op", None) if classic else None
+        self._on_host: Callable[[Array], bool] = getattr(ops, "on_host", lambda a: False)
+        self._op_min: Callable[[], int] = getattr(ops, "host_op_min", lambda: 0)
+        self._flush = bool(getattr(ops, "flushes_subnormals", False))  # the framework's arithmetic does
         # per key, last step's residual (the framework's array), once no undo needs it: the next
         # residual is written into its memory and the same array stored again (no allocation a step;
         # nothing outside holds residuals: checkpoints and elastic commits copy them). The array
@@ -209,6 +232,11 @@ class Memory:
     def compensate(self, key: str, x: Array) -> Array:
         """``x`` plus the residual of ``key``, in the current loss scale's units (``x`` itself,
         not a copy, when there is no residual: its bits, a zero's sign included, are kept)."""
+        if self._graph(x):
+            stored = self._stored(key, x)
+            if stored is None:
+                return x
+            return self._graph_pass(_compensate_pass, x, x=x, e=stored[0], mine=stored[1], scale=self._op_scale())
         e = self.store.read(key, x)
         if e is None:
             return x
@@ -217,13 +245,23 @@ class Memory:
             return self.ops.from_numpy(fused.compensate(views[0], views[1], self._host_scale()))
         return self.rule.compensate(x, e * self.scale if self._scaled() else e)
 
-    def update(self, key: str, sent: Array, decoded: Array, keep: Array | None = None) -> None:
+    def update(self, key: str, sent: Array, decoded: Array, keep: Array | None = None, *,
+               result: Array | None = None, hold: Array | None = None) -> None:
         """Store ``(sent - decoded) / S`` for ``key``; the old residual (zero if none) stays where
-        that is not finite, and where ``keep`` (a bool mask, or None) is set."""
+        that is not finite, where ``keep`` (a bool mask, or None) is set, where ``result`` (the
+        step's reduced tensor, or None) is not finite, and everywhere while ``hold`` (a scalar
+        bool, or None: a warm-up step) is set. ``result`` and ``hold`` are a graph's: the masks
+        are then made in the same host op as the residual, where there is one."""
+        if self._undo is None and self._graph(sent, decoded):
+            stored = self._stored(key, sent)
+            old, mine = (None, None) if stored is None else stored
+            self.store.write(key, self._graph_pass(_residual_pass, sent, sent=sent, decoded=decoded, old=old, mine=mine,
+                                                   scale=self._op_scale(), keep=keep, result=result, hold=hold))
+            return
         old = self.store.read(key, sent)
         if self._undo is not None and key not in self._undo:
             self._undo[key] = old
-        views = self._host(sent, decoded, old, keep)
+        views = self._host(sent, decoded, old, keep) if result is None and hold is None else None
         if views is not None:  # one compiled pass, into a buffer no one else holds (_spare)
             spare = self._spare.pop(key, None)
             into = None if spare is None else self._host(spare)
@@ -235,9 +273,42 @@ class Memory:
         if self._scaled():
             e = e / self.scale
         bad = ~self.ops.isfinite(e)
-        if keep is not None:
-            bad = bad | keep
+        for also in (keep, None if result is None else ~self.ops.isfinite(result), hold):
+            if also is not None:
+                bad = bad | also
         self.store.write(key, self.ops.where(bad, self._zero if old is None else old, e))
+
+    def _graph(self, *arrays: Array) -> bool:
+        """Whether the classic rule's passes run as host ops of a graph: the Ops make them (a
+        graph namespace), every array is float32 on the CPU (elsewhere the framework's
+        operations stay on the device), and the tensor is large enough to pay a host op's fixed
+        cost (the Ops' ``host_op_min``)."""
+        return (self._op is not None and self.ops.shape(arrays[0])[0] >= self._op_min()
+                and all(self._on_host(a) for a in arrays))
+
+    def _stored(self, key: str, like: Array) -> tuple[Array, Array | None] | None:
+        """The residual of ``key`` as (value, mine): see :class:`Store`'s ``read_masked``."""
+        masked = getattr(self.store, "read_masked", None)
+        if masked is not None:
+            return masked(key, like)  # type: ignore[no-any-return]
+        e = self.store.read(key, like)
+        return None if e is None else (e, None)
+
+    def _op_scale(self) -> Any:
+        """The step's scale as a host op's input (a graph tensor, or a float), None when unscaled."""
+        return self.scale if self._scaled() else None
+
+    def _graph_pass(self, fn: Callable[..., Any], like: Array, **inputs: Array | None) -> Array:
+        """``fn(flush, **inputs)`` on the inputs' host values as one op of the graph (the Ops'
+        ``host_op``), float32 of ``like``'s shape; inputs that are None stay out of the op."""
+        assert self._op is not None
+        names = [k for k, v in inputs.items() if v is not None]
+        flush = self._flush
+
+        def run(*values: Any) -> Any:
+            return fn(flush, **dict(zip(names, values)))
+
+        return self._op(run, [inputs[k] for k in names], self.ops.shape(like))
 
     def _host_scale(self) -> float | None:
         return float(self.scale) if self._scaled() else None
@@ -263,3 +334,30 @@ class Memory:
             else:
                 self.store.write(key, old)
         self._undo.clear()
+
+
+# -- the two host passes a graph runs (Memory._graph_pass): the arrays are the inputs' host values --
+
+def _mine(value: Any, mine: Any) -> Any:
+    """The stored residual, or None where it is another rank's (``mine`` False): zero."""
+    return value if mine is None or bool(mine) else None
+
+
+def _scalar(scale: Any) -> float | None:
+    return None if scale is None else float(scale)
+
+
+def _compensate_pass(flush: bool, x: Any, e: Any, mine: Any = None, scale: Any = None) -> Any:
+    """``x + e * S`` (:func:`hvd_gradq.kernels.feedback.compensate`), a zero residual where it
+    is not this rank's (still added: ``-0.0 + 0.0`` is ``0.0``, as the graph's rule gives)."""
+    e = _mine(e, mine)
+    return fused.compensate(x, np.zeros_like(x) if e is None else e, _scalar(scale), flush=flush)
+
+
+def _residual_pass(flush: bool, sent: Any, decoded: Any, old: Any = None, mine: Any = None, scale: Any = None,
+                   keep: Any = None, result: Any = None, hold: Any = None) -> Any:
+    """The residual to keep (:func:`hvd_gradq.kernels.feedback.residual`: ``result``'s NaN/Inf
+    looked for in the same pass), all of the old one where ``hold`` is set."""
+    if hold is not None and bool(hold):
+        keep = np.ones(sent.shape, np.bool_)
+    return fused.residual(sent, decoded, _scalar(scale), keep, _mine(old, mine), flush=flush, result=result)

@@ -13,11 +13,15 @@ a tensor below 2 x 64K elements stays on the calling thread).
 and :meth:`~hvd_gradq.feedback.Memory.update` (``x + e * S``; ``(sent - decoded) / S``, the old
 residual, or 0 without one, kept where that is not finite or ``keep`` is set), no fused
 multiply-add: ``tests/unit/test_feedback.py`` checks them against the framework path bit for bit.
-Without numba (or with the kernels turned off) the same arithmetic runs as NumPy expressions,
-which are single-threaded too.
+``flush=True`` gives the bits of TensorFlow's CPU kernels instead, which run with flush-to-zero and
+denormals-are-zero: every operand and result that is subnormal counts as a zero of its sign
+(``tests/unit/test_tf_feedback.py`` checks them against TensorFlow's operations). Without numba
+(or with the kernels turned off) the same arithmetic runs as NumPy expressions, which are
+single-threaded too.
 """
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import numpy as np
@@ -27,6 +31,9 @@ from . import parallel
 from ._switch import available
 
 F32 = NDArray[np.float32]
+_NO_KEEP = np.zeros(1, np.bool_)  # what the kernel gets for a mask or result it does not read
+_NO_RESULT = np.zeros(1, np.float32)
+_TINY = np.float32(np.finfo(np.float32).tiny)  # the smallest normal float32
 
 
 def _ranges(n: int) -> list[tuple[int, int]]:
@@ -34,43 +41,60 @@ def _ranges(n: int) -> list[tuple[int, int]]:
     return [(b0, min(b1, n)) for b0, b1 in parallel.plan(n, 1, 1, None)]
 
 
-def _scale(scale: float | None) -> tuple[np.float32, bool]:
-    return np.float32(1.0 if scale is None else scale), scale is not None
+def _scale(scale: float | None, flush: bool) -> tuple[np.float32, bool]:
+    s = np.float32(1.0 if scale is None else scale)
+    if flush and abs(s) < _TINY:  # Python's test: a NumPy call on a scalar costs microseconds
+        s = np.float32(math.copysign(0.0, float(s)))
+    return s, scale is not None
 
 
-def compensate(x: F32, e: F32, scale: float | None, out: F32 | None = None) -> F32:
-    """``x + e * scale`` (``x + e`` where ``scale`` is None) as float32, into ``out`` if given."""
+def _flushed(a: Any) -> Any:
+    """``a`` with each subnormal a zero of its sign (the NumPy form of ``_nb_feedback._ftz``)."""
+    return np.where(np.abs(a) < _TINY, np.copysign(np.float32(0.0), a), a).astype(np.float32)
+
+
+def compensate(x: F32, e: F32, scale: float | None, out: F32 | None = None, flush: bool = False) -> F32:
+    """``x + e * scale`` (``x + e`` where ``scale`` is None) as float32, into ``out`` if given;
+    ``flush``: with subnormals as zeros, as TensorFlow computes it."""
     out = np.empty_like(x) if out is None else out
-    s, scaled = _scale(scale)
+    s, scaled = _scale(scale, flush)
     if not available():
-        np.add(x, e * s if scaled else e, out=out)
+        f = _flushed if flush else np.asarray
+        b = f(e)
+        np.copyto(out, f(f(x) + (f(b * s) if scaled else b)))
         return out
     from ._nb_feedback import compensate as kernel  # numba: imported on first use
 
-    parallel.run(lambda e0, e1: kernel(x, e, s, scaled, out, e0, e1), _ranges(x.shape[0]))
+    parallel.run(lambda e0, e1: kernel(x, e, s, scaled, flush, out, e0, e1), _ranges(x.shape[0]))
     return out
 
 
 def residual(sent: F32, decoded: F32, scale: float | None, keep: NDArray[np.bool_] | None,
-             old: F32 | None, out: F32 | None = None) -> F32:
+             old: F32 | None, out: F32 | None = None, flush: bool = False, result: F32 | None = None) -> F32:
     """The residual to keep: ``(sent - decoded) / scale`` (no division where ``scale`` is None),
-    ``old`` (zeros where None) where that is not finite or ``keep`` is set; into ``out`` if given
-    (which may be ``old``)."""
+    ``old`` (zeros where None) where that is not finite, ``keep`` is set or ``result`` (the
+    step's reduced tensor, or None) is not finite; into ``out`` if given (which may be ``old``).
+    ``flush``: with subnormals as zeros, as TensorFlow computes it."""
     out = np.empty_like(sent) if out is None else out
-    s, scaled = _scale(scale)
+    s, scaled = _scale(scale, flush)
     if not available():
-        e: Any = sent - decoded
+        f = _flushed if flush else np.asarray
+        e: Any = f(f(sent) - f(decoded))
         if scaled:
-            e = e / s
-        bad = ~np.isfinite(e) if keep is None else ~np.isfinite(e) | keep
+            e = f(e / s)
+        bad = ~np.isfinite(e)
+        for also in (keep, None if result is None else ~np.isfinite(result)):
+            if also is not None:
+                bad = bad | also
         np.copyto(out, np.where(bad, np.float32(0.0) if old is None else old, e))
         return out
     from ._nb_feedback import residual as kernel
 
-    k = np.zeros(1, np.bool_) if keep is None else keep
-    o = out if old is None else old  # any float32 array: not read without has_old
-    parallel.run(lambda e0, e1: kernel(sent, decoded, s, scaled, k, keep is not None, o, old is not None, out, e0, e1),
-                 _ranges(sent.shape[0]))
+    k = _NO_KEEP if keep is None else keep
+    r = _NO_RESULT if result is None else result
+    o = out if old is None else old
+    parallel.run(lambda e0, e1: kernel(sent, decoded, s, scaled, flush, k, keep is not None, r, result is not None, o,
+                                       old is not None, out, e0, e1), _ranges(sent.shape[0]))
     return out
 
 

@@ -346,12 +346,13 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         self.memory.begin_step(self._loss_scale())  # a graph has no step boundary: the scale per tensor
         return self.memory.compensate(ctx.slot.key, x)
 
-    def _store_residual(self, ctx: Ctx, own: Any, bad: Any) -> None:
-        """residual <- (x - own) / scale, but the previous one where the result is not finite or
-        ``bad`` (a skipped step must not poison error feedback); this rank owns it from now on."""
+    def _store_residual(self, ctx: Ctx, own: Any, out: Any) -> None:
+        """residual <- (x - own) / scale, but the previous one where that or the result ``out`` is
+        not finite (a skipped step must not poison error feedback), and all of it in a warm-up
+        step; this rank owns it from now on. One host op on the CPU (:class:`Memory`)."""
         assert ctx.slot is not None
         self.memory.begin_step(self._loss_scale())
-        self.memory.update(ctx.slot.key, ctx.x, own, keep=bad)
+        self.memory.update(ctx.slot.key, ctx.x, own, result=out, hold=ctx.warm)
 
     @_no_convert
     def decompress(self, tensor: Any, ctx: Any) -> Any:
@@ -374,8 +375,7 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         # as out / N (v == 1) and out (v == N) so that the plain cases keep their bits.
         out = codec.final_scale(ctx.n, ctx.size)(out, tf.reshape(tensor, (-1,))[0])
         if own is not None and ctx.slot is not None and ctx.slot.residual is not None:
-            bad = tf.logical_not(tf.math.is_finite(out))
-            self._store_residual(ctx, own, bad if ctx.warm is None else tf.logical_or(bad, ctx.warm))
+            self._store_residual(ctx, own, out)
         return tf.cast(tf.reshape(out, ctx.shape), ctx.dtype)
 
     def _finish(self, ctx: Ctx) -> tuple[Any, Any]:

@@ -2,7 +2,7 @@
 
 Every primitive is a plain TF op (``tf.math``, ``tf.bitwise``, ``tf.gather``...), so the schemes'
 shared mathematics runs inside the training graph; ``tf.numpy_function`` only for ``host`` (ORQ's
-compiled level search at 4 levels or more).
+compiled level search at 4 levels or more) and ``host_op`` (error feedback's compiled passes).
 Bit-identity with :data:`hvd_gradq.xp.NUMPY` rests on these choices (``tests/unit/test_tf_ops.py``
 checks every scheme byte for byte, eager and inside ``tf.function``):
 
@@ -27,6 +27,8 @@ checks every scheme byte for byte, eager and inside ``tf.function``):
 """
 from __future__ import annotations
 
+import functools
+import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -43,6 +45,17 @@ _DT = {"int64": tf.int64, "float32": tf.float32, "float64": tf.float64, "uint8":
 
 def _t(x: Array) -> Any:
     return x if isinstance(x, (tf.Tensor, tf.Variable)) else tf.convert_to_tensor(x)
+
+
+#: Elements from which error feedback runs as host ops by default (:meth:`TFOps.host_op_min`)
+HOST_OP_MIN = 1 << 20
+HOST_OP_MIN_ENV = "HVD_GRADQ_TF_EF_HOST_MIN"
+
+
+@functools.lru_cache(maxsize=1)
+def _gpus() -> bool:
+    """Whether TensorFlow has a GPU to place an unplaced operation on."""
+    return bool(tf.config.list_logical_devices("GPU"))
 
 
 def _opaque(t: Any) -> Any:
@@ -214,9 +227,49 @@ class TFOps:
     def host(self, fn: Callable[[NDArray[Any]], NDArray[Any]], x: Array, shape: tuple[int, ...]) -> Array:
         """``fn`` through ``tf.numpy_function`` (eager or in a graph), float32 of the static ``shape``.
         Stateless: the same input gives the same output (deterministic host code)."""
-        y = tf.numpy_function(lambda v: _host_result(fn(v), shape), [_t(x)], tf.float32, stateful=False)
+        return self.host_op(fn, [x], shape)
+
+    #: TensorFlow's CPU kernels run with flush-to-zero and denormals-are-zero (``ScopedFlushDenormal``
+    #: on its threads): host code standing in for its operations must flush subnormals too
+    flushes_subnormals = True
+
+    def host_op(self, fn: Callable[..., Any], inputs: Sequence[Array], shape: tuple[int, ...],
+                name: str = "hvd_gradq_host") -> Array:
+        """``fn`` of the inputs' NumPy values as one ``tf.numpy_function`` op, float32 of the static
+        ``shape``: the optional hook through which compiled host code (:class:`hvd_gradq.feedback.Memory`)
+        replaces a chain of graph ops. Stateless: deterministic host code of its inputs only."""
+        y = tf.numpy_function(lambda *v: _host_result(fn(*v), shape), [_t(x) for x in inputs], tf.float32,
+                              stateful=False, name=name)
         y.set_shape(shape)
         return y
+
+    def host_op_min(self) -> int:
+        """Elements from which :class:`hvd_gradq.feedback.Memory` runs error feedback's passes as
+        host ops: ``HVD_GRADQ_TF_EF_HOST_MIN``, else :data:`HOST_OP_MIN` (0: every tensor). A host
+        op has a fixed cost TF's operations have not (the Python call, the GIL, handed between
+        the executor's threads: 40-400 us a call on a loaded 2-core host), paid back only by
+        large tensors: ``bench/micro/tf_feedback.py`` with two processes on 2 cores measured the
+        two host ops 1.2-1.6x faster than the rule's graph ops at 1M elements (1.8-1.9x at 4M),
+        0.8-0.9x at 256K-512K, 0.5-0.7x at 64K and 0.2x at 4K."""
+        raw = os.environ.get(HOST_OP_MIN_ENV, "").strip()
+        if not raw:
+            return HOST_OP_MIN
+        try:
+            value = int(raw)
+        except ValueError:
+            value = -1
+        if value < 0:
+            raise GradqError(f"{HOST_OP_MIN_ENV}={raw!r}: give a number of elements, 0 or more (0: every tensor)")
+        return value
+
+    def on_host(self, x: Array) -> bool:
+        """Whether ``x`` is a float32 tensor on the CPU (placed there, or unplaced with no GPU to
+        go to), which host code takes without a copy from a device."""
+        t = _t(x)
+        if t.dtype != tf.float32:
+            return False
+        kind = tf.DeviceSpec.from_string(t.device or "").device_type
+        return kind == "CPU" if kind else not _gpus()
 
 
 TF = TFOps()

@@ -60,6 +60,15 @@ class SlotStore:
         self.residuals, self.owners, self.rank = residuals, owners, rank
 
     def read(self, key: str, like: Any) -> Any:
+        masked = self.read_masked(key, like)
+        if masked is None:
+            return None
+        value, mine = masked
+        return tf.where(mine, value, tf.zeros_like(like))
+
+    def read_masked(self, key: str, like: Any) -> tuple[Any, Any] | None:
+        """(the variable's first ``like``-many elements, whether this rank owns it), or None:
+        :meth:`read` without its ``where``, for a host pass that takes the choice in."""
         var = self.residuals.get(key)
         if var is None:
             return None
@@ -68,7 +77,7 @@ class SlotStore:
         n = int(like.shape[0])
         if n < int(var.shape[0]):
             value = value[:n]
-        return tf.where(mine, value, tf.zeros_like(like))
+        return value, mine
 
     def write(self, key: str, value: Any) -> None:
         var = self.residuals[key]
