@@ -4,6 +4,7 @@ against another commit, in alternating launches (a ratio).
 
     .venv/bin/python bench/micro/many_tensors.py                      # against main
     .venv/bin/python bench/micro/many_tensors.py --against main,a409919 --tensors 400 --steps 30 --rounds 3
+    .venv/bin/python bench/micro/many_tensors.py --against hvd:fp16 --spec sign  # against Horovod's own fp16
 
 What a compressor adds to every tensor (its Python, its collectives, Horovod's negotiation of
 each) is invisible in a few large tensors and dominates a model of hundreds of small ones
@@ -17,6 +18,12 @@ and ``--spec``, for ``--steps`` steps; a rank reports the median step after the 
 and this tree, ``--rounds`` times; the table gives each launch's median, each tree's median of
 them and the ratios this / other. On a shared machine only the ratio of interleaved launches means
 anything: the load average is printed before and after.
+
+``--against hvd:fp16`` (or ``hvd:none``) sets Horovod's own ``hvd.Compression.fp16`` (``none``)
+beside this tree, in the same alternating launches: issue 33's "a model of hundreds of small
+layers is not slower than with Horovod fp16". Each hvd_gradq launch also reports the time its
+compressor spent inside ``compress()``/``decompress()`` a tensor (``stats()``, the steps after
+``--skip``): issue 33's fixed cost, at most 60 us a 4,096-element tensor with a cheap scheme.
 """
 from __future__ import annotations
 
@@ -28,6 +35,7 @@ import subprocess
 import sys
 import tempfile
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -49,11 +57,16 @@ def worker(args: argparse.Namespace) -> None:
                                    for _ in range(args.tensors))
     weights = [torch.randn(args.elements) for _ in range(args.tensors)]
     named = [(f"p{i}", p) for i, p in enumerate(model)]
-    comp = gq.from_spec(args.spec, named_parameters=named, pattern=args.pattern)
+    horovod = args.spec.startswith("hvd:")
+    comp: Any = (getattr(hvd.Compression, args.spec[4:]) if horovod else
+                 gq.from_spec(args.spec, named_parameters=named, pattern=args.pattern))
     opt = hvd.DistributedOptimizer(torch.optim.SGD(model.parameters(), lr=0.01), named_parameters=named,
                                    compression=comp)
     times = []
+    spent = 0.0
     for step in range(args.steps):
+        if step == args.skip and not horovod:
+            spent = -_compressor_s(comp)
         t0 = time.perf_counter()
         opt.zero_grad()
         g = 1.0 + 0.1 * step + hvd.rank()
@@ -61,16 +74,23 @@ def worker(args: argparse.Namespace) -> None:
         loss.backward()
         opt.step()
         times.append(time.perf_counter() - t0)
-    patterns = sorted({d["pattern"] for d in comp.stats()["tensors"].values()}) if hasattr(comp, "stats") else []
+    patterns = [] if horovod else sorted({d["pattern"] for d in comp.stats()["tensors"].values()})
+    per_tensor = None if horovod else (spent + _compressor_s(comp)) / ((args.steps - args.skip) * args.tensors)
     if hvd.rank() == 0:
         kept = times[args.skip:]
         Path(args.report).write_text(json.dumps({"median_ms": 1e3 * statistics.median(kept),
                                                  "min_ms": 1e3 * min(kept), "file": hvd_gradq.__file__,
-                                                 "patterns": patterns}))
+                                                 "patterns": patterns, "compressor_us_a_tensor":
+                                                 None if per_tensor is None else 1e6 * per_tensor}))
 
 
-def launch(tree: Path, args: argparse.Namespace) -> dict[str, object]:
-    """One ``horovodrun`` launch of this script's worker with ``tree``'s hvd_gradq."""
+def _compressor_s(comp: Any) -> float:
+    """Seconds this rank's compressor has spent inside compress()/decompress() so far."""
+    return float(comp.stats()["time"]["total"].get("compressor_s", 0.0))
+
+
+def launch(tree: Path, spec: str, args: argparse.Namespace) -> dict[str, object]:
+    """One ``horovodrun`` launch of this script's worker with ``tree``'s hvd_gradq and ``spec``."""
     horovodrun = str(Path(sys.executable).parent / "horovodrun")
     with tempfile.TemporaryDirectory(prefix="many-tensors-") as out:
         report = str(Path(out) / "report.json")
@@ -78,7 +98,7 @@ def launch(tree: Path, args: argparse.Namespace) -> dict[str, object]:
                    OMPI_ALLOW_RUN_AS_ROOT_CONFIRM="1", TF_CPP_MIN_LOG_LEVEL="2", HVD_GRADQ_FALLBACK="0",
                    HVD_GRADQ_FIGURES="table")
         cmd = [horovodrun, "--gloo", "-np", "2", "-H", "localhost:2", sys.executable, str(Path(__file__).resolve()),
-               "--worker", "--report", report, "--spec", args.spec, "--pattern", args.pattern,
+               "--worker", "--report", report, "--spec", spec, "--pattern", args.pattern,
                "--tensors", str(args.tensors), "--elements", str(args.elements), "--steps", str(args.steps),
                "--skip", str(args.skip)]
         subprocess.run(cmd, env=env, cwd=str(tree), check=True, capture_output=True, text=True, timeout=900)
@@ -89,7 +109,8 @@ def launch(tree: Path, args: argparse.Namespace) -> dict[str, object]:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--against", default="main", help="the other commits, comma-separated (default: main)")
+    ap.add_argument("--against", default="main",
+                    help="the other commits, or hvd:fp16 / hvd:none (Horovod's own), comma-separated (default: main)")
     ap.add_argument("--spec", default="sign")
     ap.add_argument("--pattern", default="auto")
     ap.add_argument("--tensors", type=int, default=400)
@@ -106,26 +127,37 @@ def main() -> int:
     sys.path.insert(0, str(ROOT))  # not in a worker: it imports the hvd_gradq of its launch's tree
     from bench.micro.vs_commit import worktree
 
+    horovods = [ref for ref in args.against.split(",") if ref.startswith("hvd:")]
     commits = [subprocess.run(["git", "-C", str(ROOT), "rev-parse", "--short", ref], check=True, capture_output=True,
-                              text=True).stdout.strip() for ref in args.against.split(",") if ref]
-    trees = [(c, worktree(c)) for c in commits] + [("this tree", ROOT)]
+                              text=True).stdout.strip() for ref in args.against.split(",")
+               if ref and not ref.startswith("hvd:")]
+    # (label, tree, spec): the other commits with --spec, Horovod's own compressions, then this tree
+    runs = ([(c, worktree(c), args.spec) for c in commits] + [(h, ROOT, h) for h in horovods]
+            + [("this tree", ROOT, args.spec)])
+    others = [name for name, _, _ in runs[:-1]]
     print(f"load average before: {' / '.join(f'{v:.2f}' for v in os.getloadavg())} on {os.cpu_count()} CPUs")
     print(f"{args.tensors} tensors of {args.elements} elements, {args.spec}, pattern={args.pattern}, "
-          f"{args.steps} steps (median after {args.skip}), 2 ranks on loopback; ms a step")
-    print("| round | " + " | ".join(name for name, _ in trees) + " | " +
-          " | ".join(f"this / {c}" for c in commits) + " |")
-    print("|---|" + "---:|" * (len(trees) + len(commits)))
-    got: dict[str, list[float]] = {name: [] for name, _ in trees}
+          f"{args.steps} steps (median after {args.skip}), 2 ranks on loopback; ms a step "
+          "(this tree's compressor: us a tensor inside compress()/decompress(), rank 0)")
+    print("| round | " + " | ".join(name for name, _, _ in runs) + " | " +
+          " | ".join(f"this / {c}" for c in others) + " | compressor us a tensor |")
+    print("|---|" + "---:|" * (len(runs) + len(others) + 1))
+    got: dict[str, list[float]] = {name: [] for name, _, _ in runs}
+    us: list[float] = []
     for i in range(args.rounds):
-        for name, tree in trees:
-            rep = launch(tree, args)
+        for name, tree, spec in runs:
+            rep = launch(tree, spec, args)
             got[name].append(float(rep["median_ms"]))  # type: ignore[arg-type]
+            if name == "this tree" and rep.get("compressor_us_a_tensor") is not None:
+                us.append(float(rep["compressor_us_a_tensor"]))  # type: ignore[arg-type]
         this = got["this tree"][-1]
-        print(f"| {i + 1} | " + " | ".join(f"{got[n][-1]:.1f}" for n, _ in trees) + " | " +
-              " | ".join(f"{this / got[c][-1]:.3f}" for c in commits) + " |", flush=True)
+        print(f"| {i + 1} | " + " | ".join(f"{got[n][-1]:.1f}" for n, _, _ in runs) + " | " +
+              " | ".join(f"{this / got[c][-1]:.3f}" for c in others) + f" | {us[-1] if us else float('nan'):.1f} |",
+              flush=True)
     med = {n: statistics.median(v) for n, v in got.items()}
-    print("| median | " + " | ".join(f"{med[n]:.1f}" for n, _ in trees) + " | " +
-          " | ".join(f"{med['this tree'] / med[c]:.3f}" for c in commits) + " |")
+    print("| median | " + " | ".join(f"{med[n]:.1f}" for n, _, _ in runs) + " | " +
+          " | ".join(f"{med['this tree'] / med[c]:.3f}" for c in others) +
+          f" | {statistics.median(us) if us else float('nan'):.1f} |")
     print(f"load average after: {' / '.join(f'{v:.2f}' for v in os.getloadavg())}")
     return 0
 

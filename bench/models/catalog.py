@@ -5,7 +5,9 @@ The sizes are the published architectures' trainable parameters, so that a gradi
 here moves the bytes and the tensor count a real job moves: torchvision's ``resnet18``,
 ``resnet50`` and ``mobilenet_v2`` (1,000 classes), and BERT-base (``BertModel`` with its pooler:
 109,482,240 parameters, 199 tensors) plus a 2-way classification head (1,538 parameters, 2
-tensors), the smallest head that gives BERT a loss to train on. ``tests/unit/test_bench_models.py``
+tensors), the smallest head that gives BERT a loss to train on; and the MLP the issue on speed
+inside a real process sets its step targets on (Linear 1024-1024-1024-10 with ReLUs, batch 64:
+2,109,450 parameters in 6 tensors, a step that is mostly the exchange). ``tests/unit/test_bench_models.py``
 builds every model in both frameworks and checks it against these figures.
 """
 from __future__ import annotations
@@ -18,6 +20,7 @@ BERT_VOCAB, BERT_HIDDEN, BERT_HEADS, BERT_FFN, BERT_POSITIONS, BERT_TYPES = 3052
 BERT_LAYERS = 12
 BERT_LABELS = 2  # the classification head's outputs
 CLASSES = 1000  # the CNNs' classifier, as published (ImageNet)
+MLP_WIDTH, MLP_CLASSES = 1024, 10  # the MLP's inputs and hidden widths, its outputs
 #: MobileNetV2's stages (Sandler et al. 2018, table 2): expansion t, channels c, repeats n, stride s.
 MOBILENET_V2_STAGES = ((1, 16, 1, 1), (6, 24, 2, 2), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1),
                        (6, 160, 3, 2), (6, 320, 1, 1))
@@ -30,11 +33,11 @@ class Model:
 
     name: str
     title: str
-    kind: str  # "cnn" (images, ``--image`` square) or "text" (tokens, ``--seq``)
+    kind: str  # "cnn" (images, ``--image`` square), "text" (tokens, ``--seq``) or "vector" (MLP_WIDTH features)
     params: int  # published trainable parameters, head included
     tensors: int  # trainable tensors (weights, biases, norm scales and shifts)
     batch: int
-    unit: str  # "img" or "seq"
+    unit: str  # "img", "seq" or "sample"
 
 
 def bert_layer_params() -> int:
@@ -61,7 +64,14 @@ MODELS: dict[str, Model] = {
     "resnet50": Model("resnet50", "ResNet-50-like", "cnn", 25_557_032, 161, 16, "img"),
     "mobilenet_v2": Model("mobilenet_v2", "MobileNetV2-like", "cnn", 3_504_872, 158, 16, "img"),
     "bert": Model("bert", "BERT-base-like encoder", "text", *bert_params(), 8, "seq"),
+    "mlp": Model("mlp", "MLP 1024-1024-1024-10", "vector", 2 * (MLP_WIDTH * MLP_WIDTH + MLP_WIDTH)
+                 + MLP_WIDTH * MLP_CLASSES + MLP_CLASSES, 6, 64, "sample"),
 }
+
+
+def classes(name: str) -> int:
+    """The model's outputs (logits a sample)."""
+    return {"bert": BERT_LABELS, "mlp": MLP_CLASSES}.get(name, CLASSES)
 
 
 #: A launch's defaults, for the worker and the driver alike: timed steps a compression a round,

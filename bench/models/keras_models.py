@@ -139,16 +139,24 @@ def build(name: str, image: int = 64, seq: int = 128, layers: int = catalog.BERT
         return mobilenet_v2(image)
     if name == "bert":
         return bert(layers, seq)
+    if name == "mlp":
+        x = inputs = tf.keras.Input((catalog.MLP_WIDTH,))
+        for _ in range(2):
+            x = L.Dense(catalog.MLP_WIDTH, activation="relu")(x)
+        return tf.keras.Model(inputs, L.Dense(catalog.MLP_CLASSES)(x))
     raise ValueError(f"unknown model {name!r}; known: {sorted(catalog.MODELS)}")
 
 
 def batch(name: str, size: int, image: int, seq: int, seed: int) -> tuple[tf.Tensor, tf.Tensor]:
     """One synthetic batch (inputs, labels) of ``size``, the same for the same ``seed``."""
-    if catalog.MODELS[name].kind == "text":
+    kind = catalog.MODELS[name].kind
+    if kind == "text":
         x = tf.random.stateless_uniform((size, seq), (seed, 0), 0, catalog.BERT_VOCAB, tf.int32)
-        return x, tf.random.stateless_uniform((size,), (seed, 1), 0, catalog.BERT_LABELS, tf.int32)
-    x = tf.random.stateless_normal((size, image, image, 3), (seed, 0))
-    return x, tf.random.stateless_uniform((size,), (seed, 1), 0, catalog.CLASSES, tf.int32)
+    elif kind == "vector":
+        x = tf.random.stateless_normal((size, catalog.MLP_WIDTH), (seed, 0))
+    else:
+        x = tf.random.stateless_normal((size, image, image, 3), (seed, 0))
+    return x, tf.random.stateless_uniform((size,), (seed, 1), 0, catalog.classes(name), tf.int32)
 
 
 def counts(model: Any) -> tuple[int, int]:

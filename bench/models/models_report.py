@@ -52,7 +52,7 @@ def _n(n: int, word: str) -> str:
     return f"{n} {word}" + ("" if n == 1 else "s")
 
 
-UNITS = {"img": "images", "seq": "sequences"}
+UNITS = {"img": "images", "seq": "sequences", "sample": "samples"}
 
 
 def _load(la: list[float]) -> str:
@@ -88,8 +88,8 @@ def markdown(doc: dict[str, Any]) -> str:
               f"{_load(doc['load_before'])}, after: {_load(doc['load_after'])}.", "",
               f"Command: `{doc['command']}`", ""]
     if first is not None:
-        shape = (f"{first['image']}x{first['image']} images" if info.kind == "cnn"
-                 else f"{first['seq']} tokens a sequence, {first['layers']} encoder layers")
+        shape = {"cnn": f"{first['image']}x{first['image']} images", "vector": f"{catalog.MLP_WIDTH} features",
+                 "text": f"{first['seq']} tokens a sequence, {first['layers']} encoder layers"}[info.kind]
         lines += [
             f"Model: {info.title}, {first['params']:,} parameters in {first['tensors']} tensors "
             f"({first['params'] * 4 / 1e6:.1f} MB of fp32 gradient); batch {first['batch']} a rank, {shape}; "

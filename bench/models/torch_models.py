@@ -186,17 +186,23 @@ def build(name: str, layers: int = catalog.BERT_LAYERS) -> nn.Module:
         return MobileNetV2()
     if name == "bert":
         return Bert(layers)
+    if name == "mlp":
+        w = catalog.MLP_WIDTH
+        return nn.Sequential(nn.Linear(w, w), nn.ReLU(), nn.Linear(w, w), nn.ReLU(), nn.Linear(w, catalog.MLP_CLASSES))
     raise ValueError(f"unknown model {name!r}; known: {sorted(catalog.MODELS)}")
 
 
 def batch(name: str, size: int, image: int, seq: int, gen: torch.Generator) -> tuple[torch.Tensor, torch.Tensor]:
     """One synthetic batch (inputs, labels) of ``size`` from ``gen``: images ``image`` x ``image``
-    for the CNNs, ``seq`` tokens for BERT."""
-    if catalog.MODELS[name].kind == "text":
+    for the CNNs, ``seq`` tokens for BERT, MLP_WIDTH features for the MLP."""
+    kind = catalog.MODELS[name].kind
+    if kind == "text":
         x = torch.randint(0, catalog.BERT_VOCAB, (size, seq), generator=gen)
-        return x, torch.randint(0, catalog.BERT_LABELS, (size,), generator=gen)
-    x = torch.randn(size, 3, image, image, generator=gen)
-    return x, torch.randint(0, catalog.CLASSES, (size,), generator=gen)
+    elif kind == "vector":
+        x = torch.randn(size, catalog.MLP_WIDTH, generator=gen)
+    else:
+        x = torch.randn(size, 3, image, image, generator=gen)
+    return x, torch.randint(0, catalog.classes(name), (size,), generator=gen)
 
 
 def counts(model: Any) -> tuple[int, int]:
