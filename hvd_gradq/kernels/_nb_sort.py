@@ -29,15 +29,22 @@ import numpy as np
 from numba import njit
 
 from ._nb_common import _OPTS
+from ._nb_simd import VW, merge_pairs, network, sort_pairs, transpose_keys
 
 _TOP = np.uint32(0x80000000)
 _ALL = np.uint32(0xFFFFFFFF)
 _BYTE = np.uint32(255)
 
 
-_LANES = 32  # buckets a bitonic pass sorts together (512 x 32 int32 keys: 64 KB)
+_LANES = VW  # buckets a bitonic pass sorts together, one a lane of a vector (512 x 16 keys: 32 KB, L1)
 _BITONIC_MAX = 2048  # padded width beyond which the radix sort is faster here
 _BITONIC_MIN_ROWS = 8  # fewer buckets than this would leave most lanes padding
+_BLOCK = 16  # points sorted in registers before the first merge
+_SORT16 = network(_BLOCK, sort_pairs(_BLOCK))
+_MERGE2 = network(2, merge_pairs(2))
+_MERGE4 = network(4, merge_pairs(4))
+_MERGE8 = network(8, merge_pairs(8))
+_MERGE16 = network(16, merge_pairs(16))
 
 
 @njit(**_OPTS)
@@ -51,60 +58,94 @@ def sort_rows(x, out):
     if p <= _BITONIC_MAX and rows - nb >= _BITONIC_MIN_ROWS:
         nb = rows
     if nb:
-        _sort_bitonic(x[:nb], out[:nb], p)
+        _sort_bitonic(x[:nb], out[:nb], max(p, _BLOCK))
     if nb < rows:
         _sort_radix(x[nb:], out[nb:])
 
 
 @njit(**_OPTS)
+def _merge_stages(a, p, k, jhi, nst):
+    """Stages j = jhi, jhi / 2, ... (nst of them, 1 to 4) of the bitonic merges of size k, fused:
+    each vector step holds the 2 ** nst rows those stages compare in registers. A merge whose
+    block sorts descending runs the ascending network on its rows in reverse order."""
+    s = jhi >> (nst - 1)
+    last = ((1 << nst) - 1) * s * _LANES
+    for base in range(0, p, 2 * jhi):
+        o = base * _LANES
+        desc = (base & k) != 0
+        step = -s * _LANES if desc else s * _LANES
+        for u in range(o, o + s * _LANES, VW):
+            start = u + last if desc else u
+            if nst == 4:
+                _MERGE16(a, start, step)
+            elif nst == 3:
+                _MERGE8(a, start, step)
+            elif nst == 2:
+                _MERGE4(a, start, step)
+            else:
+                _MERGE2(a, start, step)
+
+
+@njit(**_OPTS)
 def _sort_bitonic(x, out, p):
     """Bitonic sort of each row, _LANES rows at a time, keys transposed (a[i * _LANES + l] is
-    point i of row l), rows padded to ``p`` points (a power of two) with the largest key."""
+    point i of row l), rows padded to ``p`` points (a power of two, 16 or more) with the
+    largest key. Blocks of 16 points are sorted in registers, then each merge of size k runs
+    its stages four at a time (see the module docstring)."""
     rows, w = x.shape
     xv = x.view(np.int32)
     ov = out.view(np.int32)
     a = np.empty(p * _LANES, np.int32)
     top = np.int32(0x7FFFFFFF)
+    xs = x.strides[0] // 4
+    os = out.strides[0] // 4
+    fast = w % VW == 0 and x.strides[1] == 4 and out.strides[1] == 4
     for r0 in range(0, rows, _LANES):
         nl = min(_LANES, rows - r0)
-        for l in range(_LANES):
-            if l < nl:
-                src = xv[r0 + l]
-                for i in range(w):
-                    b = src[i]
-                    a[i * _LANES + l] = b ^ ((b >> 31) & top)  # signed order = float total order
-                for i in range(w, p):
-                    a[i * _LANES + l] = top
+        if fast and nl == _LANES:
+            for i0 in range(0, w, VW):
+                transpose_keys(xv, r0 * xs + i0, xs, a, i0 * _LANES, _LANES)
+            for i in range(w * _LANES, p * _LANES):
+                a[i] = top
+        else:
+            for l in range(_LANES):
+                if l < nl:
+                    src = xv[r0 + l]
+                    for i in range(w):
+                        b = src[i]
+                        a[i * _LANES + l] = b ^ ((b >> 31) & top)  # signed order = float total order
+                    for i in range(w, p):
+                        a[i * _LANES + l] = top
+                else:
+                    for i in range(p):
+                        a[i * _LANES + l] = top
+        for base in range(0, p, _BLOCK):  # a block sorts ascending where the first merge wants it so
+            if base & _BLOCK:
+                _SORT16(a, (base + _BLOCK - 1) * _LANES, -_LANES)
             else:
-                for i in range(p):
-                    a[i * _LANES + l] = top
-        k = 2
+                _SORT16(a, base * _LANES, _LANES)
+        k = 2 * _BLOCK
         while k <= p:
-            j = k >> 1
-            while j >= 1:
-                m = j * _LANES
-                for base in range(0, p, 2 * j):
-                    lo = a[base * _LANES : base * _LANES + m]
-                    hi = a[base * _LANES + m : base * _LANES + 2 * m]
-                    if (base & k) == 0:  # an ascending block (2j <= k: one direction a block)
-                        for t in range(m):
-                            u = lo[t]
-                            v = hi[t]
-                            lo[t] = min(u, v)
-                            hi[t] = max(u, v)
-                    else:
-                        for t in range(m):
-                            u = lo[t]
-                            v = hi[t]
-                            lo[t] = max(u, v)
-                            hi[t] = min(u, v)
-                j >>= 1
+            jhi = k >> 1
+            nup = 0  # stages with j >= _BLOCK: they pair points of different blocks
+            while (_BLOCK << nup) < k:
+                nup += 1
+            while nup > 0:
+                nst = min(4, nup)
+                _merge_stages(a, p, k, jhi, nst)
+                jhi >>= nst
+                nup -= nst
+            _merge_stages(a, p, k, _BLOCK >> 1, 4)  # j = 8, 4, 2, 1: within each block
             k <<= 1
-        for l in range(nl):
-            dst = ov[r0 + l]
-            for i in range(w):
-                b = a[i * _LANES + l]
-                dst[i] = b ^ ((b >> 31) & top)
+        if fast and nl == _LANES:
+            for i0 in range(0, w, VW):
+                transpose_keys(a, i0 * _LANES, _LANES, ov, r0 * os + i0, os)
+        else:
+            for l in range(nl):
+                dst = ov[r0 + l]
+                for i in range(w):
+                    b = a[i * _LANES + l]
+                    dst[i] = b ^ ((b >> 31) & top)
 
 
 @njit(**_OPTS)
