@@ -104,7 +104,7 @@ def _sort_bitonic(x, out, p):
         nl = min(_LANES, rows - r0)
         if fast and nl == _LANES:
             for i0 in range(0, w, VW):
-                transpose_keys(xv, r0 * xs + i0, xs, a, i0 * _LANES, _LANES)
+                transpose_keys(xv, r0 * xs + i0, xs, a, i0 * _LANES, _LANES, _LANES * xs)
             for i in range(w * _LANES, p * _LANES):
                 a[i] = top
         else:
@@ -139,7 +139,7 @@ def _sort_bitonic(x, out, p):
             k <<= 1
         if fast and nl == _LANES:
             for i0 in range(0, w, VW):
-                transpose_keys(a, i0 * _LANES, _LANES, ov, r0 * os + i0, os)
+                transpose_keys(a, i0 * _LANES, _LANES, ov, r0 * os + i0, os, 0)
         else:
             for l in range(nl):
                 dst = ov[r0 + l]
