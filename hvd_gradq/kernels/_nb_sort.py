@@ -37,9 +37,15 @@ _BYTE = np.uint32(255)
 
 
 _LANES = VW  # buckets a bitonic pass sorts together, one a lane of a vector (512 x 16 keys: 32 KB, L1)
-_BITONIC_MAX = 2048  # padded width beyond which the radix sort is faster here
-_BITONIC_MIN_ROWS = 8  # fewer buckets than this would leave most lanes padding
+# padded width beyond which the radix sort is faster here: at 16,384 the keys of a group are
+# 1 MB (L2), and levels.py's chunks of 128 Ki floats give it 8 rows, half a group
+_BITONIC_MAX = 8192
+# a last group of fewer buckets than this sorts by radix: padding lanes cost as much as real ones
+# (bitonic wins from 3 rows of 512 or 128, from 8 of 2,048, whose partial group is slower)
+_MIN_ROWS_NARROW = 4  # padded width 512 or less
+_MIN_ROWS_WIDE = 8
 _BLOCK = 16  # points sorted in registers before the first merge
+_L1_POINTS = 256  # points of the transposed keys in 16 KB (the merges' L1 blocking)
 _SORT16 = network(_BLOCK, sort_pairs(_BLOCK))
 _MERGE2 = network(2, merge_pairs(2))
 _MERGE4 = network(4, merge_pairs(4))
@@ -55,7 +61,7 @@ def sort_rows(x, out):
     while p < w:
         p <<= 1
     nb = (rows // _LANES) * _LANES if p <= _BITONIC_MAX else 0
-    if p <= _BITONIC_MAX and rows - nb >= _BITONIC_MIN_ROWS:
+    if p <= _BITONIC_MAX and rows - nb >= (_MIN_ROWS_NARROW if p <= 512 else _MIN_ROWS_WIDE):
         nb = rows
     if nb:
         _sort_bitonic(x[:nb], out[:nb], max(p, _BLOCK))
@@ -64,13 +70,14 @@ def sort_rows(x, out):
 
 
 @njit(**_OPTS)
-def _merge_stages(a, p, k, jhi, nst):
-    """Stages j = jhi, jhi / 2, ... (nst of them, 1 to 4) of the bitonic merges of size k, fused:
-    each vector step holds the 2 ** nst rows those stages compare in registers. A merge whose
-    block sorts descending runs the ascending network on its rows in reverse order."""
+def _merge_stages(a, lo, hi, k, jhi, nst):
+    """Stages j = jhi, jhi / 2, ... (nst of them, 1 to 4) of the bitonic merges of size k on
+    points lo .. hi - 1 (whole blocks of 2 * jhi), fused: each vector step holds the 2 ** nst
+    rows those stages compare in registers. A block that sorts descending runs the ascending
+    network on its rows in reverse order."""
     s = jhi >> (nst - 1)
     last = ((1 << nst) - 1) * s * _LANES
-    for base in range(0, p, 2 * jhi):
+    for base in range(lo, hi, 2 * jhi):
         o = base * _LANES
         desc = (base & k) != 0
         step = -s * _LANES if desc else s * _LANES
@@ -84,6 +91,45 @@ def _merge_stages(a, p, k, jhi, nst):
                 _MERGE4(a, start, step)
             else:
                 _MERGE2(a, start, step)
+
+
+@njit(**_OPTS)
+def _merge_down(a, lo, hi, k, jhi, jlo):
+    """Stages j = jhi down to jlo (powers of two) of the merges of size k on points lo .. hi - 1,
+    four at a time from the top; j = 8 .. 1 (within a block of 16) is always one pass of four."""
+    while jhi >= jlo:
+        nst = 1
+        while nst < 4 and (jhi >> nst) >= jlo and ((jhi >> nst) >= _BLOCK or jhi < _BLOCK):
+            nst += 1
+        _merge_stages(a, lo, hi, k, jhi, nst)
+        jhi >>= nst
+
+
+@njit(**_OPTS)
+def _network(a, p):
+    """The bitonic network on the transposed keys of p points (a power of two, 16 or more).
+
+    Blocks of 16 points are sorted in registers. Every stage with j < _L1_POINTS stays within a
+    block of _L1_POINTS points (16 KB): all merges up to that size, and the low stages of every
+    larger merge, run block by block while the block is in L1; only the stages that pair points
+    of different blocks pass over the whole array."""
+    blk = min(p, _L1_POINTS)
+    for b0 in range(0, p, blk):
+        for base in range(b0, b0 + blk, _BLOCK):  # ascending where the first merge wants it so
+            if base & _BLOCK:
+                _SORT16(a, (base + _BLOCK - 1) * _LANES, -_LANES)
+            else:
+                _SORT16(a, base * _LANES, _LANES)
+        k = 2 * _BLOCK
+        while k <= blk:
+            _merge_down(a, b0, b0 + blk, k, k >> 1, 1)
+            k <<= 1
+    k = 2 * blk
+    while k <= p:
+        _merge_down(a, 0, p, k, k >> 1, blk)
+        for b0 in range(0, p, blk):
+            _merge_down(a, b0, b0 + blk, k, blk >> 1, 1)
+        k <<= 1
 
 
 @njit(**_OPTS)
@@ -119,24 +165,7 @@ def _sort_bitonic(x, out, p):
                 else:
                     for i in range(p):
                         a[i * _LANES + l] = top
-        for base in range(0, p, _BLOCK):  # a block sorts ascending where the first merge wants it so
-            if base & _BLOCK:
-                _SORT16(a, (base + _BLOCK - 1) * _LANES, -_LANES)
-            else:
-                _SORT16(a, base * _LANES, _LANES)
-        k = 2 * _BLOCK
-        while k <= p:
-            jhi = k >> 1
-            nup = 0  # stages with j >= _BLOCK: they pair points of different blocks
-            while (_BLOCK << nup) < k:
-                nup += 1
-            while nup > 0:
-                nst = min(4, nup)
-                _merge_stages(a, p, k, jhi, nst)
-                jhi >>= nst
-                nup -= nst
-            _merge_stages(a, p, k, _BLOCK >> 1, 4)  # j = 8, 4, 2, 1: within each block
-            k <<= 1
+        _network(a, p)
         if fast and nl == _LANES:
             for i0 in range(0, w, VW):
                 transpose_keys(a, i0 * _LANES, _LANES, ov, r0 * os + i0, os, 0)

@@ -35,11 +35,12 @@ def _rows(rng: np.random.Generator, nrows: int, w: int) -> np.ndarray:
 
 
 @pytest.mark.parametrize("w", [1, 2, 3, 15, 16, 17, 31, 32, 48, 100, 128, 255, 256, 496, 512, 513, 1000, 1024,
-                               2000, 2048])
-@pytest.mark.parametrize("nrows", [1, 7, 8, 16, 23, 33, 40])
+                               2000, 2048, 4096, 8192, 8193])
+@pytest.mark.parametrize("nrows", [1, 3, 4, 7, 8, 16, 23, 33, 40])
 def test_sort_rows_is_total_order_sort(w: int, nrows: int) -> None:
-    """Widths 1 to 2,048 (powers of two and not, multiples of the 16-lane vector and not), row
-    counts below and above a group of lanes (so full groups, padded groups and the radix tail)."""
+    """Widths 1 to 8,193 (powers of two and not, multiples of the 16-lane vector and not, both
+    sides of the widest bitonic sort), row counts below and above a group of lanes (so full
+    groups, padded groups and a radix tail, on both sides of its row thresholds)."""
     require_numba()
     from hvd_gradq.kernels import _nb_sort
 
