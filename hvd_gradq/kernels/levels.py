@@ -12,7 +12,7 @@ from ..schemes.bingrad import BinGrad, Variant
 from ..schemes.orq import ORQ
 from ._registry import Kernel, kernel_for, level_fields
 
-# bingrad and orq sort every bucket (a radix sort: _nb_sort), a chunk of buckets at a time (the
+# bingrad and orq sort every bucket (_nb_sort), a chunk of buckets at a time (the
 # chunk stays in cache for the kernel that follows)
 _SORT_CHUNK_ELEMS = 1 << 17
 BINGRAD, ORQ_EXACT = 2, 4  # the ``kind`` _nb_table.sorted_encode takes
