@@ -55,8 +55,15 @@ def parse_one(buf: NDArray[Any], offset: int = 0) -> tuple[Payload, int]:
     """Parse the payload that starts at ``offset`` of a uint8 array; returns it and its end.
     Its sections are views of ``buf`` (no copy): keep ``buf`` unchanged while the payload is used."""
     head = wire.read_header(buf, offset)
+    return payload_at(buf, head), head.end
+
+
+def payload_at(buf: NDArray[Any], head: wire.Header) -> Payload:
+    """The payload of ``buf`` that a validated header (:func:`hvd_gradq.wire.read_header`)
+    describes, its sections views of ``buf``: for a caller that has read the headers already
+    (a header is validated once, its CRC-32 computed once)."""
     scheme = scheme_of(head.spec)
-    return Payload(scheme, head.shape, head.dtype, wire.cut(buf, head, scheme)), head.end
+    return Payload(scheme, head.shape, head.dtype, wire.cut(buf, head, scheme))
 
 
 def split(buf: NDArray[Any]) -> list[Payload]:

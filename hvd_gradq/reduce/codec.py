@@ -11,12 +11,13 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..api import Payload, decode_flat, dequantize, quantize, split
+from ..api import Payload, decode_flat, dequantize, payload_at, quantize
 from ..errors import RankMismatchError
 from ..schemes.scheme import Scheme
 from ..spec import Config
+from ..wire.poison import headers, stops
 from ..xp import Seed
-from .stop import stopped, stops_in
+from .stop import stopped
 
 
 def encode(scheme: Scheme | Config, x: NDArray[Any], seed: Seed, name: str,
@@ -32,10 +33,11 @@ def split_checked(buf: NDArray[np.uint8], name: str, ranks: Sequence[int] | None
     """The payloads of a gathered buffer, all of one size: a poison (:func:`poison`) raises the
     error of :func:`stopped` naming the ranks that sent one (``ranks[i]`` is the rank of the
     i-th payload; by default i), other sizes a model that differs (RankMismatchError)."""
-    peers = stops_in(buf, ranks)
+    heads = headers(buf)  # each header validated (and its CRC-32 computed) once
+    peers = stops(heads, ranks)
     if peers:
         raise stopped(name, peers)
-    payloads = split(buf)
+    payloads = [payload_at(buf, head) for head in heads]
     sizes = {p.n for p in payloads}
     if len(sizes) > 1:
         raise RankMismatchError(

@@ -23,12 +23,11 @@ a Python int, with the same bits.
 from __future__ import annotations
 
 import enum
+import functools
 import zlib
 from dataclasses import dataclass
 
-import numpy as np
-
-from ..xp import NUMPY, Array, Ops, step_words, stream_seed
+from ..xp import Array, Ops, step_words, step_words_int, stream_seed
 
 PREFIX = "hvd_gradq."
 
@@ -66,6 +65,7 @@ def tensor_key(name: str) -> int:
     return zlib.crc32(name.encode())
 
 
+@functools.lru_cache(maxsize=1 << 16)  # asked for every tensor of every step: one hash chain a stream
 def stream(base: int, rank: int, tensor: str) -> int:
     """The random stream of ``tensor`` (its key, as the module docstring lists them) on ``rank``."""
     return stream_seed(base, rank, tensor_key(tensor))
@@ -74,8 +74,7 @@ def stream(base: int, rank: int, tensor: str) -> int:
 def words(base: int, rank: int, tensor: str, step: int) -> tuple[int, int]:
     """The two seed words of ``tensor``'s draws on ``rank`` at ``step``, on the host (what a
     TensorFlow graph computes with ``step_words(TF, stream(...), step_counter)``)."""
-    a, b = step_words(NUMPY, stream(base, rank, tensor), np.int64(step))
-    return int(a), int(b)
+    return step_words_int(stream(base, rank, tensor), step)
 
 
 @dataclass(frozen=True)

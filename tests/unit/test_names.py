@@ -9,7 +9,7 @@ import numpy as np
 
 from hvd_gradq.reduce import names
 from hvd_gradq.reduce.names import Kind
-from hvd_gradq.xp import NUMPY, step_words, stream_seed
+from hvd_gradq.xp import NUMPY, step_words, step_words_int, stream_seed
 
 PACKAGE = Path(__file__).resolve().parents[2] / "hvd_gradq"
 
@@ -38,6 +38,18 @@ def test_the_seed_rule_restated_from_its_primitives() -> None:
         assert names.words(base, rank, key, step) == (int(want[0]), int(want[1]))
         assert names.Streams(base, rank, key.split("#")[0])("#" + key.split("#", 1)[1] if "#" in key else "") == \
             stream_seed(base, rank, zlib.crc32(key.encode()))
+
+
+def test_host_step_words_are_the_array_namespace_words() -> None:
+    """The host's integer form of step_words (names.words runs it a tensor a step) against the
+    array form every namespace runs, over seeds and steps across both 32-bit words."""
+    rng = np.random.default_rng(3)
+    seeds = [0, 1, 2**32 - 1, 2**32, 2**64 - 1] + [int(v) for v in rng.integers(0, 2**63, 20)]
+    steps = [0, 1, 2**31, 2**32 - 1, 2**32, 2**40 + 5, 2**62] + [int(v) for v in rng.integers(0, 2**62, 20)]
+    for seed in seeds:
+        for step in steps:
+            a, b = step_words(NUMPY, seed, np.int64(step))
+            assert step_words_int(seed, step) == (int(a), int(b)), (seed, step)
 
 
 def test_streams_differ_by_rank_tensor_and_step() -> None:
