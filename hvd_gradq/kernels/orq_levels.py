@@ -73,6 +73,51 @@ def scratch(w: int, s: int) -> tuple[NDArray[Any], ...]:
     )
 
 
+def mid_level_pass(y: Any, p1: Any, p2: Any, f0: Any, a0: Any, j0: int, j1: int) -> None:
+    """Layer 2 for j0 <= j < j1: f0[j] = F_2(j) = C2(0, j) = C(0, m) + C(m, j), a0[j] = m =
+    ceil(j - T_j / y_j) clamped to 0..j (T_j = P1_{j+1}: y_0 = 0), 0 where y_j = 0.
+
+    Branch-free (a zero y_j divides by 1 and takes m = 0), with no state from one j to the next:
+    the compiled version (``_nb_search``) runs 8 j at a time in vector registers, the same
+    operations lane by lane. P_{m+1} and Q_{m+1} are P_m + y_m and Q_m + y_m^2, exactly as the
+    scan rounded them: three gathers, not five."""
+    for j in range(j0, j1):
+        yj = y[j]
+        pos = yj > 0.0
+        m = int(np.ceil(np.float64(j) - p1[j + 1] / (yj if pos else 1.0)))
+        m = min(max(m, 0), j) if pos else 0
+        ym = y[m]
+        pm = p1[m]
+        qm = p2[m]
+        f0[j] = (ym * (pm + ym) - (qm + ym * ym)) + (
+            (ym + yj) * (p1[j + 1] - pm) - (p2[j + 1] - qm) - np.float64(j - m + 1) * ym * yj)
+        a0[j] = m
+
+
+def last_pair_pass(y: Any, p1: Any, p2: Any, f0: Any, gg: Any, am: Any, w: int, i0: int, i1: int) -> None:
+    """The last two levels' candidates for i0 <= i < i1: gg[i] = F_{s-3}(i) + C2(i, w-1) (f0 the
+    layer F_{s-3}) and am[i] its closed-form middle level, ceil(w-1 - T / (y_{w-1} - y_i))
+    clamped to i..w-1 (i where the span is 0). Branch-free and independent per i, like
+    :func:`mid_level_pass`; the caller takes the first minimum."""
+    yj = y[w - 1]
+    pw1 = p1[w]
+    pw2 = p2[w]
+    for i in range(i0, i1):
+        yi = y[i]
+        span = yj - yi
+        pos = span > 0.0
+        tt = (pw1 - p1[i]) - np.float64(w - i) * yi
+        m = int(np.ceil(np.float64(w - 1) - tt / (span if pos else 1.0)))
+        m = min(max(m, i), w - 1) if pos else i
+        ym = y[m]
+        pm = p1[m]
+        qm = p2[m]
+        gg[i] = f0[i] + (
+            (yi + ym) * ((pm + ym) - p1[i]) - ((qm + ym * ym) - p2[i]) - np.float64(m - i + 1) * yi * ym) + (
+            (ym + yj) * (pw1 - pm) - (pw2 - qm) - np.float64(w - m) * ym * yj)
+        am[i] = m
+
+
 def exact_level_indices(ys: Any, s: int, idx: Any, y: Any, p1: Any, p2: Any, hh: Any, fa: Any, fb: Any,
                         gg: Any, arg: Any) -> None:
     """Level indices idx[r, :s] (non-decreasing, first 0, last w-1) of the exact optimum for each
@@ -87,20 +132,24 @@ def exact_level_indices(ys: Any, s: int, idx: Any, y: Any, p1: Any, p2: Any, hh:
     for r in range(rows):
         row = ys[r]
         out = idx[r]
-        # points shifted to start at 0 (keeps the cancellation small), prefix sums of y, y^2
+        # points shifted to start at 0 (keeps the cancellation small), prefix sums of y, y^2:
+        # the shift a vector loop, the scan only the two running sums (latency bound)
         y0 = row[0]
+        for k in range(w):
+            y[k] = row[k] - y0
         a1 = 0.0
         a2 = 0.0
         for k in range(w):
-            v = row[k] - y0
-            y[k] = v
+            v = y[k]
             p1[k] = a1
             p2[k] = a2
-            hh[k] = np.float64(k) * v - a1
             a1 += v
             a2 += v * v
         p1[w] = a1
         p2[w] = a2
+        if s == 4 or s > 5:  # H_i for the candidates of the divide and conquer and of s = 4
+            for k in range(w):
+                hh[k] = np.float64(k) * y[k] - p1[k]
         pw = 1
         while pw < w:
             pw <<= 1
@@ -120,15 +169,7 @@ def exact_level_indices(ys: Any, s: int, idx: Any, y: Any, p1: Any, p2: Any, hh:
         f0 = fa
         f1 = fb
         a0 = arg[0]
-        for j in range(w):
-            yj = y[j]
-            m = 0
-            if yj > 0.0:
-                m = min(max(int(np.ceil(np.float64(j) - p1[j + 1] / yj)), 0), j)
-            ym = y[m]
-            f0[j] = (ym * p1[m + 1] - p2[m + 1]) + (
-                (ym + yj) * (p1[j + 1] - p1[m]) - (p2[j + 1] - p2[m]) - np.float64(j - m + 1) * ym * yj)
-            a0[j] = m
+        mid_level_pass(y, p1, p2, f0, a0, 0, w)
         # layers 3 .. s-3: divide and conquer over j with monotone argmin
         for t in range(3, s - 2):
             for i in range(w):
@@ -192,26 +233,18 @@ def exact_level_indices(ys: Any, s: int, idx: Any, y: Any, p1: Any, p2: Any, hh:
                     bi = i
             out[2] = bi
         else:  # F_{s-3}(i) + C2(i, w-1): level s-3 at i, level s-2 at its closed-form middle
-            yj = y[w - 1]
+            # the candidates first (a vector loop: divisions, gathers), into gg and the unused
+            # argmin row arg[s-4], then the first minimum (ties keep the smaller index)
+            am = arg[s - 4]
+            last_pair_pass(y, p1, p2, f0, gg, am, w, 0, w)
             best = np.inf
-            bi = 0
-            bm = w - 1
+            bi = -1
             for i in range(w):
-                yi = y[i]
-                span = yj - yi
-                m = i
-                if span > 0.0:
-                    tt = (p1[w] - p1[i]) - np.float64(w - i) * yi
-                    m = min(max(int(np.ceil(np.float64(w - 1) - tt / span)), i), w - 1)
-                ym = y[m]
-                v = f0[i] + (
-                    (yi + ym) * (p1[m + 1] - p1[i]) - (p2[m + 1] - p2[i]) - np.float64(m - i + 1) * yi * ym) + (
-                    (ym + yj) * (p1[w] - p1[m]) - (p2[w] - p2[m]) - np.float64(w - m) * ym * yj)
+                v = gg[i]
                 if v < best:
                     best = v
                     bi = i
-                    bm = m
-            out[s - 3] = bi
-            out[s - 2] = bm
+            out[s - 3] = bi if bi >= 0 else 0
+            out[s - 2] = am[bi] if bi >= 0 else w - 1
         for t in range(s - 3 if s > 4 else 2, 1, -1):
             out[t - 1] = arg[t - 2, out[t]]
