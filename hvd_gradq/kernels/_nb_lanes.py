@@ -118,7 +118,9 @@ class Lanes:
         return out
 
     def avx512(self):
-        return "+avx512f" in self.c.codegen()._tm_features.split(",")
+        """Whether the code is compiled for AVX-512 (numba's target features; an unknown numba
+        internals layout: no, the scalar loads work everywhere)."""
+        return "+avx512f" in str(getattr(self.c.codegen(), "_tm_features", "")).split(",")
 
     def ceil(self, v):
         fn = cgutils.get_or_insert_function(self.b.module, ir.FunctionType(_VF, [_VF]), "llvm.ceil.v8f64")
