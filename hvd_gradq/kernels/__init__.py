@@ -30,7 +30,8 @@ Layout: each kernel module registers a factory for its scheme classes with
 :mod:`.levels` (bingrad, orq) hold the NumPy-side entry points, and the numba loops they call
 are ``_nb_common`` (draws, fp16 rounding, tree sums, min/max), ``_nb_pack`` (streamed packing,
 bit-identical to :mod:`hvd_gradq.wire.packing`), ``_nb_even``, ``_nb_levels`` and ``_nb_table``;
-``_numba`` re-exports them (and compiles :mod:`.orq_levels` and :mod:`.bingrad_pb`).
+``_numba`` re-exports them (and ``_nb_search`` compiles :mod:`.orq_levels` and :mod:`.bingrad_pb`,
+over the vector steps of ``_nb_lanes``).
 
 Threads: ``encode`` and ``decode`` split a tensor of at least 2 x 64K elements (2 x 8K for the
 encoders that sort: bingrad, orq from 4 levels) into ranges of whole buckets, aligned to the

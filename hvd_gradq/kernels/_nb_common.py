@@ -212,6 +212,17 @@ def _i2f(typingctx, k):
     return sig, codegen
 
 
+@intrinsic
+def _i2d(typingctx, k):
+    """The float64 whose bits are the int64 ``k``."""
+    sig = types.float64(types.int64)
+
+    def codegen(context, builder, signature, args):
+        return builder.bitcast(args[0], ir.DoubleType())
+
+    return sig, codegen
+
+
 @njit(**_OPTS)
 def _minmax(xb, w):
     """min and max of xb[:w] (finite), on order-preserving integer keys of the float bits: LLVM

@@ -10,18 +10,8 @@ from numba import njit
 from ._nb_common import _OPTS, F0, _clip_bucket, _f64_to_i64, _fmax, _fmin, _minmax, _pow2_at_least, f16_round
 from ._nb_levels import _best_level, _exact_sum_ok, _f2i, _key, _kth, _scan, _scan_exact, _table_codes, _two_means
 from ._nb_pack import _flush, _unit, _unpack
+from ._nb_search import bingrad_pb, orq_exact
 from ._nb_sort import sort_rows  # noqa: F401  (re-exported: levels.py sorts through this module)
-from .bingrad_pb import pb_levels_sorted
-from .orq_levels import exact_level_indices
-
-# ---------------------------------------------------------------------------------------------
-# orq with 4 levels or more: the exact level search of orq_levels (its Python source, compiled
-# as it is: the same operations in the same order, so the same level indices)
-# ---------------------------------------------------------------------------------------------
-orq_exact = njit(**_OPTS)(exact_level_indices)
-# bingrad pb: the exact minimiser of bingrad_pb, compiled from its Python source likewise
-bingrad_pb = njit(**_OPTS)(pb_levels_sorted)
-
 
 
 @njit(**_OPTS)

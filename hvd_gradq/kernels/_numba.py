@@ -21,7 +21,7 @@ order equal values as they go. The same floats decode, and the codes are the sam
 sign never decides a comparison. Codes beyond a table (a malformed payload, where the
 reference raises) decode to NaN.
 
-The loops live in ``_nb_common``, ``_nb_pack``, ``_nb_even``, ``_nb_levels`` and ``_nb_table``;
+The loops live in ``_nb_common``, ``_nb_pack``, ``_nb_even``, ``_nb_levels``, ``_nb_search`` and ``_nb_table``;
 this module re-exports them. Only those modules import numba; :mod:`hvd_gradq.kernels` imports
 them on first use.
 """

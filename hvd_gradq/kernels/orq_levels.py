@@ -27,21 +27,38 @@ min_i F_2(i) + C(i, w-1)). So s = 3, 4, 5 (ORQ-5 is the default) cost O(w) a buc
 sort, and s >= 6 runs s - 5 divide-and-conquer layers (3 .. s-3) instead of s - 3. Exactness
 is checked against an independent O(s w^2) program in ``tests/unit/test_orq.py``.
 
-Measured costs (one thread, Gaussian buckets of 512, search only): a divide-and-conquer layer
-is ~7.5 candidates an element at ~2 ns each plus ~5 ns an element of per-row overhead, ~18 ns an
-element in all; ORQ-5 ~10 ns, ORQ-9 ~80, ORQ-16 ~200. Most rows at the finest strides have 1 to
-4 candidates: they take four fixed, branch-free candidates (the last repeated past the range),
-which saved ~12% (mispredicted loop exits and comparisons). Tried and dropped: C2 as the step
-of the divide and conquer (C2 is the (min,+) square of a Monge matrix, so Monge too: half the
-layers) is 0.59x as fast for ORQ-9, a C2 candidate (a division, a rounding, six more loads)
-costing 3-4 C candidates; four interleaved argmin lanes for long ranges, 0.86x.
+Measured costs (one thread, Gaussian buckets of 512, search only, AMD EPYC with AVX-512): a
+divide-and-conquer layer is ~7.5 candidates an element at ~2 ns each plus ~5 ns an element of
+per-row overhead, ~18 ns an element in all; ORQ-5 ~4.7 ns (was ~11: ~1.0 the scan, ~1.1 layer 2,
+~1.7 the last pass, ~0.2 its first minimum), ORQ-4 ~3.6, ORQ-9 ~75, ORQ-16 ~200. Most rows at the
+finest strides have 1 to 4 candidates: they take four fixed, branch-free candidates (the last
+repeated past the range), which saved ~12% (mispredicted loop exits and comparisons). Tried and
+dropped: C2 as the step of the divide and conquer (C2 is the (min,+) square of a Monge matrix,
+so Monge too: half the layers) is 0.59x as fast for ORQ-9, a C2 candidate (a division, a
+rounding, six more loads) costing 3-4 C candidates; four interleaved argmin lanes for long
+ranges, 0.86x.
+
+The two closed-form passes (:func:`mid_level_pass`, :func:`last_pair_pass`) and the last pass's
+first minimum (:func:`first_min`) are functions of their own, branch-free and with no state from
+one element to the next, so that the compiled search runs them 8 elements at a time:
+``_nb_search`` overloads them with vector steps written in LLVM IR (LLVM leaves the plain loops
+scalar: it cannot bound the gathered y[m], P[m], Q[m] against the stores) and an integer-key
+reduction. A gather is 8 scalar loads, or, where the 8 middle levels lie within 16 (97% of the
+steps on Gaussian buckets: m grows slowly with j), two loads and a two-register permute;
+``llvm.masked.gather`` (vgatherqpd, microcoded on AMD Zen 4) was ~1.35x slower a pass. P_{m+1}
+and Q_{m+1} are P_m + y_m and Q_m + y_m^2, as the scan rounded them: three gathers, not five.
+Tried and dropped: the passes as plain loops with the divisor made safe by a select (still scalar,
+and 0.88x: the extra select); scoped no-alias metadata on the gathered loads (LLVM still wanted
+run-time checks for the contiguous ones).
 
 :func:`exact_level_indices` is plain Python over NumPy arrays, written so that numba compiles
-the same source (``hvd_gradq.kernels._numba.orq_exact``): one function body, no helper calls,
-no allocation (the caller passes the scratch, see :func:`scratch`), deterministic (ties keep
-the smaller index, a fixed visiting order, no threads), IEEE float64 operations in a fixed order
-and no fast-math, so the compiled function and this one return the same indices
-(``tests/unit/test_orq.py::test_compiled_search_is_the_python_search``).
+the same source (``hvd_gradq.kernels._nb_search.orq_exact``): no allocation (the caller passes
+the scratch, see :func:`scratch`), no helper calls but the three passes above (compiled as their
+vector versions), deterministic (ties keep the smaller index, a fixed visiting order, no
+threads), IEEE float64 operations in a fixed order and no fast-math, so the compiled function
+and this one return the same indices
+(``tests/unit/test_orq.py::test_compiled_search_is_the_python_search``, and
+``test_vector_passes_are_the_python_passes`` for the passes alone, every width from 1 to 40).
 :func:`hvd_gradq.kernels.search.levels` runs the compiled one when numba is importable (it is a
 dependency; ``HVD_GRADQ_KERNELS`` turns off the fused encode kernels, not this search), else this
 source as it is. Every frontend reaches it through ``Ops.host``
@@ -73,6 +90,65 @@ def scratch(w: int, s: int) -> tuple[NDArray[Any], ...]:
     )
 
 
+def mid_level_pass(y: Any, p1: Any, p2: Any, f0: Any, a0: Any, j0: int, j1: int) -> None:
+    """Layer 2 for j0 <= j < j1: f0[j] = F_2(j) = C2(0, j) = C(0, m) + C(m, j), a0[j] = m =
+    ceil(j - T_j / y_j) clamped to 0..j (T_j = P1_{j+1}: y_0 = 0), 0 where y_j = 0.
+
+    Branch-free (a zero y_j divides by 1 and takes m = 0), with no state from one j to the next:
+    the compiled version (``_nb_search``) runs 8 j at a time in vector registers, the same
+    operations lane by lane. P_{m+1} and Q_{m+1} are P_m + y_m and Q_m + y_m^2, exactly as the
+    scan rounded them: three gathers, not five."""
+    for j in range(j0, j1):
+        yj = y[j]
+        pos = yj > 0.0
+        m = int(np.ceil(np.float64(j) - p1[j + 1] / (yj if pos else 1.0)))
+        m = min(max(m, 0), j) if pos else 0
+        ym = y[m]
+        pm = p1[m]
+        qm = p2[m]
+        f0[j] = (ym * (pm + ym) - (qm + ym * ym)) + (
+            (ym + yj) * (p1[j + 1] - pm) - (p2[j + 1] - qm) - np.float64(j - m + 1) * ym * yj)
+        a0[j] = m
+
+
+def last_pair_pass(y: Any, p1: Any, p2: Any, f0: Any, gg: Any, am: Any, w: int, i0: int, i1: int) -> None:
+    """The last two levels' candidates for i0 <= i < i1: gg[i] = F_{s-3}(i) + C2(i, w-1) (f0 the
+    layer F_{s-3}) and am[i] its closed-form middle level, ceil(w-1 - T / (y_{w-1} - y_i))
+    clamped to i..w-1 (i where the span is 0). Branch-free and independent per i, like
+    :func:`mid_level_pass`; the caller takes the first minimum."""
+    yj = y[w - 1]
+    pw1 = p1[w]
+    pw2 = p2[w]
+    for i in range(i0, i1):
+        yi = y[i]
+        span = yj - yi
+        pos = span > 0.0
+        tt = (pw1 - p1[i]) - np.float64(w - i) * yi
+        m = int(np.ceil(np.float64(w - 1) - tt / (span if pos else 1.0)))
+        m = min(max(m, i), w - 1) if pos else i
+        ym = y[m]
+        pm = p1[m]
+        qm = p2[m]
+        gg[i] = f0[i] + (
+            (yi + ym) * ((pm + ym) - p1[i]) - ((qm + ym * ym) - p2[i]) - np.float64(m - i + 1) * yi * ym) + (
+            (ym + yj) * (pw1 - pm) - (pw2 - qm) - np.float64(w - m) * ym * yj)
+        am[i] = m
+
+
+def first_min(v: Any, i0: int, i1: int) -> int:
+    """The first i in i0 .. i1-1 holding the smallest v[i] (ties keep the smaller index; a NaN
+    never wins), -1 where none is below +inf. The compiled version (``_nb_search``) finds the
+    minimum as a vector reduction over integer keys, then its first index."""
+    best = np.inf
+    bi = -1
+    for i in range(i0, i1):
+        x = v[i]
+        if x < best:
+            best = x
+            bi = i
+    return bi
+
+
 def exact_level_indices(ys: Any, s: int, idx: Any, y: Any, p1: Any, p2: Any, hh: Any, fa: Any, fb: Any,
                         gg: Any, arg: Any) -> None:
     """Level indices idx[r, :s] (non-decreasing, first 0, last w-1) of the exact optimum for each
@@ -87,20 +163,24 @@ def exact_level_indices(ys: Any, s: int, idx: Any, y: Any, p1: Any, p2: Any, hh:
     for r in range(rows):
         row = ys[r]
         out = idx[r]
-        # points shifted to start at 0 (keeps the cancellation small), prefix sums of y, y^2
+        # points shifted to start at 0 (keeps the cancellation small), prefix sums of y, y^2:
+        # the shift a vector loop, the scan only the two running sums (latency bound)
         y0 = row[0]
+        for k in range(w):
+            y[k] = row[k] - y0
         a1 = 0.0
         a2 = 0.0
         for k in range(w):
-            v = row[k] - y0
-            y[k] = v
+            v = y[k]
             p1[k] = a1
             p2[k] = a2
-            hh[k] = np.float64(k) * v - a1
             a1 += v
             a2 += v * v
         p1[w] = a1
         p2[w] = a2
+        if s == 4 or s > 5:  # H_i for the candidates of the divide and conquer and of s = 4
+            for k in range(w):
+                hh[k] = np.float64(k) * y[k] - p1[k]
         pw = 1
         while pw < w:
             pw <<= 1
@@ -120,15 +200,7 @@ def exact_level_indices(ys: Any, s: int, idx: Any, y: Any, p1: Any, p2: Any, hh:
         f0 = fa
         f1 = fb
         a0 = arg[0]
-        for j in range(w):
-            yj = y[j]
-            m = 0
-            if yj > 0.0:
-                m = min(max(int(np.ceil(np.float64(j) - p1[j + 1] / yj)), 0), j)
-            ym = y[m]
-            f0[j] = (ym * p1[m + 1] - p2[m + 1]) + (
-                (ym + yj) * (p1[j + 1] - p1[m]) - (p2[j + 1] - p2[m]) - np.float64(j - m + 1) * ym * yj)
-            a0[j] = m
+        mid_level_pass(y, p1, p2, f0, a0, 0, w)
         # layers 3 .. s-3: divide and conquer over j with monotone argmin
         for t in range(3, s - 2):
             for i in range(w):
@@ -192,26 +264,12 @@ def exact_level_indices(ys: Any, s: int, idx: Any, y: Any, p1: Any, p2: Any, hh:
                     bi = i
             out[2] = bi
         else:  # F_{s-3}(i) + C2(i, w-1): level s-3 at i, level s-2 at its closed-form middle
-            yj = y[w - 1]
-            best = np.inf
-            bi = 0
-            bm = w - 1
-            for i in range(w):
-                yi = y[i]
-                span = yj - yi
-                m = i
-                if span > 0.0:
-                    tt = (p1[w] - p1[i]) - np.float64(w - i) * yi
-                    m = min(max(int(np.ceil(np.float64(w - 1) - tt / span)), i), w - 1)
-                ym = y[m]
-                v = f0[i] + (
-                    (yi + ym) * (p1[m + 1] - p1[i]) - (p2[m + 1] - p2[i]) - np.float64(m - i + 1) * yi * ym) + (
-                    (ym + yj) * (p1[w] - p1[m]) - (p2[w] - p2[m]) - np.float64(w - m) * ym * yj)
-                if v < best:
-                    best = v
-                    bi = i
-                    bm = m
-            out[s - 3] = bi
-            out[s - 2] = bm
+            # the candidates first (a vector loop: divisions, gathers), into gg and the unused
+            # argmin row arg[s-4], then the first minimum (ties keep the smaller index)
+            am = arg[s - 4]
+            last_pair_pass(y, p1, p2, f0, gg, am, w, 0, w)
+            bi = first_min(gg, 0, w)
+            out[s - 3] = bi if bi >= 0 else 0
+            out[s - 2] = am[bi] if bi >= 0 else w - 1
         for t in range(s - 3 if s > 4 else 2, 1, -1):
             out[t - 1] = arg[t - 2, out[t]]

@@ -1,8 +1,9 @@
 """The sorted schemes' level searches as the frontends call them: compiled when numba is there.
 
 :mod:`.orq_levels` (ORQ's exact program) and :mod:`.bingrad_pb` (BinGrad-pb's exact two levels)
-hold each search once, as plain Python that numba compiles unchanged (``_nb_table`` compiles
-them, because the fused encoders call them per bucket). This module picks the compiled function
+hold each search once, as plain Python that numba compiles unchanged (``_nb_search`` compiles
+them, with ORQ's closed-form passes as vector steps, because the fused encoders call them per
+bucket). This module picks the compiled function
 when numba is importable and the source otherwise; the two give the same bits (the tests compare
 them with ``compiled=False``). It is the only module that imports both the sources and the
 compiled versions, so the import graph has no cycle: sources <- compiled <- this.

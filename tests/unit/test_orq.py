@@ -270,3 +270,41 @@ def test_variance_below_qsgd_with_as_many_symbols(dist: str, s: int, q: int) -> 
         v_orq += a
         v_qsgd += b
     assert v_orq < v_qsgd
+
+
+def test_vector_passes_are_the_python_passes() -> None:
+    """The closed-form passes and the first-minimum that ``_nb_search`` runs 8 lanes at a time
+    (LLVM IR vector steps, a permute where the 8 middle levels lie close, scalar loads where
+    not, the source's loop for the last w mod 8) give the source's bits: every width from 1 to
+    40 (tails, rows too short for the permute) and 512, sorted data with runs and outliers (far
+    middle levels), and first-minimum inputs with ties, signed zeros, infinities and NaNs."""
+    require_numba()
+    from numba import njit
+
+    from hvd_gradq.kernels import _nb_search, orq_levels  # noqa: F401  (registers the vector passes)
+
+    mid = njit(lambda *a: orq_levels.mid_level_pass(*a))
+    last = njit(lambda *a: orq_levels.last_pair_pass(*a))
+    first = njit(lambda *a: orq_levels.first_min(*a))
+    rng = np.random.default_rng(11)
+    for w in [*range(1, 41), 512]:
+        for dist in ("gaussian", "student_t2", "constant_runs"):
+            y = np.sort(DISTS[dist](rng, w).astype(np.float32)).astype(np.float64)
+            y -= y[0]
+            p1 = np.concatenate([[0.0], np.cumsum(y)])
+            p2 = np.concatenate([[0.0], np.cumsum(y * y)])
+            f0 = rng.standard_normal(w)
+            got = [np.zeros(w), np.zeros(w, np.int64), np.zeros(w), np.zeros(w, np.int64)]
+            want = [a.copy() for a in got]
+            for args, fn in (((got, 0), mid), ((want, 0), orq_levels.mid_level_pass)):
+                fn(y, p1, p2, args[0][0], args[0][1], 0, w)
+            for args, fn in (((got,), last), ((want,), orq_levels.last_pair_pass)):
+                fn(y, p1, p2, f0, args[0][2], args[0][3], w, 0, w)
+            for g, e, what in zip(got, want, ("mid f", "mid m", "last f", "last m")):
+                np.testing.assert_array_equal(g, e, f"{what}: {dist} w={w}")
+    specials = np.array([0.0, -0.0, np.inf, -np.inf, np.nan, -np.nan, 1.0, -1.0])
+    for w in (1, 2, 7, 8, 9, 33, 512):
+        for _ in range(40):
+            v = rng.choice(specials, w) if rng.random() < 0.7 else rng.integers(-3, 4, w).astype(np.float64)
+            i0 = int(rng.integers(0, w))
+            assert first(v, i0, w) == orq_levels.first_min(v, i0, w), (v.tolist(), i0)
