@@ -48,11 +48,17 @@ from .stats import Stats
 
 @dataclass(frozen=True)
 class Allgather:
-    """Every member's ``buf`` (1-D), concatenated in member order."""
+    """Every member's ``buf`` (1-D), concatenated in member order.
+
+    ``fuse``: it may travel with the round's other fusable requests in one collective, as
+    :class:`Alltoall`'s may (each member's ``buf`` sent whole to every member): a small tensor's
+    payload then costs no collective of its own, whose negotiation and Python cost as much as
+    Horovod's whole reduction of it (:attr:`Reduction.fuse_below`)."""
 
     name: str
     buf: Any
     last: bool = True
+    fuse: bool = False
 
 
 @dataclass(frozen=True)
@@ -247,6 +253,9 @@ class Reduction:
     ops: Ops
     graph: Graph | None = None
     findings: Findings | None = None  # one verdict a step: the driver's record (eager only)
+    #: gathers of at most this many elements are fusable (``Allgather.fuse``); 0: none. Set by
+    #: a driver that fuses a round's requests (PyTorch's); the rest run each collective alone.
+    fuse_below: int = 0
 
     @property
     def ef(self) -> bool:

@@ -53,6 +53,7 @@ def gather(red: Reduction, t: Part, x: Array) -> Phases:
     t0 = time.perf_counter()
     error: GradqError | None = None
     own: Any = None
+    fuse = red.fuse_below > 0 and int(x.shape[0]) <= red.fuse_below  # (x: flat) a graph's driver leaves 0
     try:
         buf, own = t.codec.encode(red.config, x, red.words(t), t.what)
     except GradqError as e:  # tell the other ranks, so that they raise too
@@ -61,7 +62,7 @@ def gather(red: Reduction, t: Part, x: Array) -> Phases:
     if error is None and red.ef:
         red.sent(t, x, t.codec.values(own))
     del x  # read: with error feedback a full-size array of its own, not kept while the gather is out
-    gathered = yield Allgather(collective(g.key, Kind.GATHER, t.name), buf, last=not red.verdict_round)
+    gathered = yield Allgather(collective(g.key, Kind.GATHER, t.name), buf, last=not red.verdict_round, fuse=fuse)
     found = t.codec.verify(gathered, g.rank, Phase.GATHER)
     verdict = yield from round_(red, t, red.ops, found)
     gathered = yield from judged(red, t, red.ops, verdict, gathered)

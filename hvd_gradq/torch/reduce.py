@@ -21,6 +21,12 @@ ever *starts* collectives inside ``compress()`` (see :mod:`hvd_gradq.torch.compr
   ``fuse``) are not started one a tensor: a round's go out as ONE Horovod alltoall, its first
   round at the step's first ``decompress()``, so that a rank dying mid-step cannot leave a
   survivor two of hvd_gradq's alltoalls in one Horovod cycle (issue 35, item 10: an abort);
+* a small tensor's gather (at most :func:`fuse_below` elements: ``Allgather``'s ``fuse``) joins
+  that round too, its payload sent whole to every rank: a step's small tensors then cost one
+  collective, not one each. Below ~64K elements a gather's own collective (Horovod's negotiation
+  of it, its handle, its wait) costs as much as encoding it; above, starting it in ``compress()``
+  overlaps it with the rest of backward, which a fused round (at the first ``decompress()``)
+  would not;
 * :meth:`Reducer.finish` hands ``decompress()`` the decoded sum over the group, or raises the
   step's CorruptionError where this rank found corruption in that tensor.
 
@@ -34,6 +40,7 @@ run in rank order), so threads, rounds and the order of tensors change no bit.
 """
 from __future__ import annotations
 
+import os
 from concurrent import futures
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -77,6 +84,28 @@ class Flow:
     name: str = ""
 
 
+#: Elements up to which a gather is fused into the step's round by default (:func:`fuse_below`)
+FUSE_BELOW = 1 << 16
+FUSE_ENV = "HVD_GRADQ_FUSE_BELOW"
+
+
+def fuse_below() -> int:
+    """Elements up to which a tensor's gather travels in the round's one collective:
+    ``HVD_GRADQ_FUSE_BELOW`` (0: every gather alone), else :data:`FUSE_BELOW`. The same bits
+    either way (a request's result is what its own collective would return); the setting must
+    be the same on every rank, as the tensors' rounds must."""
+    raw = os.environ.get(FUSE_ENV, "").strip()
+    if not raw:
+        return FUSE_BELOW
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise GradqError(f"{FUSE_ENV}={raw!r}: give a number of elements, 0 or more (0: no gather is fused)")
+    return value
+
+
 @dataclass
 class Reducer:
     """Drives the patterns for one compressor: its scheme and seed, its error-feedback memory and
@@ -98,6 +127,7 @@ class Reducer:
 
     def __post_init__(self) -> None:  # the patterns encode with the policy: its nonfinite=raise applies
         self.config = Config(self.scheme, self.policy)
+        self.fuse_below = fuse_below()  # read once: every rank's rounds must hold the same requests
         self.verdicts = StepVerdicts(self.stats.clock)
 
     def begin_step(self) -> None:
@@ -117,7 +147,8 @@ class Reducer:
         the decode, where decoding the own payload with the others costs the same work."""
         row = table.entry(choice.pattern)
         record = self.verdicts.record(group, name, step)
-        red = core.Reduction(self.config, self.seed, hvd.rank(), self.memory, self.stats, HOST, findings=record)
+        red = core.Reduction(self.config, self.seed, hvd.rank(), self.memory, self.stats, HOST, findings=record,
+                             fuse_below=self.fuse_below)
         on_dev = device.on_device(self.codec, x) and not row.host_fp32  # host_fp32: pieces on the host
         where = "cpu" if row.host_fp32 else x.device
         if out is not None and (out.device != torch.device(where) or out.dtype != torch.float32
@@ -148,7 +179,7 @@ class Reducer:
         collective and start that, or leave it for the round's fused alltoall (:meth:`_start_fused`)."""
         got = None if ctx.request is None else ctx.transport.wait(ctx.handle)
         ctx.request = next(ctx.gen) if ctx.request is None else ctx.gen.send(got)
-        if isinstance(ctx.request, core.Alltoall) and ctx.request.fuse:
+        if isinstance(ctx.request, (core.Alltoall, core.Allgather)) and ctx.request.fuse:
             ctx.handle = None
             self.fusing.append(ctx)
         else:
@@ -168,7 +199,7 @@ class Reducer:
             flows.sort(key=lambda c: c.request.name if c.request is not None else "")
             k = self.rounds.get(scope, 0)
             self.rounds[scope] = k + 1
-            requests = [c.request for c in flows if isinstance(c.request, core.Alltoall)]
+            requests = [c.request for c in flows if isinstance(c.request, (core.Alltoall, core.Allgather))]
             assert len(requests) == len(flows)
             handles = flows[0].transport.start_fused(requests, collective(scope, Kind.FUSED, "", k))
             for ctx, handle in zip(flows, handles):
@@ -209,12 +240,15 @@ class Reducer:
         flows = self.flows
         if flows or encoding:  # a new step's rounds: the fused alltoalls' names count from 0 again
             self.rounds.clear()
-        self._start_fused()  # the first phases the step's compress() calls left for one alltoall
         for ctx in encoding:
             assert ctx.job is not None
             ctx.job.result()  # an unexpected exception is raised here
             ctx.job = None
             flows.append(ctx)
+        # the first phases the step's compress() calls left for one alltoall, once every encoding
+        # job has put its own there: a worker's timing must not decide which round a request
+        # travels in (every rank fuses the same requests a round, or the ranks' rounds differ)
+        self._start_fused()
         self.flows = []
         while flows:  # one phase of every tensor is out before any waits for the next
             later = []

@@ -56,12 +56,13 @@ def _tensor(buf: Any) -> torch.Tensor:
 
 @dataclass
 class _Fused:
-    """One Horovod alltoall carrying several requests' parts (:meth:`HorovodTransport.start_fused`),
-    waited once, by whichever part is waited first (the driver's thread and a worker may both
-    wait: a lock); its results, or the error that wait raised, serve every part."""
+    """One Horovod alltoall carrying several requests' parts, alltoalls' and allgathers'
+    (:meth:`HorovodTransport.start_fused`), waited once, by whichever part is waited first (the
+    driver's thread and a worker may both wait: a lock); its results, or the error that wait
+    raised, serve every part."""
 
     handle: Any
-    requests: list[Alltoall]
+    requests: list[Alltoall | Allgather]
     tags: list[int]
     lock: threading.Lock = field(default_factory=threading.Lock)
     results: list[Any] | None = None
@@ -86,7 +87,7 @@ def _raw(buf: Any) -> NDArray[np.uint8]:
     return blocks.as_bytes(buf if isinstance(buf, np.ndarray) else buf.detach().cpu().contiguous().numpy())
 
 
-def _as_sent(request: Alltoall, data: NDArray[np.uint8]) -> Any:
+def _as_sent(request: Alltoall | Allgather, data: NDArray[np.uint8]) -> Any:
     """Received bytes as the request's kind of buffer: NumPy of its dtype, or a tensor where it was sent."""
     sent = request.buf
     if isinstance(sent, np.ndarray):
@@ -99,6 +100,11 @@ class HorovodTransport:
 
     def __init__(self, process_set: Any, clock: Clock | None = None) -> None:
         self.process_set, self.clock = process_set, clock
+
+    def size(self) -> int:
+        """The ranks of this transport's process set (the global set's where none is named)."""
+        got = self.process_set.size() if self.process_set is not None else None
+        return int(got) if got is not None else int(hvd.size())
 
     def start(self, request: Request) -> Any:
         ps, name = self.process_set, request.name
@@ -120,19 +126,27 @@ class HorovodTransport:
                                          process_set=ps)
         return request, handle
 
-    def start_fused(self, requests: Sequence[Alltoall], name: str) -> list[Any]:
-        """Several alltoall requests (the fusable ones of one round, in an order every rank shares)
-        as ONE Horovod alltoall named ``name``: what each sends each rank travels as a tagged frame
+    def start_fused(self, requests: Sequence[Alltoall | Allgather], name: str) -> list[Any]:
+        """Several alltoall and allgather requests (the fusable ones of one round, in an order
+        every rank shares) as ONE Horovod alltoall named ``name``: what each sends each rank (an
+        allgather's whole buffer to every rank) travels as a tagged frame
         (:func:`hvd_gradq.wire.blocks.frames`: its name's tag, its length, its bytes; empty parts
-        left out), so each request's result comes back exactly as its own alltoall's would. Returns
-        a handle a request for :meth:`wait`. Why one: :class:`~hvd_gradq.reduce.core.Alltoall`."""
+        left out), so each request's result comes back exactly as its own collective's would (an
+        allgather's: every rank's buffer in rank order). Returns a handle a request for
+        :meth:`wait`. Why one: :class:`~hvd_gradq.reduce.core.Alltoall`, :class:`~hvd_gradq.reduce.core.Allgather`."""
         tags = [_tag(r.name) for r in requests]
         if len(set(tags)) != len(tags):
             raise GradqError(f"{name}: two requests of one round share a name's tag: {[r.name for r in requests]}")
-        size = len(requests[0].splits)
+        size = self.size()
         to: list[list[tuple[int, NDArray[np.uint8]]]] = [[] for _ in range(size)]
         for request, tag in zip(requests, tags):
             raw = _raw(request.buf)
+            if isinstance(request, Allgather):  # the same bytes to every rank
+                for rank in range(size):
+                    to[rank].append((tag, raw))
+                continue
+            if len(request.splits) != size:
+                raise GradqError(f"{request.name}: {len(request.splits)} splits in a process set of {size} ranks")
             width = raw.shape[0] // max(1, sum(request.splits))  # bytes an element
             at = 0
             for rank, k in enumerate(request.splits):
@@ -170,6 +184,11 @@ class HorovodTransport:
                                                             [np.zeros(0, np.uint8)]))
                                  for r, tag in zip(fused.requests, fused.tags)]
         return fused.results[part.index]
+
+    @staticmethod
+    def request_of(handle: Any) -> Request:
+        """The request a handle of :meth:`start` or :meth:`start_fused` was started for."""
+        return handle.fused.requests[handle.index] if isinstance(handle, _Part) else handle[0]
 
     def wait(self, handle: Any) -> Any:
         if isinstance(handle, _Part):

@@ -76,6 +76,11 @@ def check(reports: dict) -> None:
     for r in reports:
         for case, ok in reports[r]["identity"].items():
             assert all(ok.values()), f"rank {r} identity {case}: {ok}"
+    # small tensors' gathers fused into the round's one collective: the bits of each alone
+    # (HVD_GRADQ_FUSE_BELOW=0), and fused indeed (the model's tensors are below the threshold)
+    for r in reports:
+        for spec, f in reports[r]["fusion"].items():
+            assert f["same"] and f["fused_gathers"] >= 10 and f["fused_off"] == 0, (r, spec, f)
     check_telemetry({r: reports[r]["results"]["orq:levels=5"] for r in reports}, size)
     # stats: gather payloads are the schemes' wire size; bytes below fp32 for compressing schemes
     for spec in [s for s in ("orq:levels=3", "orq:levels=5", "bingrad:ef=false", "uniform:bits=8", "sign") if s in res[0]]:

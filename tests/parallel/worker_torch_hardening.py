@@ -234,7 +234,7 @@ elif args.mode == "range":
 
         def wait(self, handle):
             got = real_wait(self, handle)
-            if rank == 1 and armed["on"] and handle[0].name == f"hvd_gradq.{kind}.{case}4.weight":
+            if rank == 1 and armed["on"] and self.request_of(handle).name == f"hvd_gradq.{kind}.{case}4.weight":
                 armed["on"] = False
                 got = got.copy() if hasattr(got, "copy") else got.clone()
                 if got.dtype == torch.int64:

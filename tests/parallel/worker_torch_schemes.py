@@ -11,6 +11,7 @@ import argparse
 import contextlib
 import hashlib
 import io
+import os
 
 import draws
 import horovod.torch as hvd
@@ -238,6 +239,35 @@ results["orq:levels=5|num_groups=2"] = train("orq:levels=5", 10, probe=True, num
 results["qsgd|op=Sum"] = train("qsgd:levels=4", 10, probe=True, op=hvd.Sum)
 
 
+# -- fusion: the small tensors' gathers in the round's one collective give the bits of each alone
+def fused_check(spec: str) -> dict:
+    from hvd_gradq.torch import reduce as driver
+    from hvd_gradq.torch import transport
+
+    real = transport.HorovodTransport.start_fused
+    fused: list[int] = []
+
+    def counting(self, requests, name):
+        fused.append(sum(type(r).__name__ == "Allgather" for r in requests))
+        return real(self, requests, name)
+
+    transport.HorovodTransport.start_fused = counting
+    try:
+        on = train(spec, 10)
+        count = sum(fused)
+        os.environ[driver.FUSE_ENV] = "0"  # read when a compressor's driver is made
+        try:
+            off = train(spec, 10)
+        finally:
+            del os.environ[driver.FUSE_ENV]
+    finally:
+        transport.HorovodTransport.start_fused = real
+    return {"same": on["digest"] == off["digest"], "fused_gathers": count, "fused_off": sum(fused) - count}
+
+
+fusion = {spec: fused_check(spec) for spec in ("orq:levels=5", "sign:ef=true")}
+
+
 # -- oracle: the decoded mean (or sum) equals the NumPy oracle's decode of all ranks' payloads
 def oracle_check(spec: str, pattern: str, op=hvd.Average) -> tuple[bool, str]:
     p = torch.nn.Parameter(torch.zeros(1000))
@@ -304,4 +334,5 @@ def identity_check(bpps: int) -> dict:
 
 
 identity = {} if args.skip_identity else {"bpps1": identity_check(1), "bpps2": identity_check(2)}
-report(rank, {"results": results, "oracle": oracle, "identity": identity, "size": size, "kernels": kernels.available()})
+report(rank, {"results": results, "oracle": oracle, "identity": identity, "size": size, "kernels": kernels.available(),
+              "fusion": fusion})
