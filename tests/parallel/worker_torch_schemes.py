@@ -265,7 +265,8 @@ def fused_check(spec: str) -> dict:
     return {"same": on["digest"] == off["digest"], "fused_gathers": count, "fused_off": sum(fused) - count}
 
 
-fusion = {spec: fused_check(spec) for spec in ("orq:levels=5", "sign:ef=true")}
+# pattern=gather: auto may weigh gather against scatter by timings, which two trainings need not share
+fusion = {spec: fused_check(spec + ",pattern=gather") for spec in ("orq:levels=5", "sign:ef=true")}
 
 
 # -- oracle: the decoded mean (or sum) equals the NumPy oracle's decode of all ranks' payloads
