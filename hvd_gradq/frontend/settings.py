@@ -26,7 +26,7 @@ from collections.abc import Callable
 from typing import Any
 
 from .. import log
-from ..errors import SpecError
+from ..errors import GradqError, SpecError
 from ..kernels.parallel import ENV as THREADS_ENV
 from ..plan.hosts import LINK_ENV
 from ..spec import COMPRESSOR_OPTIONS, Config, check_name, items, parse, split_options
@@ -156,3 +156,20 @@ def env_settings(default: str | None, given: dict[str, Any], construct: Callable
             "the fallback yourself", UserWarning, stacklevel=3)
         default = "none"
     return spec_settings(default, given, construct, frontend, who)
+
+
+def env_elements(name: str, default: int, zero: str) -> int:
+    """An element-count threshold read from the variable ``name``: ``default`` when unset or
+    empty, else a whole number >= 0 (``zero`` says what 0 means), else a GradqError saying what
+    to write. The frontends' size lines (TensorFlow's host error feedback, PyTorch's fused
+    gathers) read theirs here."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = -1
+    if value < 0:
+        raise GradqError(f"{name}={raw!r}: give a number of elements, 0 or more (0: {zero})")
+    return value

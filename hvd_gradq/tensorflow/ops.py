@@ -28,7 +28,6 @@ checks every scheme byte for byte, eager and inside ``tf.function``):
 from __future__ import annotations
 
 import functools
-import os
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -37,6 +36,7 @@ import tensorflow as tf
 from numpy.typing import NDArray
 
 from ..errors import GradqError
+from ..frontend.settings import env_elements
 from ..xp import Array, Ops, _host_result
 
 _DT = {"int64": tf.int64, "float32": tf.float32, "float64": tf.float64, "uint8": tf.uint8,
@@ -251,16 +251,7 @@ class TFOps:
         large tensors: ``bench/micro/tf_feedback.py`` with two processes on 2 cores measured the
         two host ops 1.2-1.6x faster than the rule's graph ops at 1M elements (1.8-1.9x at 4M),
         0.8-0.9x at 256K-512K, 0.5-0.7x at 64K and 0.2x at 4K."""
-        raw = os.environ.get(HOST_OP_MIN_ENV, "").strip()
-        if not raw:
-            return HOST_OP_MIN
-        try:
-            value = int(raw)
-        except ValueError:
-            value = -1
-        if value < 0:
-            raise GradqError(f"{HOST_OP_MIN_ENV}={raw!r}: give a number of elements, 0 or more (0: every tensor)")
-        return value
+        return env_elements(HOST_OP_MIN_ENV, HOST_OP_MIN, "every tensor")
 
     def on_host(self, x: Array) -> bool:
         """Whether ``x`` is a float32 tensor on the CPU (placed there, or unplaced with no GPU to

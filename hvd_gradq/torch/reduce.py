@@ -40,7 +40,6 @@ run in rank order), so threads, rounds and the order of tensors change no bit.
 """
 from __future__ import annotations
 
-import os
 from concurrent import futures
 from concurrent.futures import Future
 from dataclasses import dataclass, field
@@ -52,6 +51,7 @@ import torch
 from .. import reduce as core
 from ..errors import GradqError
 from ..feedback import Memory
+from ..frontend.settings import env_elements
 from ..frontend.workers import Workers
 from ..plan.decide import Choice
 from ..policy import Policy
@@ -94,16 +94,7 @@ def fuse_below() -> int:
     ``HVD_GRADQ_FUSE_BELOW`` (0: every gather alone), else :data:`FUSE_BELOW`. The same bits
     either way (a request's result is what its own collective would return); the setting must
     be the same on every rank, as the tensors' rounds must."""
-    raw = os.environ.get(FUSE_ENV, "").strip()
-    if not raw:
-        return FUSE_BELOW
-    try:
-        value = int(raw)
-    except ValueError:
-        value = -1
-    if value < 0:
-        raise GradqError(f"{FUSE_ENV}={raw!r}: give a number of elements, 0 or more (0: no gather is fused)")
-    return value
+    return env_elements(FUSE_ENV, FUSE_BELOW, "no gather is fused")
 
 
 @dataclass
