@@ -112,6 +112,7 @@ class Rule:
 
 _RULES: dict[str, Rule] = {}
 R = TypeVar("R", bound=type[Rule])
+T = TypeVar("T")
 
 
 def register_rule(name: str) -> Callable[[R], R]:
@@ -277,6 +278,37 @@ class Memory:
             if also is not None:
                 bad = bad | also
         self.store.write(key, self.ops.where(bad, self._zero if old is None else old, e))
+
+    def encode_fed(self, key: str, x: Array, encode: Callable[[Any, Any, float | None, Any], T | None]) -> T | None:
+        """Compensate ``x`` (the raw gradient), encode it and keep the new residual of ``key`` in
+        one pass: ``encode(x, e, scale, out)`` gets host views of ``x`` and of the residual (None
+        before the first), the step's scale (None: unscaled) and an array for the new residual,
+        and returns what it encoded, or None where it cannot (then nothing here changes, and the
+        caller runs :meth:`compensate`, its encode and :meth:`update`). Returns ``encode``'s
+        result, or None where the fused pass does not apply: another rule than the classic one,
+        arrays the Ops hold no host view of (a device's; a graph's), a scale that is a tensor.
+
+        The residual goes into last step's spare buffer of ``key`` (as :meth:`update`'s does)
+        and the old one into the undo log: :meth:`rollback` works alike."""
+        if self._view is None or self._undo is None:
+            return None
+        old = self.store.read(key, x)
+        views = self._host(x, old)
+        if views is None:
+            return None
+        spare = self._spare.pop(key, None)
+        into = None if spare is None else self._host(spare)
+        out = into[0] if into is not None and into[0].shape == views[0].shape else None
+        buf = np.empty_like(views[0]) if out is None else out
+        got = encode(views[0], views[1], self._host_scale(), buf)
+        if got is None:
+            if spare is not None:
+                self._spare[key] = spare
+            return None
+        if key not in self._undo:
+            self._undo[key] = old
+        self.store.write(key, spare if out is not None else self.ops.from_numpy(buf))
+        return got
 
     def _graph(self, *arrays: Array) -> bool:
         """Whether the classic rule's passes run as host ops of a graph: the Ops make them (a

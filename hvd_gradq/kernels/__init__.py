@@ -53,10 +53,11 @@ from ..xp import seed_words
 # even, levels: each registers its kernels with @kernel_for; search: installs the level searches
 # the schemes call (hvd_gradq.schemes.searches)
 from . import even, levels, parallel, search  # noqa: F401
-from ._registry import Kernel, kernel, kernel_for, registered
+from ._registry import Fed, Kernel, kernel, kernel_for, registered
 from ._switch import available, disabled
 
-__all__ = ["Kernel", "available", "decode", "disabled", "encode", "kernel", "kernel_for", "registered", "scan"]
+__all__ = ["Kernel", "available", "decode", "disabled", "encode", "encode_fed", "kernel", "kernel_for", "registered",
+           "scan"]
 
 Parts = dict[str, NDArray[Any]]
 
@@ -82,8 +83,61 @@ def encode(scheme: Scheme, x: NDArray[Any], seed: int | tuple[int, int], *, out:
     if n:
         sa, sb = (int(seed[0]), int(seed[1])) if isinstance(seed, tuple) else seed_words(seed)
         least = parallel.MIN_RANGE_ELEMS // (parallel.SEARCH_DIVISOR if k.searches else 1)
-        parallel.run(lambda b0, b1: k.encode(x, n, b0, b1, sa, sb, meta, codes),
-                     parallel.plan(n, k.d, k.unit, threads, least))
+
+        def plain(b0: int, b1: int) -> None:
+            k.encode(x, n, b0, b1, sa, sb, meta, codes)
+
+        parallel.run(plain, parallel.plan(n, k.d, k.unit, threads, least))
+    return {"meta": meta, "codes": codes}
+
+
+def encode_fed(scheme: Scheme, x: NDArray[np.float32], e: NDArray[np.float32] | None, scale: float | None,
+               seed: int | tuple[int, int], e_out: NDArray[np.float32], *, threads: int | None = None) -> Parts | None:
+    """Error feedback's classic rule and the encode in one pass: the parts of
+    ``scheme.encode(NUMPY, p, seed)`` for ``p = x + e * scale`` (``x`` where ``e`` is None: a
+    first step), with the new residual ``(p - decoded) / scale`` (the old one, or 0, where that
+    is not finite) written to ``e_out``; or None, where there is no fast path or a value of ``p``
+    fails :func:`hvd_gradq.quantize`'s input check (NaN/Inf, or ``|p| >= scheme.limit``), and the
+    caller runs the unfused path: compensate, quantize, decode, keep the residual (which handles
+    such input by the policy's ``nonfinite``). ``e_out`` then holds no residual to keep.
+
+    Why: unfused, the five steps are five passes over the tensor (:mod:`.feedback`'s two, the
+    input check, the encode and this rank's own decode), each writing or reading a full-size
+    array; here each bucket is compensated as it is read and its residual written from the codes
+    it just got, while it is in cache, and no decoded array exists (a sum decodes this rank's
+    payload with the others). The bits are the unfused path's: ``tests/unit/test_encode_fed.py``.
+
+    ``x``, ``e`` and ``e_out`` are flat float32 arrays of one size (``e_out`` not ``e``: a step
+    that is rolled back needs the old residual); ``scale`` None: unscaled. ``threads``: as
+    :func:`encode`'s (each range writes its own slice of ``e_out``)."""
+    if not available():
+        return None
+    k = kernel(scheme)
+    if k is None:
+        return None
+    n = int(x.shape[0])
+    for name, a in (("x", x), ("e", e), ("e_out", e_out)):
+        if a is not None and (a.dtype != np.float32 or a.shape != (n,) or not a.flags.c_contiguous):
+            raise ValueError(f"encode_fed: {name} must be a contiguous float32 array of {n} elements")
+    if not e_out.flags.writeable or e_out is e:
+        raise ValueError("encode_fed: e_out must be a writeable array other than e (a rollback reads e)")
+    meta = np.empty(k.nbuckets(n) * k.mw, np.float32)
+    codes = np.empty(layout(k.s).nbytes(n), np.uint8)
+    if n:
+        fed = Fed(e if e is not None else e_out, e_out, np.float32(1.0 if scale is None else scale),
+                  scale is not None, e is not None, np.float64(scheme.limit))
+        sa, sb = (int(seed[0]), int(seed[1])) if isinstance(seed, tuple) else seed_words(seed)
+        least = parallel.MIN_RANGE_ELEMS // (parallel.SEARCH_DIVISOR if k.searches else 1)
+        ranges = parallel.plan(n, k.d, k.unit, threads, least)
+        fine = [True] * len(ranges)
+        slot = {r: i for i, r in enumerate(ranges)}
+
+        def job(b0: int, b1: int) -> None:
+            fine[slot[b0, b1]] = k.encode(x, n, b0, b1, sa, sb, meta, codes, fed)
+
+        parallel.run(job, ranges)
+        if not all(fine):
+            return None
     return {"meta": meta, "codes": codes}
 
 

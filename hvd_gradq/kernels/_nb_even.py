@@ -21,6 +21,7 @@ from ._nb_common import (
     _tree_of,
     f16_round,
 )
+from ._nb_ef import ef_in, ef_out_even, ef_out_table
 from ._nb_pack import _flush, _unit, _unpack
 
 
@@ -67,12 +68,18 @@ def _even_codes(xb, w, lo, step, smax, stoch, sa, sb, start, cv):
 
 
 @njit(**_OPTS)
-def even_encode(x, n, d, s, g, bits, lid, amode, mmode, cst, clip_c, fp16, stoch, sa, sb, meta, out, b0, b1, opos):
+def even_encode(x, n, d, s, g, bits, lid, amode, mmode, cst, clip_c, fp16, stoch, sa, sb, meta, out, b0, b1, opos,
+                ef, e, eout, scale, scaled, has_e, limit):
     """Buckets b0..b1 of the n elements; their codes are packed from byte ``opos`` of ``out``
     (b0 * d a multiple of the layout's unit: :mod:`.parallel`). The draws and the meta stay
-    indexed by the global element and bucket, so a range's bytes are the whole call's."""
+    indexed by the global element and bucket, so a range's bytes are the whole call's.
+
+    ``ef``: ``x`` is the raw gradient, each bucket compensated with the residual ``e`` as it is
+    read and its new residual written to ``eout`` (:mod:`._nb_ef`); -1 at the first bucket that
+    fails the input check (finite, below ``limit``), else the end of the bytes written."""
     buf = np.empty(_pow2_at_least(d), np.float32)
     xc = np.empty(d, np.float32)
+    pb = np.empty(d if ef else 1, np.float32)
     cb = np.empty(d + 2 * _unit(g, bits), np.uint8)
     pend = 0
     smax = np.int64(s - 2)
@@ -80,6 +87,11 @@ def even_encode(x, n, d, s, g, bits, lid, amode, mmode, cst, clip_c, fp16, stoch
         start = b * d
         w = min(d, n - start)
         xb = x[start : start + w]
+        if ef:
+            if not ef_in(x, e, start, w, scale, scaled, has_e, limit, pb):
+                return -1
+            xb = pb[:w]
+        sent = xb
         if clip_c > F0:
             _clip_bucket(xb, w, clip_c, buf, xc)
             xb = xc[:w]
@@ -103,6 +115,8 @@ def even_encode(x, n, d, s, g, bits, lid, amode, mmode, cst, clip_c, fp16, stoch
             lo = -m0
             step = m0 * cst
         _even_codes(xb, w, lo, step, smax, stoch, sa, sb, start, cb[pend : pend + w])
+        if ef:
+            ef_out_even(sent, cb[pend : pend + w], lo, step, w, e, eout, start, scale, scaled, has_e)
         pend, opos = _flush(lid, s, g, bits, cb, pend + w, out, opos, n < 0)
     pend, opos = _flush(lid, s, g, bits, cb, pend, out, opos, n >= 0)
     return opos
@@ -152,18 +166,26 @@ def even_decode(meta, data, n, d, s, g, bits, lid, magic, amode, cst, b0, b1, ou
 # sign: meta = tree_sum(|x|) * (1/w), code = x >= 0
 # ---------------------------------------------------------------------------------------------
 @njit(**_OPTS)
-def sign_encode(x, n, d, clip_c, fp16, meta, out, b0, b1, opos):
-    """Buckets b0..b1, packed from byte ``opos`` of ``out`` (as :func:`even_encode`)."""
+def sign_encode(x, n, d, clip_c, fp16, meta, out, b0, b1, opos, ef, e, eout, scale, scaled, has_e, limit):
+    """Buckets b0..b1, packed from byte ``opos`` of ``out``; ``ef``..``limit`` and the value
+    returned as :func:`even_encode`'s."""
     # (plain int64 and bool values, not literals: each literal would compile _flush again)
     lid, two, one, no, yes = np.int64(L_B1), np.int64(2), np.int64(1), n < 0, n >= 0
     buf = np.empty(_pow2_at_least(d), np.float32)
     xc = np.empty(d, np.float32)
     cb = np.empty(d + 16, np.uint8)
+    pb = np.empty(d if ef else 1, np.float32)
+    tab = np.empty(2, np.float32)
     pend = 0
     for b in range(b0, b1):
         start = b * d
         w = min(d, n - start)
         xb = x[start : start + w]
+        if ef:
+            if not ef_in(x, e, start, w, scale, scaled, has_e, limit, pb):
+                return -1
+            xb = pb[:w]
+        sent = xb
         if clip_c > F0:
             _clip_bucket(xb, w, clip_c, buf, xc)
             xb = xc[:w]
@@ -174,6 +196,10 @@ def sign_encode(x, n, d, clip_c, fp16, meta, out, b0, b1, opos):
         cv = cb[pend : pend + w]
         for i in range(w):
             cv[i] = np.uint8(xb[i] >= F0)
+        if ef:  # decoded as _nb_table.table_decode's signed table
+            tab[0] = -m
+            tab[1] = m
+            ef_out_table(sent, cv, tab, w, e, eout, start, scale, scaled, has_e)
         pend, opos = _flush(lid, two, one, one, cb, pend + w, out, opos, no)
     pend, opos = _flush(lid, two, one, one, cb, pend, out, opos, yes)
     return opos

@@ -8,6 +8,7 @@ import numpy as np
 from numba import njit
 
 from ._nb_common import _OPTS, F0, _clip_bucket, _f64_to_i64, _fmax, _fmin, _minmax, _pow2_at_least, f16_round
+from ._nb_ef import compensate_checked, ef_in, ef_out_table  # noqa: F401  (re-exported for levels.py)
 from ._nb_levels import _best_level, _exact_sum_ok, _f2i, _key, _kth, _scan, _scan_exact, _table_codes, _two_means
 from ._nb_pack import _flush, _unit, _unpack
 from ._nb_search import bingrad_pb, orq_exact
@@ -15,11 +16,15 @@ from ._nb_sort import sort_rows  # noqa: F401  (re-exported: levels.py sorts thr
 
 
 @njit(**_OPTS)
-def sorted_encode(kind, param, x, srt, n, d, b0, b1, s, g, bits, lid, clip_c, fp16, stoch,
-                  sa, sb, meta, out, state, cb):
+def sorted_encode(kind, param, x, xoff, srt, n, d, b0, b1, s, g, bits, lid, clip_c, fp16, stoch,
+                  sa, sb, meta, out, state, cb, ef, e, eout, scale, scaled, has_e):
     """bingrad (kind 2; param 1: pb) or orq with 4 levels or more (kind 4: orq_exact) for
-    buckets b0..b1, whose sorted values are the rows of ``srt``; packing state (pending codes,
-    output position) in state/cb."""
+    buckets b0..b1, whose values start at element ``xoff`` of ``x`` and whose sorted values are
+    the rows of ``srt``; packing state (pending codes, output position) in state/cb.
+
+    ``ef``: ``x`` holds the compensated values (``_nb_ef.compensate_checked``, before the sort),
+    and each bucket's new residual is written to ``eout`` from its codes (``e``..``has_e`` as
+    ``_nb_even.even_encode``'s)."""
     buf = np.empty(_pow2_at_least(d), np.float32)
     xc = np.empty(d, np.float32)
     ys = np.empty(d, np.float64)
@@ -53,7 +58,8 @@ def sorted_encode(kind, param, x, srt, n, d, b0, b1, s, g, bits, lid, clip_c, fp
     for b in range(b0, b1):
         start = b * d
         w = min(d, n - start)
-        xb = x[start : start + w]
+        xb = x[start - xoff : start - xoff + w]
+        sent = xb
         row = srt[b - b0]
         if clip_c > F0:
             lo_c, hi_c = _clip_bucket(xb, w, clip_c, buf, xc)
@@ -95,6 +101,8 @@ def sorted_encode(kind, param, x, srt, n, d, b0, b1, s, g, bits, lid, clip_c, fp
             tab[k] = t
             meta[b * s + k] = t
         _table_codes(xb, w, tab, s, stoch, sa, sb, start, lob, hib, jb, cb[pend : pend + w])
+        if ef:
+            ef_out_table(sent, cb[pend : pend + w], tab, w, e, eout, start, scale, scaled, has_e)
         pend, opos = _flush(lid, s, g, bits, cb, pend + w, out, opos, n < 0)
     state[0] = pend
     state[1] = opos
@@ -102,8 +110,10 @@ def sorted_encode(kind, param, x, srt, n, d, b0, b1, s, g, bits, lid, clip_c, fp
 
 
 @njit(**_OPTS)
-def orq_small_encode(x, n, d, s, g, bits, lid, clip_c, fp16, sa, sb, meta, out, b0, b1, opos):
-    """Buckets b0..b1, packed from byte ``opos`` of ``out`` (as ``_nb_even.even_encode``)."""
+def orq_small_encode(x, n, d, s, g, bits, lid, clip_c, fp16, sa, sb, meta, out, b0, b1, opos,
+                     ef, e, eout, scale, scaled, has_e, limit):
+    """Buckets b0..b1, packed from byte ``opos`` of ``out``; ``ef``..``limit`` and the value
+    returned as ``_nb_even.even_encode``'s."""
     buf = np.empty(_pow2_at_least(d), np.float32)
     fbuf = np.empty(_pow2_at_least(d), np.float64)
     xc = np.empty(d, np.float32)
@@ -117,11 +127,17 @@ def orq_small_encode(x, n, d, s, g, bits, lid, clip_c, fp16, sa, sb, meta, out, 
     hib = np.empty(d, np.float32)
     cb = np.empty(d + 2 * _unit(g, bits) + 8, np.uint8)
     lv = np.empty(3, np.float64)
+    pb = np.empty(d if ef else 1, np.float32)
     pend = 0
     for b in range(b0, b1):
         start = b * d
         w = min(d, n - start)
         xb = x[start : start + w]
+        if ef:
+            if not ef_in(x, e, start, w, scale, scaled, has_e, limit, pb):
+                return -1
+            xb = pb[:w]
+        sent = xb
         if clip_c > F0:
             _clip_bucket(xb, w, clip_c, buf, xc)
             xb = xc[:w]
@@ -167,6 +183,8 @@ def orq_small_encode(x, n, d, s, g, bits, lid, clip_c, fp16, sa, sb, meta, out, 
             tab[k] = t32
             meta[b * s + k] = t32
         _table_codes(xb, w, tab, s, True, sa, sb, start, lob, hib, jb, cb[pend : pend + w])
+        if ef:
+            ef_out_table(sent, cb[pend : pend + w], tab, w, e, eout, start, scale, scaled, has_e)
         pend, opos = _flush(lid, s, g, bits, cb, pend + w, out, opos, n < 0)
     pend, opos = _flush(lid, s, g, bits, cb, pend, out, opos, n >= 0)
     return opos

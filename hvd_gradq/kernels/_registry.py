@@ -30,6 +30,26 @@ _FACTORIES: dict[type[Scheme], Factory] = {}
 
 
 @dataclass(frozen=True)
+class Fed:
+    """Error feedback inside an encode (:func:`hvd_gradq.kernels.encode_fed`): the residual ``e``
+    (read only where ``has_e``: a tensor's first step has none), the array its new residual goes
+    to, the loss scale (``scaled``: multiply and divide by it), and the input check's bound."""
+
+    e: NDArray[np.float32]
+    out: NDArray[np.float32]
+    scale: np.float32
+    scaled: bool
+    has_e: bool
+    limit: np.float64  # float64: the comparison of a float32 value with it is exact
+    on: bool = True
+
+
+_DUMMY = np.zeros(1, np.float32)
+#: what an encode without error feedback hands the kernels (its arrays are never read)
+NO_FED = Fed(_DUMMY, _DUMMY, np.float32(1.0), False, False, np.float64(np.inf), on=False)
+
+
+@dataclass(frozen=True)
 class Kernel:
     """A compiled fast path for one level scheme: what every kernel reads of it, and the
     encode / decode entry points its module implements."""
@@ -62,9 +82,12 @@ class Kernel:
         return e // self.unit * (self.bits if self.bits < 8 else self.bits // 8)
 
     def encode(self, x: NDArray[Any], n: int, b0: int, b1: int, sa: int, sb: int, meta: NDArray[Any],
-               codes: NDArray[Any]) -> None:
+               codes: NDArray[Any], fed: Fed = NO_FED) -> bool:
         """Fill the meta rows and the packed codes of buckets b0..b1 of the flat float32 ``x``
-        (n > 0 elements; ``b0 * d`` a multiple of :attr:`unit`; the last range pads the codes)."""
+        (n > 0 elements; ``b0 * d`` a multiple of :attr:`unit`; the last range pads the codes).
+        With ``fed`` (``on``), ``x`` is the raw gradient: each bucket is compensated as it is
+        read and its new residual written to ``fed.out``; False at a bucket that fails the input
+        check (NaN/Inf, or beyond ``fed.limit``), where the caller takes the unfused path."""
         raise NotImplementedError
 
     def decode(self, meta: NDArray[Any], codes: NDArray[Any], n: int, b0: int, b1: int, out: NDArray[Any],

@@ -12,7 +12,7 @@ from ..schemes.qsgd import QSGD, Norm
 from ..schemes.sign import Sign
 from ..schemes.terngrad import TernGrad
 from ..schemes.uniform import Uniform
-from ._registry import Kernel, kernel_for, level_fields
+from ._registry import NO_FED, Fed, Kernel, kernel_for, level_fields
 
 
 def _nb() -> Any:
@@ -37,9 +37,12 @@ class EvenKernel(Kernel):
     cst: np.float32 = np.float32(1.0)
 
     def encode(self, x: NDArray[Any], n: int, b0: int, b1: int, sa: int, sb: int, meta: NDArray[Any],
-               codes: NDArray[Any]) -> None:
-        _nb().even_encode(x, n, self.d, self.s, self.g, self.bits, self.lid, self.amode, self.mmode, self.cst,
-                          self.clip, self.fp16, self.stoch, sa, sb, meta, codes, b0, b1, self.byte_at(b0 * self.d))
+               codes: NDArray[Any], fed: Fed = NO_FED) -> bool:
+        f = fed
+        return int(_nb().even_encode(x, n, self.d, self.s, self.g, self.bits, self.lid, self.amode, self.mmode,
+                                     self.cst, self.clip, self.fp16, self.stoch, sa, sb, meta, codes, b0, b1,
+                                     self.byte_at(b0 * self.d), f.on, f.e, f.out, f.scale, f.scaled, f.has_e,
+                                     f.limit)) >= 0
 
     def decode(self, meta: NDArray[Any], codes: NDArray[Any], n: int, b0: int, b1: int, out: NDArray[Any],
                acc: bool) -> None:
@@ -71,8 +74,11 @@ class SignKernel(Kernel):
     """meta = mean |x| a bucket, code = x >= 0; decoded against the table [-m, m]."""
 
     def encode(self, x: NDArray[Any], n: int, b0: int, b1: int, sa: int, sb: int, meta: NDArray[Any],
-               codes: NDArray[Any]) -> None:
-        _nb().sign_encode(x, n, self.d, self.clip, self.fp16, meta, codes, b0, b1, self.byte_at(b0 * self.d))
+               codes: NDArray[Any], fed: Fed = NO_FED) -> bool:
+        f = fed
+        return int(_nb().sign_encode(x, n, self.d, self.clip, self.fp16, meta, codes, b0, b1,
+                                     self.byte_at(b0 * self.d), f.on, f.e, f.out, f.scale, f.scaled, f.has_e,
+                                     f.limit)) >= 0
 
     def decode(self, meta: NDArray[Any], codes: NDArray[Any], n: int, b0: int, b1: int, out: NDArray[Any],
                acc: bool) -> None:

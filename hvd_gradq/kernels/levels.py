@@ -10,7 +10,7 @@ from numpy.typing import NDArray
 
 from ..schemes.bingrad import BinGrad, Variant
 from ..schemes.orq import ORQ
-from ._registry import Kernel, kernel_for, level_fields
+from ._registry import NO_FED, Fed, Kernel, kernel_for, level_fields
 
 # bingrad and orq sort every bucket (_nb_sort), a chunk of buckets at a time (the
 # chunk stays in cache for the kernel that follows)
@@ -43,7 +43,7 @@ class SortedKernel(TableKernel):
     searches: ClassVar[bool] = True
 
     def encode(self, x: NDArray[Any], n: int, b0: int, b1: int, sa: int, sb: int, meta: NDArray[Any],
-               codes: NDArray[Any]) -> None:
+               codes: NDArray[Any], fed: Fed = NO_FED) -> bool:
         k = _nb()
         d = self.d
         state = np.array([0, self.byte_at(b0 * d)], np.int64)  # (pending codes, output byte)
@@ -51,24 +51,27 @@ class SortedKernel(TableKernel):
         full = min(n // d, b1)  # whole buckets of the range end here; a tail bucket follows
         step = max(1, _SORT_CHUNK_ELEMS // d)
         srt = np.empty((min(step, max(full - b0, 1)), d), np.float32)
-        for c0 in range(b0, full, step):
-            c1 = min(full, c0 + step)
-            rows = srt[: c1 - c0]
-            k.sort_rows(x[c0 * d : c1 * d].reshape(c1 - c0, d), rows)
-            self._run(k, x, rows, n, c0, c1, sa, sb, meta, codes, state, cb)
+        # with error feedback a chunk is compensated (and checked) into ``held`` before its sort
+        held = np.empty(srt.size if full > b0 else n - full * d, np.float32) if fed.on else None
+        chunks = [(c0, min(full, c0 + step)) for c0 in range(b0, full, step)]
         if full < b1:
-            tail = x[full * d :].reshape(1, -1)
-            rows = np.empty_like(tail)
-            k.sort_rows(tail, rows)
-            self._run(k, x, rows, n, full, full + 1, sa, sb, meta, codes, state, cb)
+            chunks.append((full, full + 1))
+        for c0, c1 in chunks:
+            e0, e1 = c0 * d, min(c1 * d, n)
+            src = x[e0:e1]
+            if held is not None:
+                src = held[: e1 - e0]
+                if not k.compensate_checked(x, fed.e, fed.scale, fed.scaled, fed.has_e, fed.limit, e0, e1, src):
+                    return False
+            rows = srt[: c1 - c0] if c1 <= full else np.empty((1, e1 - e0), np.float32)
+            k.sort_rows(src.reshape(rows.shape), rows)
+            k.sorted_encode(self.kind, self.param, src, e0, rows, n, d, c0, c1, self.s, self.g, self.bits, self.lid,
+                            self.clip, self.fp16, self.stoch, sa, sb, meta, codes, state, cb, fed.on, fed.e, fed.out,
+                            fed.scale, fed.scaled, fed.has_e)
         from . import _nb_pack
 
         _nb_pack.final_flush(self.lid, self.s, self.g, self.bits, cb, state, codes)
-
-    def _run(self, k: Any, x: NDArray[Any], rows: NDArray[Any], n: int, b0: int, b1: int, sa: int, sb: int,
-             meta: NDArray[Any], codes: NDArray[Any], state: NDArray[Any], cb: NDArray[Any]) -> None:
-        k.sorted_encode(self.kind, self.param, x, rows, n, self.d, b0, b1, self.s, self.g, self.bits, self.lid,
-                        self.clip, self.fp16, self.stoch, sa, sb, meta, codes, state, cb)
+        return True
 
 
 @dataclass(frozen=True)
@@ -76,9 +79,11 @@ class OrqSmallKernel(TableKernel):
     """orq with 2 or 3 levels: min, max and one best level, without sorting."""
 
     def encode(self, x: NDArray[Any], n: int, b0: int, b1: int, sa: int, sb: int, meta: NDArray[Any],
-               codes: NDArray[Any]) -> None:
-        _nb().orq_small_encode(x, n, self.d, self.s, self.g, self.bits, self.lid, self.clip, self.fp16, sa, sb,
-                               meta, codes, b0, b1, self.byte_at(b0 * self.d))
+               codes: NDArray[Any], fed: Fed = NO_FED) -> bool:
+        f = fed
+        return int(_nb().orq_small_encode(x, n, self.d, self.s, self.g, self.bits, self.lid, self.clip, self.fp16, sa,
+                                          sb, meta, codes, b0, b1, self.byte_at(b0 * self.d), f.on, f.e, f.out,
+                                          f.scale, f.scaled, f.has_e, f.limit)) >= 0
 
 
 @kernel_for(BinGrad)

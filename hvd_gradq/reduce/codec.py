@@ -11,7 +11,7 @@ from typing import Any
 import numpy as np
 from numpy.typing import NDArray
 
-from ..api import Payload, decode_flat, dequantize, payload_at, quantize
+from ..api import Payload, decode_flat, dequantize, payload_at, quantize, quantize_fed
 from ..errors import RankMismatchError
 from ..schemes.scheme import Scheme
 from ..spec import Config
@@ -28,6 +28,16 @@ def encode(scheme: Scheme | Config, x: NDArray[Any], seed: Seed, name: str,
     ``nonfinite`` applies."""
     p = quantize(x, scheme, seed=seed, name=name)
     return p.to_array(), dequantize(p).astype(np.float32, copy=False).reshape(-1) if own else None
+
+def encode_fed(scheme: Scheme | Config, x: NDArray[np.float32], e: NDArray[np.float32] | None, scale: float | None,
+               e_out: NDArray[np.float32], seed: Seed) -> NDArray[np.uint8] | None:
+    """The payload bytes of ``x`` compensated with the residual ``e`` (None: none yet), its new
+    residual written to ``e_out``, in one pass (:func:`hvd_gradq.kernels.encode_fed`); None where
+    that pass does not apply (no compiled kernel, or a value the input check refuses), and the
+    caller compensates and encodes as :func:`encode` does, with the policy's ``nonfinite``."""
+    p = quantize_fed(x, e, scale, scheme.scheme if isinstance(scheme, Config) else scheme, seed, e_out)
+    return None if p is None else p.to_array()
+
 
 def split_checked(buf: NDArray[np.uint8], name: str, ranks: Sequence[int] | None = None) -> list[Payload]:
     """The payloads of a gathered buffer, all of one size: a poison (:func:`poison`) raises the

@@ -136,6 +136,16 @@ class Codec(Protocol):
         the other, their sizes in bytes and their own values; raises as :meth:`encode`."""
         ...
 
+    def encode_fed(self, config: SchemeLike, x: Any, e: Any, scale: float | None, e_out: Any,
+                   bounds: Sequence[tuple[int, int]], seeds: Sequence[Seed]) -> tuple[Any, tuple[int, ...]] | None:
+        """Error feedback's rule and the encode in one pass (:func:`hvd_gradq.kernels.encode_fed`),
+        on host arrays (:meth:`hvd_gradq.feedback.Memory.encode_fed` hands them in): the payloads
+        of the chunks of ``x + e * scale`` as :meth:`encode_chunks` makes them and their sizes,
+        the new residual in ``e_out``; or None (nothing written that counts), where this codec
+        has no such pass (a device's, a graph's) or the input check refuses a value, and the
+        pattern compensates and encodes as usual."""
+        ...
+
     def verify(self, buf: Any, finder: int, phase: int, ranks: Sequence[int] | None = None,
                whole: bool = True) -> Any:
         """This rank's finding on a received buffer of payloads (member i is rank ``ranks[i]``, by
@@ -304,8 +314,22 @@ class Reduction:
             return None
         return [np.asarray(ops.to_numpy(a)) for a in arrays]
 
+    def encode_fed(self, t: Part, x: Array, bounds: Sequence[tuple[int, int]],
+                   seeds: Sequence[Seed]) -> tuple[Any, tuple[int, ...]] | None:
+        """The payloads of this rank's raw gradient ``x`` (chunks ``bounds``, drawn with
+        ``seeds``) with its residual added, and the residual kept, in one pass
+        (:meth:`hvd_gradq.feedback.Memory.encode_fed` over :meth:`Codec.encode_fed`): the bytes
+        and each chunk's size; or None, where that pass does not apply, and the pattern runs
+        :meth:`compensate`, its encode and :meth:`sent`."""
+        if self.graph is not None:
+            return None
+        codec, config = t.codec, self.config
+        return self._memory().encode_fed(t.key, x, lambda xv, ev, s, ov: codec.encode_fed(config, xv, ev, s, ov,
+                                                                                          bounds, seeds))
+
     def compensate(self, key: str, x: Array) -> Array:
-        """An owner residual (``#reduce``, ``#host``...) added to ``x``."""
+        """A residual added to ``x``: an owner's (``#reduce``, ``#host``...), or this rank's own
+        where the pattern got the raw gradient and :meth:`encode_fed` did not apply."""
         return self._memory().compensate(key, x)
 
     def update(self, key: str, sent: Array, decoded: Array) -> None:
@@ -336,7 +360,9 @@ class Part:
     ``label``: how errors name it, where not by name and step; ``out``: an array of the tensor's
     size the pattern may write its result into (PyTorch: the gradient's own storage, where
     Horovod sets the gradient to the result, so that a huge tensor's sum needs no second copy of
-    it: the input is read by then), else None."""
+    it: the input is read by then), else None. ``compensated``: whether the gradient arrives
+    with this rank's residual added; False (a pattern whose row ``feeds``, with error feedback):
+    the pattern adds it, in one pass with its encode where it can (:meth:`Reduction.encode_fed`)."""
 
     name: str
     step: Any
@@ -346,6 +372,7 @@ class Part:
     draws: Callable[[str], Seed] | None = None
     label: str = ""
     out: Any = None
+    compensated: bool = True
 
     @property
     def key(self) -> str:

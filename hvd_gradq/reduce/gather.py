@@ -53,13 +53,21 @@ def gather(red: Reduction, t: Part, x: Array) -> Phases:
     t0 = time.perf_counter()
     error: GradqError | None = None
     own: Any = None
-    fuse = red.fuse_below > 0 and int(x.shape[0]) <= red.fuse_below  # (x: flat) a graph's driver leaves 0
+    n = int(red.ops.shape(x)[0])
+    fuse = red.fuse_below > 0 and n <= red.fuse_below  # (x: flat) a graph's driver leaves 0
+    seed = red.words(t)
+    fed = None
     try:
-        buf, own = t.codec.encode(red.config, x, red.words(t), t.what)
+        fed = None if t.compensated else red.encode_fed(t, x, ((0, n),), (seed,))
+        if fed is None:
+            x = x if t.compensated else red.compensate(t.key, x)
+            buf, own = t.codec.encode(red.config, x, seed, t.what)
+        else:
+            buf = fed[0]
     except GradqError as e:  # tell the other ranks, so that they raise too
         error, buf = e, poison(stop_of(e))
     red.took("encode", t0)
-    if error is None and red.ef:
+    if error is None and red.ef and fed is None:
         red.sent(t, x, t.codec.values(own))
     del x  # read: with error feedback a full-size array of its own, not kept while the gather is out
     gathered = yield Allgather(collective(g.key, Kind.GATHER, t.name), buf, last=not red.verdict_round, fuse=fuse)
@@ -91,9 +99,15 @@ def scatter(red: Reduction, t: Part, x: Array) -> Phases:
     t0 = time.perf_counter()
     error: GradqError | None = None
     owns: list[Any] = []
+    seeds = [red.words(t, f"#{j}") for j in range(g.size)]
+    fed = None
     try:
-        buf, lens, owns = t.codec.encode_chunks(red.config, x, bounds, [red.words(t, f"#{j}") for j in range(g.size)],
-                                                t.what)
+        fed = None if t.compensated else red.encode_fed(t, x, bounds, seeds)
+        if fed is None:
+            x = x if t.compensated else red.compensate(t.key, x)
+            buf, lens, owns = t.codec.encode_chunks(red.config, x, bounds, seeds, t.what)
+        else:
+            buf, lens = fed
     except GradqError as e:
         why = stop_of(e)
         bufs = [poison(why)] * len(bounds)
@@ -104,7 +118,7 @@ def scatter(red: Reduction, t: Part, x: Array) -> Phases:
                 f"{t.what}: this rank had non-finite values (NaN/Inf) in this gradient (nonfinite=raise); "
                 "the default nonfinite=propagate carries them through as Horovod does")
     red.took("encode", t0)
-    if error is None and red.ef:
+    if error is None and red.ef and fed is None:
         red.sent(t, x, red.ops.concat([t.codec.values(o) for o in owns], 0))
     mine = owns[g.rank] if owns else None
     del x, owns  # read: only this rank's own chunk waits for the alltoall

@@ -69,7 +69,10 @@ class Entry:
     gradient's shape in its header, as TensorFlow does; chunks and pieces are flat); ``raw``
     whether it takes the gradient as it is and decides a stop on NaN/Inf itself (summable: its
     statistics carry the news), where a graph driver hands the others a zeroed tensor and the
-    poison instead."""
+    poison instead; ``feeds`` whether its phases can take the gradient without this rank's
+    residual and add it themselves, in one pass with the encode (:meth:`Reduction.encode_fed`:
+    gather, scatter), so that an eager driver with error feedback hands it over raw
+    (``Part(compensated=False)``)."""
 
     run: Run
     encodes_first: bool = False
@@ -77,11 +80,14 @@ class Entry:
     widths: Widths = _none
     whole: bool = False
     raw: bool = False
+    feeds: bool = False
 
 
 PATTERNS: dict[Pattern, Entry] = {
-    Pattern.GATHER: Entry(lambda red, t, x, ops, c: gather(red, t, x), encodes_first=True, whole=True),
-    Pattern.SCATTER: Entry(lambda red, t, x, ops, c: scatter(red, t, x), encodes_first=True, widths=_scatter_widths),
+    Pattern.GATHER: Entry(lambda red, t, x, ops, c: gather(red, t, x), encodes_first=True, whole=True,
+                            feeds=True),
+    Pattern.SCATTER: Entry(lambda red, t, x, ops, c: scatter(red, t, x), encodes_first=True, widths=_scatter_widths,
+                             feeds=True),
     Pattern.SUMMABLE: Entry(lambda red, t, x, ops, c: summable(red, t, x, ops), raw=True),
     Pattern.HIERARCHICAL: Entry(lambda red, t, x, ops, c: hierarchical(red, t, x, hosts_of(t.group), c.cross),
                                 host_fp32=True, widths=_hier_widths),

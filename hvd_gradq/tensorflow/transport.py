@@ -107,6 +107,12 @@ class GraphCodec:
                       what: str) -> tuple[Any, tuple[int, ...], list[Own]]:
         return self._chunks(as_config(config).scheme, x, tuple(bounds), seeds, None)
 
+    def encode_fed(self, config: SchemeLike, x: Any, e: Any, scale: float | None, e_out: Any,
+                   bounds: Sequence[tuple[int, int]], seeds: Sequence[Seed]) -> None:
+        """None: a graph adds the residual and keeps the new one in ops of its own
+        (:class:`hvd_gradq.feedback.Memory`'s host ops), around the encode's."""
+        return None
+
     def _chunks(self, scheme: Scheme, x: Any, bounds: tuple[tuple[int, int], ...], seeds: Sequence[Seed],
                 header: tuple[tuple[int, ...], str] | None) -> tuple[Any, tuple[int, ...], list[Own]]:
         a = tf.stack([s[0] for s in seeds])  # type: ignore[index]

@@ -278,9 +278,7 @@ class GradqCompressor(CompressorCore):
             out = tensor.to(torch.float16) if pattern is Pattern.FP16 else (
                 tensor.to(torch.float32) if tensor.dtype == torch.bfloat16 else tensor)
             return self._telemetry.compressed(t0, (out, Pass(name, tensor.dtype)))
-        x = tensor.detach().reshape(-1).to(torch.float32)
-        if self.policy.ef:
-            x = self.memory.compensate(name, x)
+        x = tensor.detach().reshape(-1).to(torch.float32)  # its residual is added as the pattern starts
         ctx = Ctx(name, step, tensor.shape, tensor.dtype, tensor.device, group, choice)
         # where Horovod sets the gradient to the result, the result goes into the gradient's own
         # storage as stock Horovod's in-place allreduce: no second full-size copy of a huge tensor

@@ -129,7 +129,9 @@ class Reducer:
     def start(self, choice: Choice, name: str, step: int, group: core.Group, x: torch.Tensor,
               out: torch.Tensor | None = None) -> Flow:
         """Start the chosen pattern for tensor ``name`` at ``step`` over ``group`` on ``x`` (float32,
-        flat, error feedback already added): its first segment, up to its first collective.
+        flat, the raw gradient): its first segment, up to its first collective. With error
+        feedback the residual is added here, or by a pattern that ``feeds`` (gather, scatter) in
+        one pass with its encode.
         ``out``: a flat float32 tensor of ``x``'s size the result may be written into once ``x``
         is read (the gradient's storage, where Horovod sets the gradient to the result), or None.
 
@@ -145,7 +147,10 @@ class Reducer:
         if out is not None and (out.device != torch.device(where) or out.dtype != torch.float32
                                 or not out.is_contiguous() or out.numel() != x.numel()):
             out = None
-        part = core.Part(name, step, group, TorchCodec(on_dev, where, own=self.policy.ef), out=out)
+        fed = self.policy.ef and row.feeds
+        if self.policy.ef and not fed:
+            x = self.memory.compensate(name, x)
+        part = core.Part(name, step, group, TorchCodec(on_dev, where, own=self.policy.ef), out=out, compensated=not fed)
         if not on_dev and not row.encodes_first:  # the host codec's encode copies to the host itself
             x = x.detach().cpu()
         transport = HorovodTransport(group.process_set, self.stats.clock)

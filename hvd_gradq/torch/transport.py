@@ -29,6 +29,7 @@ from ..api import decode_flat, split
 from ..errors import GradqError, RankMismatchError
 from ..frontend.workers import wait
 from ..reduce import stop as codec
+from ..reduce.codec import encode_fed
 from ..reduce.core import Allgather, Allreduce, Alltoall, Barrier, Request
 from ..reduce.integrity import Phase, verify_payloads
 from ..reduce.stats import Clock
@@ -251,6 +252,19 @@ class TorchCodec:
                       what: str) -> tuple[NDArray[np.uint8], tuple[int, ...], list[Any]]:
         made = [self.encode(config, x[lo:hi], seed, what) for (lo, hi), seed in zip(bounds, seeds)]
         return np.concatenate([b for b, _ in made]), tuple(int(b.shape[0]) for b, _ in made), [o for _, o in made]
+
+    def encode_fed(self, config: SchemeLike, x: Any, e: Any, scale: float | None, e_out: Any,
+                   bounds: Sequence[tuple[int, int]],
+                   seeds: Sequence[Seed]) -> tuple[NDArray[np.uint8], tuple[int, ...]] | None:
+        if self.on_device:  # a device codec: its residual stays on the device, in torch's operations
+            return None
+        bufs = []
+        for (lo, hi), seed in zip(bounds, seeds):
+            b = encode_fed(config, x[lo:hi], None if e is None else e[lo:hi], scale, e_out[lo:hi], seed)
+            if b is None:
+                return None
+            bufs.append(b)
+        return (bufs[0] if len(bufs) == 1 else np.concatenate(bufs)), tuple(int(b.shape[0]) for b in bufs)
 
     def verify(self, buf: NDArray[np.uint8], finder: int, phase: int, ranks: Sequence[int] | None = None,
                whole: bool = True) -> torch.Tensor:

@@ -81,6 +81,11 @@ def check(reports: dict) -> None:
     for r in reports:
         for spec, f in reports[r]["fusion"].items():
             assert f["same"] and f["fused_gathers"] >= 10 and f["fused_off"] == 0, (r, spec, f)
+    # error feedback inside the encode: the bits of the unfused rule over the NumPy reference, and
+    # fused indeed (every tensor a step: the model's are finite and in range)
+    for r in reports:
+        for spec, f in reports[r]["fed"].items():
+            assert f["same"] and f["fed"] == f["calls"] >= 10 and f["fed_off"] == 0, (r, spec, f)
     check_telemetry({r: reports[r]["results"]["orq:levels=5"] for r in reports}, size)
     # stats: gather payloads are the schemes' wire size; bytes below fp32 for compressing schemes
     for spec in [s for s in ("orq:levels=3", "orq:levels=5", "bingrad:ef=false", "uniform:bits=8", "sign") if s in res[0]]:

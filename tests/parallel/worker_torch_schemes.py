@@ -269,6 +269,36 @@ def fused_check(spec: str) -> dict:
 fusion = {spec: fused_check(spec + ",pattern=gather") for spec in ("orq:levels=5", "sign:ef=true")}
 
 
+# -- error feedback inside the encode: the bits of compensating, encoding, decoding and keeping the
+# residual one after the other, here run by the NumPy reference (the kernels off), which shares
+# no code with the fused kernels
+def fed_check(spec: str) -> dict:
+    from hvd_gradq import kernels
+
+    real = kernels.encode_fed
+    fed: list[int] = []
+
+    def counting(*a, **kw):
+        got = real(*a, **kw)
+        fed.append(got is not None)
+        return got
+
+    kernels.encode_fed = counting
+    try:
+        on = train(spec, 10)
+        fed_on, calls_on = sum(fed), len(fed)
+        with kernels.disabled():
+            off = train(spec, 10)
+    finally:
+        kernels.encode_fed = real
+    return {"same": on["digest"] == off["digest"], "fed": fed_on, "calls": calls_on, "fed_off": sum(fed) - fed_on,
+            "loss": [on["loss"], off["loss"]]}
+
+
+fed = {spec: fed_check(spec) for spec in ("orq:levels=5,ef=true,pattern=gather", "bingrad:pattern=scatter",
+                                          "uniform:bits=4,ef=true,pattern=gather,clip=2")}
+
+
 # -- oracle: the decoded mean (or sum) equals the NumPy oracle's decode of all ranks' payloads
 def oracle_check(spec: str, pattern: str, op=hvd.Average) -> tuple[bool, str]:
     p = torch.nn.Parameter(torch.zeros(1000))
@@ -336,4 +366,4 @@ def identity_check(bpps: int) -> dict:
 
 identity = {} if args.skip_identity else {"bpps1": identity_check(1), "bpps2": identity_check(2)}
 report(rank, {"results": results, "oracle": oracle, "identity": identity, "size": size, "kernels": kernels.available(),
-              "fusion": fusion})
+              "fusion": fusion, "fed": fed})
