@@ -53,7 +53,7 @@ from ..xp import seed_words
 # even, levels: each registers its kernels with @kernel_for; search: installs the level searches
 # the schemes call (hvd_gradq.schemes.searches)
 from . import even, levels, parallel, search  # noqa: F401
-from ._registry import Fed, Kernel, kernel, kernel_for, registered
+from ._registry import Fed, Kernel, kernel, kernel_for, limit32, registered
 from ._switch import available, disabled
 
 __all__ = ["Kernel", "available", "decode", "disabled", "encode", "encode_fed", "kernel", "kernel_for", "registered",
@@ -125,7 +125,7 @@ def encode_fed(scheme: Scheme, x: NDArray[np.float32], e: NDArray[np.float32] | 
     codes = np.empty(layout(k.s).nbytes(n), np.uint8)
     if n:
         fed = Fed(e if e is not None else e_out, e_out, np.float32(1.0 if scale is None else scale),
-                  scale is not None, e is not None, np.float64(scheme.limit))
+                  scale is not None, e is not None, limit32(scheme.limit))
         sa, sb = (int(seed[0]), int(seed[1])) if isinstance(seed, tuple) else seed_words(seed)
         least = parallel.MIN_RANGE_ELEMS // (parallel.SEARCH_DIVISOR if k.searches else 1)
         ranges = parallel.plan(n, k.d, k.unit, threads, least)

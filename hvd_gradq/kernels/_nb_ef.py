@@ -57,13 +57,42 @@ def _keep(r, o):
 
 
 @njit(inline="always", **_OPTS)
-def ef_out_table(pb, cv, tab, w, e, eout, start, scale, scaled, has_e):
-    """The residual of a bucket decoded against ``tab`` (``tab[code]``: sign's [-m, m], the
-    levels of bingrad and orq), into eout[start:start+w]."""
+def _tab_loop(pb, cv, tab, s, w, es, os, scale, scaled, has_e):
+    """:func:`ef_out_table` over views from 0. Two levels (bingrad) decode as a select, which
+    vectorizes; more, as the table lookup ``table_decode`` makes (a gather)."""
+    if s == 2:
+        t0, t1 = tab[0], tab[1]
+        for i in range(w):
+            r = pb[i] - (t1 if cv[i] else t0)
+            if scaled:
+                r = r / scale
+            os[i] = _keep(r, es[i] if has_e else F0)
+    else:
+        for i in range(w):
+            r = pb[i] - tab[cv[i]]
+            if scaled:
+                r = r / scale
+            os[i] = _keep(r, es[i] if has_e else F0)
+
+
+@njit(inline="always", **_OPTS)
+def ef_out_table(pb, cv, tab, s, w, e, eout, start, scale, scaled, has_e):
+    """The residual of a bucket decoded against its ``s`` levels ``tab`` (``tab[code]``: the
+    levels of bingrad and orq, as ``_nb_table.table_decode``), into eout[start:start+w]."""
     os = eout[start : start + w]
     es = e[start : start + w] if has_e else os
+    _tab_loop(pb, cv, tab, s, w, es, os, scale, scaled, has_e)
+
+
+@njit(inline="always", **_OPTS)
+def ef_out_sign(pb, cv, m, w, e, eout, start, scale, scaled, has_e):
+    """The residual of a sign bucket (``table_decode``'s signed table [-m, m] as a select: a
+    lookup in a two-entry table does not vectorize), into eout[start:start+w]."""
+    os = eout[start : start + w]
+    es = e[start : start + w] if has_e else os
+    nm = -m
     for i in range(w):
-        r = pb[i] - tab[cv[i]]
+        r = pb[i] - (m if cv[i] else nm)
         if scaled:
             r = r / scale
         os[i] = _keep(r, es[i] if has_e else F0)

@@ -21,7 +21,7 @@ from ._nb_common import (
     _tree_of,
     f16_round,
 )
-from ._nb_ef import ef_in, ef_out_even, ef_out_table
+from ._nb_ef import ef_in, ef_out_even, ef_out_sign
 from ._nb_pack import _flush, _unit, _unpack
 
 
@@ -175,7 +175,6 @@ def sign_encode(x, n, d, clip_c, fp16, meta, out, b0, b1, opos, ef, e, eout, sca
     xc = np.empty(d, np.float32)
     cb = np.empty(d + 16, np.uint8)
     pb = np.empty(d if ef else 1, np.float32)
-    tab = np.empty(2, np.float32)
     pend = 0
     for b in range(b0, b1):
         start = b * d
@@ -197,9 +196,7 @@ def sign_encode(x, n, d, clip_c, fp16, meta, out, b0, b1, opos, ef, e, eout, sca
         for i in range(w):
             cv[i] = np.uint8(xb[i] >= F0)
         if ef:  # decoded as _nb_table.table_decode's signed table
-            tab[0] = -m
-            tab[1] = m
-            ef_out_table(sent, cv, tab, w, e, eout, start, scale, scaled, has_e)
+            ef_out_sign(sent, cv, m, w, e, eout, start, scale, scaled, has_e)
         pend, opos = _flush(lid, two, one, one, cb, pend + w, out, opos, no)
     pend, opos = _flush(lid, two, one, one, cb, pend, out, opos, yes)
     return opos

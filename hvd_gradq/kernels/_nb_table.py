@@ -102,7 +102,7 @@ def sorted_encode(kind, param, x, xoff, srt, n, d, b0, b1, s, g, bits, lid, clip
             meta[b * s + k] = t
         _table_codes(xb, w, tab, s, stoch, sa, sb, start, lob, hib, jb, cb[pend : pend + w])
         if ef:
-            ef_out_table(sent, cb[pend : pend + w], tab, w, e, eout, start, scale, scaled, has_e)
+            ef_out_table(sent, cb[pend : pend + w], tab, s, w, e, eout, start, scale, scaled, has_e)
         pend, opos = _flush(lid, s, g, bits, cb, pend + w, out, opos, n < 0)
     state[0] = pend
     state[1] = opos
@@ -184,7 +184,7 @@ def orq_small_encode(x, n, d, s, g, bits, lid, clip_c, fp16, sa, sb, meta, out, 
             meta[b * s + k] = t32
         _table_codes(xb, w, tab, s, True, sa, sb, start, lob, hib, jb, cb[pend : pend + w])
         if ef:
-            ef_out_table(sent, cb[pend : pend + w], tab, w, e, eout, start, scale, scaled, has_e)
+            ef_out_table(sent, cb[pend : pend + w], tab, s, w, e, eout, start, scale, scaled, has_e)
         pend, opos = _flush(lid, s, g, bits, cb, pend + w, out, opos, n < 0)
     pend, opos = _flush(lid, s, g, bits, cb, pend, out, opos, n >= 0)
     return opos

@@ -40,13 +40,21 @@ class Fed:
     scale: np.float32
     scaled: bool
     has_e: bool
-    limit: np.float64  # float64: the comparison of a float32 value with it is exact
+    limit: np.float32  # :func:`limit32` of the scheme's bound
     on: bool = True
+
+
+def limit32(limit: float) -> np.float32:
+    """The float32 ``L`` for which ``|v| < L`` is ``|v| < limit`` for every float32 ``v``:
+    ``limit`` itself where float32 holds it (2**127, inf), else the next float32 above it (a
+    comparison in float32 keeps the check's loop in float32 lanes)."""
+    l32 = np.float32(limit)
+    return np.nextafter(l32, np.float32(np.inf)) if float(l32) < limit else l32
 
 
 _DUMMY = np.zeros(1, np.float32)
 #: what an encode without error feedback hands the kernels (its arrays are never read)
-NO_FED = Fed(_DUMMY, _DUMMY, np.float32(1.0), False, False, np.float64(np.inf), on=False)
+NO_FED = Fed(_DUMMY, _DUMMY, np.float32(1.0), False, False, np.float32(np.inf), on=False)
 
 
 @dataclass(frozen=True)
