@@ -139,13 +139,14 @@ def quantize(x: Any, spec: str | Scheme | Config, *, seed: Seed = 0, name: str =
 
 
 def quantize_fed(x: NDArray[np.float32], e: NDArray[np.float32] | None, scale: float | None, scheme: Scheme,
-                 seed: Seed, e_out: NDArray[np.float32]) -> Payload | None:
+                 seed: Seed, e_out: NDArray[np.float32], flush: bool = False) -> Payload | None:
     """The payload of ``x + e * scale`` (flat float32; ``x`` where ``e`` is None) with error
     feedback's new residual written to ``e_out``, in one pass (:func:`hvd_gradq.kernels.encode_fed`),
     or None where that pass does not apply (no compiled kernel for the scheme, or a compensated
     value :func:`quantize` would not encode as it is: NaN/Inf, beyond ``scheme.limit``): then
-    the caller compensates and runs :func:`quantize`, which applies the policy to such values."""
-    parts = kernels.encode_fed(scheme, x, e, scale, seed, e_out)
+    the caller compensates and runs :func:`quantize`, which applies the policy to such values.
+    ``flush``: the rule's arithmetic as TensorFlow's kernels do it (subnormals as zeros)."""
+    parts = kernels.encode_fed(scheme, x, e, scale, seed, e_out, flush=flush)
     return None if parts is None else payload_of(scheme, parts, (int(x.shape[0]),), "float32")
 
 

@@ -237,7 +237,7 @@ class Memory:
             stored = self._stored(key, x)
             if stored is None:
                 return x
-            return self._graph_pass(_compensate_pass, x, x=x, e=stored[0], mine=stored[1], scale=self._op_scale())
+            return self._graph_pass(fused.graph_compensate, x, x=x, e=stored[0], mine=stored[1], scale=self._op_scale())
         e = self.store.read(key, x)
         if e is None:
             return x
@@ -256,8 +256,9 @@ class Memory:
         if self._undo is None and self._graph(sent, decoded):
             stored = self._stored(key, sent)
             old, mine = (None, None) if stored is None else stored
-            self.store.write(key, self._graph_pass(_residual_pass, sent, sent=sent, decoded=decoded, old=old, mine=mine,
-                                                   scale=self._op_scale(), keep=keep, result=result, hold=hold))
+            self.store.write(key, self._graph_pass(fused.graph_residual, sent, sent=sent, decoded=decoded, old=old,
+                                                   mine=mine, scale=self._op_scale(), keep=keep, result=result,
+                                                   hold=hold))
             return
         old = self.store.read(key, sent)
         if self._undo is not None and key not in self._undo:
@@ -278,6 +279,36 @@ class Memory:
             if also is not None:
                 bad = bad | also
         self.store.write(key, self.ops.where(bad, self._zero if old is None else old, e))
+
+    def fed_inputs(self, key: str, x: Array) -> tuple[Array | None, Array | None, Any] | None:
+        """What a graph's one-pass encode takes to add ``key``'s residual to ``x`` itself
+        (:func:`hvd_gradq.tensorflow.host.fed_encoder`; its new residual comes back to
+        :meth:`settle`): (the residual, whether this rank owns it, the step's scale), each None
+        where there is none; or None where the classic rule does not run on host values (another
+        rule; ``x`` not a float32 tensor on the CPU), and :meth:`compensate` / :meth:`update` run."""
+        if self._op is None or not self._on_host(x):
+            return None
+        stored = self._stored(key, x)
+        e, mine = (None, None) if stored is None else stored
+        return e, mine, self._op_scale()
+
+    def settle(self, key: str, new: Array, result: Array | None = None, hold: Array | None = None) -> None:
+        """Keep ``new`` as ``key``'s residual: one a graph's encode made in its pass (the old one
+        already kept where it is not finite: :func:`hvd_gradq.tensorflow.host.fed_encoder`), with
+        the step's masks :meth:`update` applies: the old residual (zero without one, or where it
+        is another rank's) stays where ``result`` is not finite and everywhere while ``hold``
+        (a warm-up step) is set. One host op where :meth:`update`'s would be one, else a select."""
+        if self._graph(new):
+            stored = self._stored(key, new)
+            old, mine = (None, None) if stored is None else stored
+            self.store.write(key, self._graph_pass(fused.graph_settle, new, new=new, old=old, mine=mine, result=result,
+                                                   hold=hold))
+            return
+        old = self.store.read(key, new)
+        bad = None if result is None else ~self.ops.isfinite(result)
+        if hold is not None:
+            bad = hold if bad is None else bad | hold
+        self.store.write(key, new if bad is None else self.ops.where(bad, self._zero if old is None else old, new))
 
     def encode_fed(self, key: str, x: Array, encode: Callable[[Any, Any, float | None, Any], T | None]) -> T | None:
         """Compensate ``x`` (the raw gradient), encode it and keep the new residual of ``key`` in
@@ -366,30 +397,3 @@ class Memory:
             else:
                 self.store.write(key, old)
         self._undo.clear()
-
-
-# -- the two host passes a graph runs (Memory._graph_pass): the arrays are the inputs' host values --
-
-def _mine(value: Any, mine: Any) -> Any:
-    """The stored residual, or None where it is another rank's (``mine`` False): zero."""
-    return value if mine is None or bool(mine) else None
-
-
-def _scalar(scale: Any) -> float | None:
-    return None if scale is None else float(scale)
-
-
-def _compensate_pass(flush: bool, x: Any, e: Any, mine: Any = None, scale: Any = None) -> Any:
-    """``x + e * S`` (:func:`hvd_gradq.kernels.feedback.compensate`), a zero residual where it
-    is not this rank's (still added: ``-0.0 + 0.0`` is ``0.0``, as the graph's rule gives)."""
-    e = _mine(e, mine)
-    return fused.compensate(x, np.zeros_like(x) if e is None else e, _scalar(scale), flush=flush)
-
-
-def _residual_pass(flush: bool, sent: Any, decoded: Any, old: Any = None, mine: Any = None, scale: Any = None,
-                   keep: Any = None, result: Any = None, hold: Any = None) -> Any:
-    """The residual to keep (:func:`hvd_gradq.kernels.feedback.residual`: ``result``'s NaN/Inf
-    looked for in the same pass), all of the old one where ``hold`` is set."""
-    if hold is not None and bool(hold):
-        keep = np.ones(sent.shape, np.bool_)
-    return fused.residual(sent, decoded, _scalar(scale), keep, _mine(old, mine), flush=flush, result=result)

@@ -21,6 +21,7 @@ import argparse  # noqa: E402
 import sys  # noqa: E402
 import time  # noqa: E402
 from collections.abc import Callable  # noqa: E402
+from functools import partial  # noqa: E402
 from pathlib import Path  # noqa: E402
 from typing import Any  # noqa: E402
 
@@ -43,6 +44,28 @@ def best_of(fn: Callable[[], Any], reps: int) -> float:
     return best * 1e3
 
 
+def measure(x: np.ndarray, e: np.ndarray, spec: str, threads: int, reps: int) -> tuple[float, float, float]:
+    """Best ms of the unfused chain, the one pass and the encode alone, for one scheme."""
+    from hvd_gradq.api import decode_flat, quantize, quantize_fed
+    from hvd_gradq.kernels import feedback as fused
+    from hvd_gradq.spec import parse_scheme
+
+    scheme = parse_scheme(spec)
+    e_out = np.empty_like(x)
+
+    def unfused() -> None:
+        p = fused.compensate(x, e, None)
+        fused.residual(p, decode_flat(quantize(p, scheme, seed=1, threads=threads), threads), None, None, e, e_out)
+
+    def one_pass() -> None:
+        quantize_fed(x, e, None, scheme, 1, e_out)
+
+    def plain() -> None:
+        quantize(x, scheme, seed=1, threads=threads)
+
+    return best_of(unfused, reps), best_of(one_pass, reps), best_of(plain, reps)
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--schemes", default=",".join(SCHEMES))
@@ -51,41 +74,20 @@ def main() -> int:
     ap.add_argument("--reps", type=int, default=15)
     ap.add_argument("--out", default=str(ROOT / "results" / "micro" / "ef_encode.md"))
     args = ap.parse_args()
-
-    from hvd_gradq.api import decode_flat, quantize, quantize_fed
-    from hvd_gradq.kernels import feedback as fused
-    from hvd_gradq.spec import parse_scheme
-
     rng = np.random.default_rng(0)
     rows = []
     print(f"load average before: {' / '.join(f'{v:.2f}' for v in os.getloadavg())} on {os.cpu_count()} CPUs")
     for n in (int(s) for s in args.sizes.split(",")):
         x = rng.standard_normal(n).astype(np.float32)
         e = (0.1 * rng.standard_normal(n)).astype(np.float32)
-        dst = np.empty_like(x)
         reps = args.reps * max(1, (1 << 20) // n // 64)
-        copy_ms = best_of(lambda: np.copyto(dst, x), reps)
+        copy_ms = best_of(partial(np.copyto, np.empty_like(x), x), reps)
         for spec in args.schemes.split(","):
-            scheme = parse_scheme(spec)
             for th in args.threads:
-                e_out = np.empty_like(x)
-
-                def unfused() -> None:
-                    p = fused.compensate(x, e, None)
-                    pay = quantize(p, scheme, seed=1, threads=th)
-                    dec = decode_flat(pay, th)
-                    fused.residual(p, dec, None, None, e, e_out)
-
-                def one_pass() -> None:
-                    quantize_fed(x, e, None, scheme, 1, e_out)
-
-                def plain() -> None:
-                    quantize(x, scheme, seed=1, threads=th)
-
                 os.environ["HVD_GRADQ_THREADS"] = str(th)  # quantize_fed and the feedback passes read it
-                u, f, p = (best_of(fn, reps) for fn in (unfused, one_pass, plain))
-                row = {"n": n, "scheme": spec, "threads": th, "unfused": u, "fused": f, "encode": p, "copy": copy_ms}
-                rows.append(row)
+                u, f, p = measure(x, e, spec, th, reps)
+                rows.append({"n": n, "scheme": spec, "threads": th, "unfused": u, "fused": f, "encode": p,
+                             "copy": copy_ms})
                 ns = 1e6 / n
                 print(f"n={n} {spec} threads={th}: unfused {u * ns:.2f} ns/el ({u / copy_ms:.1f}x copy), fused "
                       f"{f * ns:.2f} ({f / copy_ms:.1f}x), encode alone {p * ns:.2f} ({p / copy_ms:.1f}x); "

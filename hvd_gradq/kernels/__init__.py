@@ -53,7 +53,7 @@ from ..xp import seed_words
 # even, levels: each registers its kernels with @kernel_for; search: installs the level searches
 # the schemes call (hvd_gradq.schemes.searches)
 from . import even, levels, parallel, search  # noqa: F401
-from ._registry import Fed, Kernel, kernel, kernel_for, limit32, registered
+from ._registry import Fed, Kernel, kernel, kernel_for, limit32, registered, scale_of
 from ._switch import available, disabled
 
 __all__ = ["Kernel", "available", "decode", "disabled", "encode", "encode_fed", "kernel", "kernel_for", "registered",
@@ -92,7 +92,8 @@ def encode(scheme: Scheme, x: NDArray[Any], seed: int | tuple[int, int], *, out:
 
 
 def encode_fed(scheme: Scheme, x: NDArray[np.float32], e: NDArray[np.float32] | None, scale: float | None,
-               seed: int | tuple[int, int], e_out: NDArray[np.float32], *, threads: int | None = None) -> Parts | None:
+               seed: int | tuple[int, int], e_out: NDArray[np.float32], *, flush: bool = False,
+               threads: int | None = None) -> Parts | None:
     """Error feedback's classic rule and the encode in one pass: the parts of
     ``scheme.encode(NUMPY, p, seed)`` for ``p = x + e * scale`` (``x`` where ``e`` is None: a
     first step), with the new residual ``(p - decoded) / scale`` (the old one, or 0, where that
@@ -108,8 +109,9 @@ def encode_fed(scheme: Scheme, x: NDArray[np.float32], e: NDArray[np.float32] | 
     payload with the others). The bits are the unfused path's: ``tests/unit/test_encode_fed.py``.
 
     ``x``, ``e`` and ``e_out`` are flat float32 arrays of one size (``e_out`` not ``e``: a step
-    that is rolled back needs the old residual); ``scale`` None: unscaled. ``threads``: as
-    :func:`encode`'s (each range writes its own slice of ``e_out``)."""
+    that is rolled back needs the old residual); ``scale`` None: unscaled. ``flush``: the rule's
+    arithmetic with subnormals as zeros, TensorFlow's (:mod:`.feedback`'s ``flush``). ``threads``:
+    as :func:`encode`'s (each range writes its own slice of ``e_out``)."""
     if not available():
         return None
     k = kernel(scheme)
@@ -124,8 +126,8 @@ def encode_fed(scheme: Scheme, x: NDArray[np.float32], e: NDArray[np.float32] | 
     meta = np.empty(k.nbuckets(n) * k.mw, np.float32)
     codes = np.empty(layout(k.s).nbytes(n), np.uint8)
     if n:
-        fed = Fed(e if e is not None else e_out, e_out, np.float32(1.0 if scale is None else scale),
-                  scale is not None, e is not None, limit32(scheme.limit))
+        s, scaled = scale_of(scale, flush)
+        fed = Fed(e if e is not None else e_out, e_out, s, scaled, e is not None, limit32(scheme.limit), flush)
         sa, sb = (int(seed[0]), int(seed[1])) if isinstance(seed, tuple) else seed_words(seed)
         least = parallel.MIN_RANGE_ELEMS // (parallel.SEARCH_DIVISOR if k.searches else 1)
         ranges = parallel.plan(n, k.d, k.unit, threads, least)

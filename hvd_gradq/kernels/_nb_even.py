@@ -69,7 +69,7 @@ def _even_codes(xb, w, lo, step, smax, stoch, sa, sb, start, cv):
 
 @njit(**_OPTS)
 def even_encode(x, n, d, s, g, bits, lid, amode, mmode, cst, clip_c, fp16, stoch, sa, sb, meta, out, b0, b1, opos,
-                ef, e, eout, scale, scaled, has_e, limit):
+                ef, e, eout, scale, scaled, has_e, limit, flush):
     """Buckets b0..b1 of the n elements; their codes are packed from byte ``opos`` of ``out``
     (b0 * d a multiple of the layout's unit: :mod:`.parallel`). The draws and the meta stay
     indexed by the global element and bucket, so a range's bytes are the whole call's.
@@ -88,7 +88,7 @@ def even_encode(x, n, d, s, g, bits, lid, amode, mmode, cst, clip_c, fp16, stoch
         w = min(d, n - start)
         xb = x[start : start + w]
         if ef:
-            if not ef_in(x, e, start, w, scale, scaled, has_e, limit, pb):
+            if not ef_in(x, e, start, w, scale, scaled, has_e, limit, flush, pb):
                 return -1
             xb = pb[:w]
         sent = xb
@@ -116,7 +116,7 @@ def even_encode(x, n, d, s, g, bits, lid, amode, mmode, cst, clip_c, fp16, stoch
             step = m0 * cst
         _even_codes(xb, w, lo, step, smax, stoch, sa, sb, start, cb[pend : pend + w])
         if ef:
-            ef_out_even(sent, cb[pend : pend + w], lo, step, w, e, eout, start, scale, scaled, has_e)
+            ef_out_even(sent, cb[pend : pend + w], lo, step, w, e, eout, start, scale, scaled, has_e, flush)
         pend, opos = _flush(lid, s, g, bits, cb, pend + w, out, opos, n < 0)
     pend, opos = _flush(lid, s, g, bits, cb, pend, out, opos, n >= 0)
     return opos
@@ -166,7 +166,7 @@ def even_decode(meta, data, n, d, s, g, bits, lid, magic, amode, cst, b0, b1, ou
 # sign: meta = tree_sum(|x|) * (1/w), code = x >= 0
 # ---------------------------------------------------------------------------------------------
 @njit(**_OPTS)
-def sign_encode(x, n, d, clip_c, fp16, meta, out, b0, b1, opos, ef, e, eout, scale, scaled, has_e, limit):
+def sign_encode(x, n, d, clip_c, fp16, meta, out, b0, b1, opos, ef, e, eout, scale, scaled, has_e, limit, flush):
     """Buckets b0..b1, packed from byte ``opos`` of ``out``; ``ef``..``limit`` and the value
     returned as :func:`even_encode`'s."""
     # (plain int64 and bool values, not literals: each literal would compile _flush again)
@@ -181,7 +181,7 @@ def sign_encode(x, n, d, clip_c, fp16, meta, out, b0, b1, opos, ef, e, eout, sca
         w = min(d, n - start)
         xb = x[start : start + w]
         if ef:
-            if not ef_in(x, e, start, w, scale, scaled, has_e, limit, pb):
+            if not ef_in(x, e, start, w, scale, scaled, has_e, limit, flush, pb):
                 return -1
             xb = pb[:w]
         sent = xb
@@ -196,7 +196,7 @@ def sign_encode(x, n, d, clip_c, fp16, meta, out, b0, b1, opos, ef, e, eout, sca
         for i in range(w):
             cv[i] = np.uint8(xb[i] >= F0)
         if ef:  # decoded as _nb_table.table_decode's signed table
-            ef_out_sign(sent, cv, m, w, e, eout, start, scale, scaled, has_e)
+            ef_out_sign(sent, cv, m, w, e, eout, start, scale, scaled, has_e, flush)
         pend, opos = _flush(lid, two, one, one, cb, pend + w, out, opos, no)
     pend, opos = _flush(lid, two, one, one, cb, pend, out, opos, yes)
     return opos

@@ -17,7 +17,7 @@ from ._nb_sort import sort_rows  # noqa: F401  (re-exported: levels.py sorts thr
 
 @njit(**_OPTS)
 def sorted_encode(kind, param, x, xoff, srt, n, d, b0, b1, s, g, bits, lid, clip_c, fp16, stoch,
-                  sa, sb, meta, out, state, cb, ef, e, eout, scale, scaled, has_e):
+                  sa, sb, meta, out, state, cb, ef, e, eout, scale, scaled, has_e, flush):
     """bingrad (kind 2; param 1: pb) or orq with 4 levels or more (kind 4: orq_exact) for
     buckets b0..b1, whose values start at element ``xoff`` of ``x`` and whose sorted values are
     the rows of ``srt``; packing state (pending codes, output position) in state/cb.
@@ -102,7 +102,7 @@ def sorted_encode(kind, param, x, xoff, srt, n, d, b0, b1, s, g, bits, lid, clip
             meta[b * s + k] = t
         _table_codes(xb, w, tab, s, stoch, sa, sb, start, lob, hib, jb, cb[pend : pend + w])
         if ef:
-            ef_out_table(sent, cb[pend : pend + w], tab, s, w, e, eout, start, scale, scaled, has_e)
+            ef_out_table(sent, cb[pend : pend + w], tab, s, w, e, eout, start, scale, scaled, has_e, flush)
         pend, opos = _flush(lid, s, g, bits, cb, pend + w, out, opos, n < 0)
     state[0] = pend
     state[1] = opos
@@ -111,7 +111,7 @@ def sorted_encode(kind, param, x, xoff, srt, n, d, b0, b1, s, g, bits, lid, clip
 
 @njit(**_OPTS)
 def orq_small_encode(x, n, d, s, g, bits, lid, clip_c, fp16, sa, sb, meta, out, b0, b1, opos,
-                     ef, e, eout, scale, scaled, has_e, limit):
+                     ef, e, eout, scale, scaled, has_e, limit, flush):
     """Buckets b0..b1, packed from byte ``opos`` of ``out``; ``ef``..``limit`` and the value
     returned as ``_nb_even.even_encode``'s."""
     buf = np.empty(_pow2_at_least(d), np.float32)
@@ -134,7 +134,7 @@ def orq_small_encode(x, n, d, s, g, bits, lid, clip_c, fp16, sa, sb, meta, out, 
         w = min(d, n - start)
         xb = x[start : start + w]
         if ef:
-            if not ef_in(x, e, start, w, scale, scaled, has_e, limit, pb):
+            if not ef_in(x, e, start, w, scale, scaled, has_e, limit, flush, pb):
                 return -1
             xb = pb[:w]
         sent = xb
@@ -184,7 +184,7 @@ def orq_small_encode(x, n, d, s, g, bits, lid, clip_c, fp16, sa, sb, meta, out, 
             meta[b * s + k] = t32
         _table_codes(xb, w, tab, s, True, sa, sb, start, lob, hib, jb, cb[pend : pend + w])
         if ef:
-            ef_out_table(sent, cb[pend : pend + w], tab, s, w, e, eout, start, scale, scaled, has_e)
+            ef_out_table(sent, cb[pend : pend + w], tab, s, w, e, eout, start, scale, scaled, has_e, flush)
         pend, opos = _flush(lid, s, g, bits, cb, pend + w, out, opos, n < 0)
     pend, opos = _flush(lid, s, g, bits, cb, pend, out, opos, n >= 0)
     return opos

@@ -9,6 +9,7 @@ numba modules are imported by the kernels when they first run.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from functools import lru_cache
@@ -33,7 +34,8 @@ _FACTORIES: dict[type[Scheme], Factory] = {}
 class Fed:
     """Error feedback inside an encode (:func:`hvd_gradq.kernels.encode_fed`): the residual ``e``
     (read only where ``has_e``: a tensor's first step has none), the array its new residual goes
-    to, the loss scale (``scaled``: multiply and divide by it), and the input check's bound."""
+    to, the loss scale (``scaled``: multiply and divide by it), and the input check's bound;
+    ``flush``: subnormals as zeros in the rule's arithmetic, as TensorFlow's kernels compute it."""
 
     e: NDArray[np.float32]
     out: NDArray[np.float32]
@@ -41,7 +43,20 @@ class Fed:
     scaled: bool
     has_e: bool
     limit: np.float32  # :func:`limit32` of the scheme's bound
+    flush: bool = False
     on: bool = True
+
+
+_TINY = np.float32(np.finfo(np.float32).tiny)  # the smallest normal float32
+
+
+def scale_of(scale: float | None, flush: bool) -> tuple[np.float32, bool]:
+    """A loss scale as the error-feedback kernels take it (1 where None; with ``flush`` a
+    subnormal one is a zero of its sign, as TensorFlow's kernels read it) and whether there is one."""
+    s = np.float32(1.0 if scale is None else scale)
+    if flush and abs(s) < _TINY:  # Python's test: a NumPy call on a scalar costs microseconds
+        s = np.float32(math.copysign(0.0, float(s)))
+    return s, scale is not None
 
 
 def limit32(limit: float) -> np.float32:

@@ -42,7 +42,7 @@ class EvenKernel(Kernel):
         return int(_nb().even_encode(x, n, self.d, self.s, self.g, self.bits, self.lid, self.amode, self.mmode,
                                      self.cst, self.clip, self.fp16, self.stoch, sa, sb, meta, codes, b0, b1,
                                      self.byte_at(b0 * self.d), f.on, f.e, f.out, f.scale, f.scaled, f.has_e,
-                                     f.limit)) >= 0
+                                     f.limit, f.flush)) >= 0
 
     def decode(self, meta: NDArray[Any], codes: NDArray[Any], n: int, b0: int, b1: int, out: NDArray[Any],
                acc: bool) -> None:
@@ -78,7 +78,7 @@ class SignKernel(Kernel):
         f = fed
         return int(_nb().sign_encode(x, n, self.d, self.clip, self.fp16, meta, codes, b0, b1,
                                      self.byte_at(b0 * self.d), f.on, f.e, f.out, f.scale, f.scaled, f.has_e,
-                                     f.limit)) >= 0
+                                     f.limit, f.flush)) >= 0
 
     def decode(self, meta: NDArray[Any], codes: NDArray[Any], n: int, b0: int, b1: int, out: NDArray[Any],
                acc: bool) -> None:

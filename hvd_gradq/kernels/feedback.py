@@ -21,13 +21,13 @@ single-threaded too.
 """
 from __future__ import annotations
 
-import math
 from typing import Any
 
 import numpy as np
 from numpy.typing import NDArray
 
 from . import parallel
+from ._registry import scale_of
 from ._switch import available
 
 F32 = NDArray[np.float32]
@@ -41,13 +41,6 @@ def _ranges(n: int) -> list[tuple[int, int]]:
     return [(b0, min(b1, n)) for b0, b1 in parallel.plan(n, 1, 1, None)]
 
 
-def _scale(scale: float | None, flush: bool) -> tuple[np.float32, bool]:
-    s = np.float32(1.0 if scale is None else scale)
-    if flush and abs(s) < _TINY:  # Python's test: a NumPy call on a scalar costs microseconds
-        s = np.float32(math.copysign(0.0, float(s)))
-    return s, scale is not None
-
-
 def _flushed(a: Any) -> Any:
     """``a`` with each subnormal a zero of its sign (the NumPy form of ``_nb_feedback._ftz``)."""
     return np.where(np.abs(a) < _TINY, np.copysign(np.float32(0.0), a), a).astype(np.float32)
@@ -57,7 +50,7 @@ def compensate(x: F32, e: F32, scale: float | None, out: F32 | None = None, flus
     """``x + e * scale`` (``x + e`` where ``scale`` is None) as float32, into ``out`` if given;
     ``flush``: with subnormals as zeros, as TensorFlow computes it."""
     out = np.empty_like(x) if out is None else out
-    s, scaled = _scale(scale, flush)
+    s, scaled = scale_of(scale, flush)
     if not available():
         f = _flushed if flush else np.asarray
         b = f(e)
@@ -76,7 +69,7 @@ def residual(sent: F32, decoded: F32, scale: float | None, keep: NDArray[np.bool
     step's reduced tensor, or None) is not finite; into ``out`` if given (which may be ``old``).
     ``flush``: with subnormals as zeros, as TensorFlow computes it."""
     out = np.empty_like(sent) if out is None else out
-    s, scaled = _scale(scale, flush)
+    s, scaled = scale_of(scale, flush)
     if not available():
         f = _flushed if flush else np.asarray
         e: Any = f(f(sent) - f(decoded))
@@ -111,3 +104,44 @@ def warm() -> None:
     (``python -m hvd_gradq warm`` and the loading ahead of a job's first step call it)."""
     x = np.ones(4, np.float32)
     residual(compensate(x, x, 2.0), x, 2.0, np.zeros(4, np.bool_), x)
+
+
+# -- the passes a graph runs as host ops (hvd_gradq.feedback.Memory's): the arrays are the inputs' host values --
+
+def _mine(value: Any, mine: Any) -> Any:
+    """The stored residual, or None where it is another rank's (``mine`` False): zero."""
+    return value if mine is None or bool(mine) else None
+
+
+def _scalar(scale: Any) -> float | None:
+    return None if scale is None else float(scale)
+
+
+def graph_compensate(flush: bool, x: Any, e: Any, mine: Any = None, scale: Any = None) -> Any:
+    """``x + e * S`` (:func:`compensate`), a zero residual where it
+    is not this rank's (still added: ``-0.0 + 0.0`` is ``0.0``, as the graph's rule gives)."""
+    e = _mine(e, mine)
+    return compensate(x, np.zeros_like(x) if e is None else e, _scalar(scale), flush=flush)
+
+
+def graph_settle(flush: bool, new: Any, old: Any = None, mine: Any = None, result: Any = None,
+                 hold: Any = None) -> Any:
+    """``new``, the old residual (0 without one, or where another rank's) where ``result`` is not
+    finite, all of the old one where ``hold`` is set (:meth:`hvd_gradq.feedback.Memory.settle`). A select: ``flush``
+    changes no bits."""
+    old = _mine(old, mine)
+    keep = old if old is not None else np.zeros_like(new)
+    if hold is not None and bool(hold):
+        return np.array(keep, np.float32)
+    if result is None:
+        return new
+    return np.where(np.isfinite(result), new, keep).astype(np.float32)
+
+
+def graph_residual(flush: bool, sent: Any, decoded: Any, old: Any = None, mine: Any = None, scale: Any = None,
+                   keep: Any = None, result: Any = None, hold: Any = None) -> Any:
+    """The residual to keep (:func:`residual`: ``result``'s NaN/Inf
+    looked for in the same pass), all of the old one where ``hold`` is set."""
+    if hold is not None and bool(hold):
+        keep = np.ones(sent.shape, np.bool_)
+    return residual(sent, decoded, _scalar(scale), keep, _mine(old, mine), flush=flush, result=result)

@@ -61,13 +61,14 @@ class SortedKernel(TableKernel):
             src = x[e0:e1]
             if held is not None:
                 src = held[: e1 - e0]
-                if not k.compensate_checked(x, fed.e, fed.scale, fed.scaled, fed.has_e, fed.limit, e0, e1, src):
+                if not k.compensate_checked(x, fed.e, fed.scale, fed.scaled, fed.has_e, fed.limit,
+                                            fed.flush, e0, e1, src):
                     return False
             rows = srt[: c1 - c0] if c1 <= full else np.empty((1, e1 - e0), np.float32)
             k.sort_rows(src.reshape(rows.shape), rows)
             k.sorted_encode(self.kind, self.param, src, e0, rows, n, d, c0, c1, self.s, self.g, self.bits, self.lid,
                             self.clip, self.fp16, self.stoch, sa, sb, meta, codes, state, cb, fed.on, fed.e, fed.out,
-                            fed.scale, fed.scaled, fed.has_e)
+                            fed.scale, fed.scaled, fed.has_e, fed.flush)
         from . import _nb_pack
 
         _nb_pack.final_flush(self.lid, self.s, self.g, self.bits, cb, state, codes)
@@ -83,7 +84,7 @@ class OrqSmallKernel(TableKernel):
         f = fed
         return int(_nb().orq_small_encode(x, n, self.d, self.s, self.g, self.bits, self.lid, self.clip, self.fp16, sa,
                                           sb, meta, codes, b0, b1, self.byte_at(b0 * self.d), f.on, f.e, f.out,
-                                          f.scale, f.scaled, f.has_e, f.limit)) >= 0
+                                          f.scale, f.scaled, f.has_e, f.limit, f.flush)) >= 0
 
 
 @kernel_for(BinGrad)

@@ -137,7 +137,8 @@ class Codec(Protocol):
         ...
 
     def encode_fed(self, config: SchemeLike, x: Any, e: Any, scale: float | None, e_out: Any,
-                   bounds: Sequence[tuple[int, int]], seeds: Sequence[Seed]) -> tuple[Any, tuple[int, ...]] | None:
+                   bounds: Sequence[tuple[int, int]],
+                   seeds: Sequence[Seed]) -> tuple[Any, tuple[int, ...], list[Any]] | None:
         """Error feedback's rule and the encode in one pass (:func:`hvd_gradq.kernels.encode_fed`),
         on host arrays (:meth:`hvd_gradq.feedback.Memory.encode_fed` hands them in): the payloads
         of the chunks of ``x + e * scale`` as :meth:`encode_chunks` makes them and their sizes,
@@ -229,6 +230,13 @@ class Graph(Protocol):
         with the step's keep mask, once the result's finiteness is known."""
         ...
 
+    def encode_fed(self, t: Part, x: Array, bounds: Sequence[tuple[int, int]],
+                   seeds: Sequence[Seed]) -> tuple[Any, tuple[int, ...], list[Any]] | None:
+        """As :meth:`Reduction.encode_fed`, in the graph: the payloads of the raw gradient with its
+        residual added, in one host function that also makes the new residual (the compressor
+        writes it with the step's keep mask), or None where the compressor added the residual."""
+        ...
+
     def add_rows(self, buf: Array, rows: int, m: int) -> Array:
         """As :meth:`Reduction.add_rows`, in one function the graph's optimizer cannot reorder."""
         ...
@@ -315,14 +323,14 @@ class Reduction:
         return [np.asarray(ops.to_numpy(a)) for a in arrays]
 
     def encode_fed(self, t: Part, x: Array, bounds: Sequence[tuple[int, int]],
-                   seeds: Sequence[Seed]) -> tuple[Any, tuple[int, ...]] | None:
+                   seeds: Sequence[Seed]) -> tuple[Any, tuple[int, ...], list[Any]] | None:
         """The payloads of this rank's raw gradient ``x`` (chunks ``bounds``, drawn with
         ``seeds``) with its residual added, and the residual kept, in one pass
         (:meth:`hvd_gradq.feedback.Memory.encode_fed` over :meth:`Codec.encode_fed`): the bytes
         and each chunk's size; or None, where that pass does not apply, and the pattern runs
         :meth:`compensate`, its encode and :meth:`sent`."""
         if self.graph is not None:
-            return None
+            return self.graph.encode_fed(t, x, bounds, seeds)
         codec, config = t.codec, self.config
         return self._memory().encode_fed(t.key, x, lambda xv, ev, s, ov: codec.encode_fed(config, xv, ev, s, ov,
                                                                                           bounds, seeds))

@@ -63,7 +63,7 @@ def gather(red: Reduction, t: Part, x: Array) -> Phases:
             x = x if t.compensated else red.compensate(t.key, x)
             buf, own = t.codec.encode(red.config, x, seed, t.what)
         else:
-            buf = fed[0]
+            buf, own = fed[0], fed[2][0]
     except GradqError as e:  # tell the other ranks, so that they raise too
         error, buf = e, poison(stop_of(e))
     red.took("encode", t0)
@@ -107,7 +107,7 @@ def scatter(red: Reduction, t: Part, x: Array) -> Phases:
             x = x if t.compensated else red.compensate(t.key, x)
             buf, lens, owns = t.codec.encode_chunks(red.config, x, bounds, seeds, t.what)
         else:
-            buf, lens = fed
+            buf, lens, owns = fed
     except GradqError as e:
         why = stop_of(e)
         bufs = [poison(why)] * len(bounds)

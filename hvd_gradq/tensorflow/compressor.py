@@ -70,7 +70,7 @@ from ..schemes.options import NonFinite
 from ..schemes.plain import FP16Scheme, NoneScheme
 from ..spec import SchemeLike
 from ..wire.payload import DTYPE_CODES, MAX_NDIM
-from . import codec, handshake, reduce, resume, telemetry
+from . import codec, handshake, reduce, residuals, resume, telemetry
 from . import elastic as tf_elastic
 from .callsite import check_op, function_graph, horovod_call_site, set_suffix
 from .context import Ctx
@@ -287,7 +287,11 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         one = self._host.one()  # a variable's [1.0]: Grappler would fold a constant operand (see Bookkeeping.one)
         if n == 0:
             return one
-        x = self._compensate(ctx, tf.reshape(tf.cast(tensor, tf.float32), (n,)))
+        flat = tf.reshape(tf.cast(tensor, tf.float32), (n,))
+        assert ctx.choice is not None
+        row = table.entry(ctx.choice.pattern)
+        fed = residuals.fed(self.memory, self.policy, self.scheme, ctx.slot, row, flat, self._loss_scale())
+        x = flat if fed is not None else residuals.compensate(self.memory, ctx.slot, flat, self._loss_scale())
         ctx.what = f"gradient {slot.key if slot is not None else '#' + key} {list(shape)}"
         raw = x  # the summable pattern decides on NaN/Inf itself (the core's summable)
         if self.policy.nonfinite is NonFinite.RAISE:
@@ -302,14 +306,12 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
             one = tf.where(finite, one, tf.fill((1,), float("nan")))
             x = tf.where(tf.math.is_finite(x), x, tf.zeros_like(x))
         ctx.x = x
-        assert ctx.choice is not None
-        row = table.entry(ctx.choice.pattern)
         ef = slot is not None and slot.residual is not None
         codec = GraphCodec(ctx.size, ctx.what, ef, ctx.finite, (shape, ctx.dtype.name) if row.whole else None)
         group = core.Group(ctx.rank, ctx.size, f"{self.cid}.", ctx.local, ps)
         part = core.Part(f"{key}{set_suffix(ps)}", step, group, codec, slot.key if slot is not None else "",
-                         lambda tag: words(stream(tag), step), ctx.what)
-        ctx.flow = reduce.begin(ctx.choice, self.scheme, ef, raw if row.raw else x, part)
+                         lambda tag: words(stream(tag), step), ctx.what, compensated=fed is None)
+        ctx.flow = reduce.begin(ctx.choice, self.scheme, ef, raw if row.raw else x, part, fed)
         ctx.result = ctx.flow.handle  # the first collective's result: a tensor of the graph, as callers may want it
         return one
 
@@ -338,22 +340,6 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         ctx.warm = warm
         return one, ctx
 
-    # -- error feedback (hvd_gradq.feedback.Memory): p = g + e before encoding, e <- p - own after --
-    def _compensate(self, ctx: Ctx, x: Any) -> Any:
-        """x + the slot's residual in the loss scale's units (zero where another rank owns it)."""
-        if ctx.slot is None or ctx.slot.residual is None:
-            return x
-        self.memory.begin_step(self._loss_scale())  # a graph has no step boundary: the scale per tensor
-        return self.memory.compensate(ctx.slot.key, x)
-
-    def _store_residual(self, ctx: Ctx, own: Any, out: Any) -> None:
-        """residual <- (x - own) / scale, but the previous one where that or the result ``out`` is
-        not finite (a skipped step must not poison error feedback), and all of it in a warm-up
-        step; this rank owns it from now on. One host op on the CPU (:class:`Memory`)."""
-        assert ctx.slot is not None
-        self.memory.begin_step(self._loss_scale())
-        self.memory.update(ctx.slot.key, ctx.x, own, result=out, hold=ctx.warm)
-
     @_no_convert
     def decompress(self, tensor: Any, ctx: Any) -> Any:
         if ctx is None:  # IndexedSlices, or a rank outside the process set: untouched
@@ -374,8 +360,7 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         # Horovod's [1.0] came back as v = post * op(pre * 1): the result is out * v / N, written
         # as out / N (v == 1) and out (v == N) so that the plain cases keep their bits.
         out = codec.final_scale(ctx.n, ctx.size)(out, tf.reshape(tensor, (-1,))[0])
-        if own is not None and ctx.slot is not None and ctx.slot.residual is not None:
-            self._store_residual(ctx, own, out)
+        residuals.keep(self.memory, ctx, own, out, self._loss_scale())
         return tf.cast(tf.reshape(out, ctx.shape), ctx.dtype)
 
     def _finish(self, ctx: Ctx) -> tuple[Any, Any]:

@@ -56,6 +56,7 @@ from numpy.typing import NDArray
 from .. import kernels
 from ..api import Payload, decode_flat, parse_one, payload_of, split
 from ..errors import RangeError, RankMismatchError
+from ..kernels import feedback as fused
 from ..reduce import stop
 from ..reduce.integrity import Phase, verify_payloads
 from ..schemes.level import LevelScheme
@@ -179,6 +180,50 @@ def chunk_encoder(scheme: Scheme, bounds: tuple[tuple[int, int], ...], own: bool
             return poisons(sizes, poison.Stop.RANGE), np.zeros(n, np.float32)
         mine = np.concatenate([decode_flat(p) for p in ps]) if own else np.zeros(0, np.float32)
         return np.concatenate([p.to_array() for p in ps]), np.ascontiguousarray(mine, np.float32)
+
+    return host
+
+
+@cache
+def fed_encoder(scheme: Scheme, bounds: tuple[tuple[int, int], ...], header: tuple[tuple[int, ...], str] | None,
+                has_e: bool, scaled: bool) -> Any:
+    """(x f32[n] (the raw gradient), a int64[N], b int64[N], [e f32[n], mine bool], [scale f32])
+    -> (the payloads of :func:`chunk_encoder`, of ``x + e * scale``; the new residual, f32[n]):
+    error feedback's rule and the encode in one pass (:func:`hvd_gradq.kernels.encode_fed`, with
+    TensorFlow's subnormals as zeros), the NumPy function a graph calls where the rule would be a
+    compensate op, the encode with this rank's own decode, and a residual op. ``mine`` False: the
+    residual variable holds another rank's (a restored checkpoint): a zero residual, still added.
+    The new residual keeps the old one where it is not finite; the step's other masks (a result
+    that is not finite, a warm-up) are the compressor's, once the result is known
+    (:meth:`hvd_gradq.feedback.Memory.settle`). Where the one pass does not apply (a compensated
+    value that is not finite, or beyond the scheme's range) the same rule runs unfused, on the
+    same arrays, as :func:`chunk_encoder` encodes."""
+
+    def host(x: NDArray[np.float32], a: NDArray[np.int64], b: NDArray[np.int64],
+             *rest: Any) -> tuple[NDArray[np.uint8], NDArray[np.float32]]:
+        flat = np.ascontiguousarray(x, np.float32).reshape(-1)
+        e = None
+        if has_e:
+            e = np.ascontiguousarray(rest[0], np.float32).reshape(-1)
+            if not bool(rest[1]):
+                e = np.zeros_like(flat)
+        scale = float(rest[-1]) if scaled else None
+        new = np.empty_like(flat)
+        made = []
+        for j, (lo, hi) in enumerate(bounds):
+            parts = kernels.encode_fed(scheme, flat[lo:hi], None if e is None else e[lo:hi], scale,
+                                       (int(a[j]), int(b[j])), new[lo:hi], flush=True)
+            if parts is None:
+                return _unfused(flat, e, scale, a, b)
+            made.append(payload_of(scheme, parts, header[0] if header else (hi - lo,),
+                                   header[1] if header else "float32").to_array())
+        return (made[0] if len(made) == 1 else np.concatenate(made)), new
+
+    def _unfused(flat: NDArray[np.float32], e: NDArray[np.float32] | None, scale: float | None,
+                 a: NDArray[np.int64], b: NDArray[np.int64]) -> tuple[NDArray[np.uint8], NDArray[np.float32]]:
+        p = flat if e is None else fused.compensate(flat, e, scale, flush=True)
+        buf, own = chunk_encoder(scheme, bounds, True, header)(p, a, b)  # (a poison stops the step)
+        return buf, fused.residual(p, own, scale, None, e, flush=True)
 
     return host
 

@@ -43,11 +43,11 @@ from ..policy import Policy
 from ..reduce import table
 from ..schemes.scheme import Scheme
 from ..spec import Config
-from ..xp import Array
+from ..xp import Array, Seed
 from . import codec
 from .codec import host_sum
 from .ops import TF
-from .transport import GraphTransport
+from .transport import Fed, GraphCodec, GraphTransport
 
 
 @dataclass
@@ -61,6 +61,8 @@ class Flow:
     red: core.Reduction
     handle: Any = None
     own: Any = None
+    fed: Fed | None = None  # the residual's inputs, where the pattern adds it in its encode
+    residual: Any = None  # the new residual that encode made (the compressor keeps it)
 
     def finish(self, memory: Memory | None = None) -> Any:
         """Run the pattern to its end (``memory``: the owner residuals'): the group's sum."""
@@ -77,6 +79,13 @@ class Flow:
 
     def keep(self, sent: Array, decoded: Array) -> None:
         self.own = decoded
+
+    def encode_fed(self, t: core.Part, x: Array, bounds: Sequence[tuple[int, int]],
+                   seeds: Sequence[Seed]) -> tuple[Any, tuple[int, ...], list[Any]] | None:
+        if self.fed is None or not isinstance(t.codec, GraphCodec):
+            return None
+        buf, lens, owns, self.residual = t.codec.encode_fed_graph(self.red.config, x, self.fed, bounds, seeds)
+        return buf, lens, owns
 
     def add_rows(self, buf: Array, rows: int, m: int) -> Array:
         """The host's fp32 pieces added in row order, as written (:func:`.codec.host_sum`)."""
@@ -98,14 +107,15 @@ class Flow:
             return tf.identity(value)
 
 
-def begin(choice: Choice, scheme: Scheme, ef: bool, x: Any, part: core.Part) -> Flow:
+def begin(choice: Choice, scheme: Scheme, ef: bool, x: Any, part: core.Part, fed: Fed | None = None) -> Flow:
     """Start the decided pattern (its phases from the core's table) on flat float32 ``x`` (its
-    residual added) for ``part`` (its draws the graph's), up to its first collective on the
-    part's process set; ``ef``: whether this tensor keeps residuals."""
+    residual added, or with ``fed`` (``part.compensated`` False) the raw gradient and what the
+    pattern's one-pass encode adds to it) for ``part`` (its draws the graph's), up to its first
+    collective on the part's process set; ``ef``: whether this tensor keeps residuals."""
     config = Config(scheme, Policy(feedback=feedback.CLASSIC if ef else feedback.NONE))
     # seed 0: the part's draws replace the host rule
     red = core.Reduction(config, 0, hvd.rank(), None, None, TF)
-    flow = Flow(table.phases(choice, red, part, x, TF), GraphTransport(part.group.process_set), red)
+    flow = Flow(table.phases(choice, red, part, x, TF), GraphTransport(part.group.process_set), red, fed=fed)
     red.graph = flow  # before the generator runs
     flow.handle = flow.transport.start(next(flow.gen))
     return flow

@@ -88,6 +88,17 @@ class Own:
     values: Any = None
 
 
+@dataclass(frozen=True)
+class Fed:
+    """What the one-pass encode of a graph takes of error feedback (:meth:`GraphCodec.encode_fed_graph`):
+    the residual variable's value and whether this rank owns it (a scalar bool), or None for
+    both before the first, and the step's loss scale (a tensor or float), or None."""
+
+    e: Any = None
+    mine: Any = None
+    scale: Any = None
+
+
 class GraphCodec:
     """Payloads of one tensor's phases over ``size`` ranks, named ``what`` in errors; ``own``:
     decode what this rank sends (error feedback); ``header``: (shape, dtype) of the gradient,
@@ -109,9 +120,29 @@ class GraphCodec:
 
     def encode_fed(self, config: SchemeLike, x: Any, e: Any, scale: float | None, e_out: Any,
                    bounds: Sequence[tuple[int, int]], seeds: Sequence[Seed]) -> None:
-        """None: a graph adds the residual and keeps the new one in ops of its own
-        (:class:`hvd_gradq.feedback.Memory`'s host ops), around the encode's."""
+        """None: host arrays are an eager driver's; a graph's pass is :meth:`encode_fed_graph`."""
         return None
+
+    def encode_fed_graph(self, config: SchemeLike, x: Any, fed: Fed, bounds: Sequence[tuple[int, int]],
+                         seeds: Sequence[Seed]) -> tuple[Any, tuple[int, ...], list[Own], Any]:
+        """The payloads of the chunks of the raw gradient ``x`` with the residual ``fed`` holds
+        added, their sizes, their own values (none: a sum decodes this rank's payload with the
+        others) and the new residual (f32[n], the old one kept where it is not finite), from one
+        host function (:func:`.host.fed_encoder`)."""
+        scheme = as_config(config).scheme
+        bounds = tuple(bounds)
+        header = self.header  # the gather pattern's whole tensor; chunks have none
+        a = tf.stack([s[0] for s in seeds])  # type: ignore[index]
+        b = tf.stack([s[1] for s in seeds])  # type: ignore[index]
+        lens = tuple(host.chunk_sizes(scheme, bounds, header))
+        mine = fed.mine if fed.mine is not None else tf.constant(True)  # a store that keeps no owner
+        inputs = [x, a, b] + ([fed.e, mine] if fed.e is not None else []) + (
+            [tf.cast(fed.scale, tf.float32)] if fed.scale is not None else [])
+        fn = host.fed_encoder(scheme, bounds, header, fed.e is not None, fed.scale is not None)
+        buf, new = tf.numpy_function(*host.timed(fn, inputs, "encode", self.handoff), (tf.uint8, tf.float32),
+                                     stateful=False, name="hvd_gradq_encode_fed")
+        return (tf.ensure_shape(buf, (sum(lens),)), lens, [Own(hi - lo) for lo, hi in bounds],
+                tf.ensure_shape(new, (bounds[-1][1],)))
 
     def _chunks(self, scheme: Scheme, x: Any, bounds: tuple[tuple[int, int], ...], seeds: Sequence[Seed],
                 header: tuple[tuple[int, ...], str] | None) -> tuple[Any, tuple[int, ...], list[Own]]:

@@ -255,7 +255,7 @@ class TorchCodec:
 
     def encode_fed(self, config: SchemeLike, x: Any, e: Any, scale: float | None, e_out: Any,
                    bounds: Sequence[tuple[int, int]],
-                   seeds: Sequence[Seed]) -> tuple[NDArray[np.uint8], tuple[int, ...]] | None:
+                   seeds: Sequence[Seed]) -> tuple[NDArray[np.uint8], tuple[int, ...], list[Any]] | None:
         if self.on_device:  # a device codec: its residual stays on the device, in torch's operations
             return None
         bufs = []
@@ -264,7 +264,8 @@ class TorchCodec:
             if b is None:
                 return None
             bufs.append(b)
-        return (bufs[0] if len(bufs) == 1 else np.concatenate(bufs)), tuple(int(b.shape[0]) for b in bufs)
+        return ((bufs[0] if len(bufs) == 1 else np.concatenate(bufs)), tuple(int(b.shape[0]) for b in bufs),
+                [None] * len(bufs))  # no own values: a sum decodes this rank's payload with the others
 
     def verify(self, buf: NDArray[np.uint8], finder: int, phase: int, ranks: Sequence[int] | None = None,
                whole: bool = True) -> torch.Tensor:

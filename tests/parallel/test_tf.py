@@ -87,6 +87,12 @@ def _check_tape(reports, sections):
         assert r0["oracle"]["eager_none_close"] and r0["oracle"]["eager_qsgd_within_step"]
         assert r0["oracle"]["eager_ef_refused"]
         assert_ranks_equal(reports, "oracle")
+    if "fed" in sections:  # one pass in the encode: the bits of the unfused graph ops, and fused indeed
+        for spec, rec in r0["fed"].items():
+            assert rec["fed"]["digest"] == rec["unfed"]["digest"], (spec, rec)
+            assert rec["fed"]["residuals"] == rec["unfed"]["residuals"] and rec["fed"]["nonzero"], (spec, rec)
+            assert rec["fed"]["traced"] >= 2 and rec["unfed"]["traced"] == 0, (spec, rec)
+            assert all(reports[r]["fed"][spec]["fed"]["digest"] == rec["fed"]["digest"] for r in reports), spec
     if "dtypes" in sections:
         for dtype, rec in r0["dtypes"].items():
             assert rec["finite"] and rec["var_dtypes"] == [dtype] == rec["slot_dtypes"], (dtype, rec)
@@ -161,7 +167,7 @@ def test_tape_features_gloo():
     # stall shutdown, after 120 s, well within the launch's timeout
     reports = launch("worker_tf_tape.py", np=2, controller="gloo", timeout=420,
                      env={"HOROVOD_STALL_CHECK_TIME_SECONDS": "30", "HOROVOD_STALL_SHUTDOWN_TIME_SECONDS": "120"})
-    _check_tape(reports, {"ckpt", "oracle", "telemetry", "dtypes", "eager", "sparse", "mismatch", "nonfinite"})
+    _check_tape(reports, {"ckpt", "oracle", "telemetry", "dtypes", "eager", "sparse", "mismatch", "fed", "nonfinite"})
 
 
 def test_tape_features_mpi():

@@ -283,6 +283,43 @@ if want("mismatch"):
         out["check_ranks"] = f"{type(e).__name__}: {e}"
     done("mismatch")
 
+# -- 6b. error feedback inside the encode: the bits of the compensate op, the encode and the
+#        residual op one after the other (the graph's own operations below 2**20 elements) --------
+if want("fed"):
+    from hvd_gradq.tensorflow import host as tf_host
+    from hvd_gradq.tensorflow import residuals
+
+    res = {}
+    for spec in ("bingrad", "orq:levels=5,ef=true", "uniform:bits=4,ef=true,pattern=scatter,clip=2"):
+        got = {}
+        for mode in ("fed", "unfed"):
+            real_fed, real_enc = residuals.fed, tf_host.fed_encoder
+            traced = []
+
+            def counting(*a, real=real_enc, traced=traced, **k):
+                traced.append(1)  # a fused encode traced into the graph
+                return real(*a, **k)
+
+            if mode == "unfed":
+                residuals.fed = lambda *a, **k: None
+            else:
+                tf_host.fed_encoder = counting
+            try:
+                model = build(seed=3)
+                comp = gq.from_spec(spec, name="fed")
+                step = make_step(model, tf.keras.optimizers.SGD(0.1, momentum=0.9), comp)
+                for i in range(12):
+                    step(*batch(i))
+            finally:
+                residuals.fed, tf_host.fed_encoder = real_fed, real_enc
+            got[mode] = {"digest": digest(model.trainable_variables), "traced": len(traced),
+                         "residuals": hashlib.sha256(b"".join(r.numpy().tobytes()
+                                                              for r in comp.residuals.values())).hexdigest(),
+                         "nonzero": any(float(np.abs(r.numpy()).max()) > 0 for r in comp.residuals.values())}
+        res[spec] = got
+    out["fed"] = res
+    done("fed")
+
 # -- 7. a NaN in one rank's gradient (nonfinite=raise) stops every rank with an error ------------
 if want("nonfinite"):
     # (the overflow case first: the NaN cases may end in a stall shutdown, see test_tf.py)
