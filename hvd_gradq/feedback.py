@@ -39,16 +39,23 @@ spec's ``ef=true``). A variant is one class with :meth:`Rule.compensate` and
 frontends call only ``Memory``, so they are unchanged). Loss-scale units, the non-finite guard
 and the undo log stay :class:`Memory`'s, the same for every variant.
 
-**Passes.** The classic rule on CPU float32 runs as two compiled passes a tensor
-(:mod:`hvd_gradq.kernels.feedback`), not as six to eight framework operations, each a parallel
-region of the framework's thread pool: on NumPy views where the Ops hand them out (``host_view``:
-torch on the CPU, NumPy), and in a graph (``host_op``: TensorFlow; for tensors of at least
-``host_op_min`` elements, below which a host op's fixed cost outweighs the framework's
-operations) as one host op for :meth:`Memory.compensate` and one for :meth:`Memory.update`, which
-also takes in the owner check
-of a graph store (``read_masked``), the loss scale as a graph tensor and the masks of a step
-(``result``'s NaN/Inf, ``hold``), with subnormals flushed as TensorFlow's kernels do
-(``flushes_subnormals``). Same bits as the rule's operations in that framework: the tests run both.
+**Passes.** The classic rule on CPU float32 never runs as the framework's six to eight operations
+a tensor (each a parallel region of its thread pool). Where a pattern encodes this rank's whole
+gradient (gather, scatter: the pattern table's ``feeds``), the encoders compensate each bucket as
+they read it and write its residual from the codes they just made (:func:`hvd_gradq.kernels.encode_fed`):
+compensating, the input check, the encode, the own decode and the residual are one pass, not five.
+Eagerly that is :meth:`Memory.encode_fed` (the new residual into last step's spare buffer, the old
+one into the undo log); in a graph the encode's host function makes it and :meth:`Memory.settle`
+applies the step's masks once the result is known (:mod:`hvd_gradq.tensorflow.residuals`).
+Elsewhere (the other patterns, owner residuals, a compensated value that is not finite or beyond
+the scheme's range, which the policy's ``nonfinite`` decides) it is two compiled passes
+(:mod:`hvd_gradq.kernels.feedback`): on NumPy views where the Ops hand them out (``host_view``:
+torch on the CPU, NumPy), and in a graph (``host_op``: TensorFlow, from ``host_op_min`` elements,
+below which a host op's fixed cost outweighs the framework's operations) one host op for
+:meth:`Memory.compensate` and one for :meth:`Memory.update`, which also takes in the owner check of
+a graph store (``read_masked``), the loss scale as a graph tensor and the step's masks (``result``'s
+NaN/Inf, ``hold``), with subnormals flushed as TensorFlow's kernels do (``flushes_subnormals``).
+Same bits as the rule's operations in that framework: the tests run both.
 """
 from __future__ import annotations
 
@@ -281,11 +288,9 @@ class Memory:
         self.store.write(key, self.ops.where(bad, self._zero if old is None else old, e))
 
     def fed_inputs(self, key: str, x: Array) -> tuple[Array | None, Array | None, Any] | None:
-        """What a graph's one-pass encode takes to add ``key``'s residual to ``x`` itself
-        (:func:`hvd_gradq.tensorflow.host.fed_encoder`; its new residual comes back to
-        :meth:`settle`): (the residual, whether this rank owns it, the step's scale), each None
-        where there is none; or None where the classic rule does not run on host values (another
-        rule; ``x`` not a float32 tensor on the CPU), and :meth:`compensate` / :meth:`update` run."""
+        """(``key``'s residual, whether this rank owns it, the step's scale; each None where there is
+        none) for a graph's one-pass encode (:func:`hvd_gradq.tensorflow.host.fed_encoder`), or None
+        where the classic rule does not run on host values (another rule, not a float32 CPU tensor)."""
         if self._op is None or not self._on_host(x):
             return None
         stored = self._stored(key, x)
@@ -293,11 +298,9 @@ class Memory:
         return e, mine, self._op_scale()
 
     def settle(self, key: str, new: Array, result: Array | None = None, hold: Array | None = None) -> None:
-        """Keep ``new`` as ``key``'s residual: one a graph's encode made in its pass (the old one
-        already kept where it is not finite: :func:`hvd_gradq.tensorflow.host.fed_encoder`), with
-        the step's masks :meth:`update` applies: the old residual (zero without one, or where it
-        is another rank's) stays where ``result`` is not finite and everywhere while ``hold``
-        (a warm-up step) is set. One host op where :meth:`update`'s would be one, else a select."""
+        """Keep ``new``, a residual a graph's one-pass encode made, as ``key``'s, with the step's
+        masks of :meth:`update`: the old residual stays where ``result`` is not finite and
+        everywhere while ``hold`` is set. One host op where :meth:`update`'s would be, else a select."""
         if self._graph(new):
             stored = self._stored(key, new)
             old, mine = (None, None) if stored is None else stored
@@ -311,16 +314,12 @@ class Memory:
         self.store.write(key, new if bad is None else self.ops.where(bad, self._zero if old is None else old, new))
 
     def encode_fed(self, key: str, x: Array, encode: Callable[[Any, Any, float | None, Any], T | None]) -> T | None:
-        """Compensate ``x`` (the raw gradient), encode it and keep the new residual of ``key`` in
-        one pass: ``encode(x, e, scale, out)`` gets host views of ``x`` and of the residual (None
-        before the first), the step's scale (None: unscaled) and an array for the new residual,
-        and returns what it encoded, or None where it cannot (then nothing here changes, and the
-        caller runs :meth:`compensate`, its encode and :meth:`update`). Returns ``encode``'s
-        result, or None where the fused pass does not apply: another rule than the classic one,
-        arrays the Ops hold no host view of (a device's; a graph's), a scale that is a tensor.
-
-        The residual goes into last step's spare buffer of ``key`` (as :meth:`update`'s does)
-        and the old one into the undo log: :meth:`rollback` works alike."""
+        """Compensate the raw gradient ``x``, encode it and keep ``key``'s new residual in one pass:
+        ``encode(x, e, scale, out)`` (host views; ``e`` and ``scale`` None where there are none)
+        returns what it encoded, its new residual in ``out`` (last step's spare buffer, the old
+        one into the undo log, as :meth:`update`), or None. None also where the pass does not
+        apply (another rule; no host views: a device's or a graph's tensors): nothing changed,
+        the caller runs :meth:`compensate`, its encode and :meth:`update`."""
         if self._view is None or self._undo is None:
             return None
         old = self.store.read(key, x)
