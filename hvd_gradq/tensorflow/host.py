@@ -267,18 +267,25 @@ def rows_decoder(rank: int, what: str = "", ranks: tuple[int, ...] | None = None
         stops = stop.stops_in(rows, ranks)
         if stops:
             raise stop.stopped(f"hvd_gradq: {what}", stops)
-        total: NDArray[np.float32] | None = None
+        payloads = [parse_one(row)[0] for row in rows]  # every row checked, this rank's too
+        if len({p.n for p in payloads}) > 1:
+            raise RankMismatchError(f"hvd_gradq: {what}: ranks sent payloads of {sorted({p.n for p in payloads})} "
+                                    "elements; the model differs across ranks")
+        total = np.empty(payloads[0].n if payloads else 0, np.float32)
         keep: NDArray[np.float32] | None = None
-        for r, row in enumerate(rows):
-            if r == rank and mine:
-                parse_one(row)  # checked as every row is
-                v = np.asarray(mine[0], np.float32)
-            else:
-                v = decode_flat(parse_one(row)[0])
+        for r, p in enumerate(payloads):
+            # each payload decoded straight into the sum (the kernels' accumulating decode: the bits
+            # of v0 + v1 + ..., in rank order), no decoded array a row; this rank's own values are
+            # returned too, so its row is decoded on its own where they were not handed in
             if r == rank:
-                keep = v
-            total = v.copy() if total is None else total + v
-        assert total is not None and keep is not None
+                keep = np.asarray(mine[0], np.float32) if mine else decode_flat(p)
+                if r:
+                    np.add(total, keep, out=total)
+                else:
+                    total[...] = keep
+            else:
+                decode_flat(p, out=total, acc=r > 0)
+        assert keep is not None
         return total, keep
 
     return host
