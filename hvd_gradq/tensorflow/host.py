@@ -54,10 +54,11 @@ import numpy as np
 from numpy.typing import NDArray
 
 from .. import kernels
-from ..api import Payload, decode_flat, parse_one, payload_of, split
+from ..api import Payload, decode_flat, payload_of, split
 from ..errors import RangeError, RankMismatchError
 from ..kernels import feedback as fused
 from ..reduce import stop
+from ..reduce.codec import decode_sum
 from ..reduce.integrity import Phase, verify_payloads
 from ..schemes.level import LevelScheme
 from ..schemes.scheme import Scheme
@@ -247,10 +248,11 @@ def verifier(finder: int, phase: int, ranks: tuple[int, ...] | None, count: int)
 @cache
 def rows_decoder(rank: int, what: str = "", ranks: tuple[int, ...] | None = None, guarded: int | None = None) -> Any:
     """rows uint8[size, width] (and, optionally, this rank's decoded payload, used in place of
-    decoding row ``rank`` again) -> (the sum of every rank's decoded payload in rank order, this
-    rank's own decoded payload), both float32: the NumPy function a graph calls. Every payload
-    is parsed and checked (header, CRC-32, codes) before it is decoded; every rank runs this on
-    the same bytes (decoding is deterministic: the own payload given is what its row decodes to).
+    decoding row ``rank`` again) -> the sum of every rank's decoded payload in rank order, float32:
+    the NumPy function a graph calls. Every payload is parsed and checked (header, CRC-32, codes)
+    and decoded straight into the one sum buffer (:func:`hvd_gradq.reduce.codec.decode_sum`, the
+    host codec's sum); every rank runs this on the same bytes (decoding is deterministic: the own
+    payload given is what its row decodes to).
 
     A row that holds a poison (:mod:`hvd_gradq.wire.poison`: a rank whose gradient held NaN/Inf
     under ``nonfinite=raise``, or a value its scheme refused) raises the error PyTorch's frontend
@@ -258,35 +260,18 @@ def rows_decoder(rank: int, what: str = "", ranks: tuple[int, ...] | None = None
     ``guarded`` (the element count): the rows are followed by a finding of :func:`verifier`, and
     where it names a corrupted payload the result is zeros, undecoded (the verdict round names it)."""
 
-    def host(rows: NDArray[np.uint8], *mine: NDArray[np.float32]) -> tuple[NDArray[np.float32], NDArray[np.float32]]:
+    def host(rows: NDArray[np.uint8], *mine: NDArray[np.float32]) -> NDArray[np.float32]:
         if guarded is not None:
             found, mine = mine[0], mine[1:]
             if np.any(found != 0):
-                return np.zeros(guarded, np.float32), np.zeros(guarded, np.float32)
+                return np.zeros(guarded, np.float32)
         rows = np.ascontiguousarray(rows)
-        stops = stop.stops_in(rows, ranks)
+        stops = stop.stops_in(rows, ranks)  # a poison padded to its row: looked for by rows
         if stops:
             raise stop.stopped(f"hvd_gradq: {what}", stops)
-        payloads = [parse_one(row)[0] for row in rows]  # every row checked, this rank's too
-        if len({p.n for p in payloads}) > 1:
-            raise RankMismatchError(f"hvd_gradq: {what}: ranks sent payloads of {sorted({p.n for p in payloads})} "
-                                    "elements; the model differs across ranks")
-        total = np.empty(payloads[0].n if payloads else 0, np.float32)
-        keep: NDArray[np.float32] | None = None
-        for r, p in enumerate(payloads):
-            # each payload decoded straight into the sum (the kernels' accumulating decode: the bits
-            # of v0 + v1 + ..., in rank order), no decoded array a row; this rank's own values are
-            # returned too, so its row is decoded on its own where they were not handed in
-            if r == rank:
-                keep = np.asarray(mine[0], np.float32) if mine else decode_flat(p)
-                if r:
-                    np.add(total, keep, out=total)
-                else:
-                    total[...] = keep
-            else:
-                decode_flat(p, out=total, acc=r > 0)
-        assert keep is not None
-        return total, keep
+        own = np.ascontiguousarray(mine[0], np.float32).reshape(-1) if mine else None
+        total, _ = decode_sum(rows.reshape(-1), rank, own, f"hvd_gradq: {what}", ranks)
+        return total
 
     return host
 

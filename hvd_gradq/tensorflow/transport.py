@@ -177,9 +177,8 @@ class GraphCodec:
                                else None)
         mine = [] if own.values is None else [own.values]
         guard = [] if unless is None else [unless]
-        total, _ = tf.numpy_function(*host.timed(fn, [rows, *guard, *mine], "decode", self.handoff),
-                                     (tf.float32, tf.float32),
-                                     stateful=False, name="hvd_gradq_decode")
+        total = tf.numpy_function(*host.timed(fn, [rows, *guard, *mine], "decode", self.handoff), tf.float32,
+                                  stateful=False, name="hvd_gradq_decode")
         return tf.ensure_shape(total, (own.n,)), count
 
     def concat(self, buf: Any, rank: int, own: Own, sizes: Sequence[int], what: str,
