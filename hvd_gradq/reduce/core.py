@@ -326,9 +326,10 @@ class Reduction:
                    seeds: Sequence[Seed]) -> tuple[Any, tuple[int, ...], list[Any]] | None:
         """The payloads of this rank's raw gradient ``x`` (chunks ``bounds``, drawn with
         ``seeds``) with its residual added, and the residual kept, in one pass
-        (:meth:`hvd_gradq.feedback.Memory.encode_fed` over :meth:`Codec.encode_fed`): the bytes
-        and each chunk's size; or None, where that pass does not apply, and the pattern runs
-        :meth:`compensate`, its encode and :meth:`sent`."""
+        (:meth:`hvd_gradq.feedback.Memory.encode_fed` over :meth:`Codec.encode_fed`): the bytes,
+        each chunk's size and its own values as :meth:`Codec.sum` takes them; or None, where
+        that pass does not apply, and the pattern runs :meth:`compensate`, its encode and
+        :meth:`sent`."""
         if self.graph is not None:
             return self.graph.encode_fed(t, x, bounds, seeds)
         codec, config = t.codec, self.config
