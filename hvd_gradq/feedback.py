@@ -59,7 +59,7 @@ Same bits as the rule's operations in that framework: the tests run both.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any, ClassVar, Protocol, TypeVar
 
 import numpy as np
@@ -339,6 +339,31 @@ class Memory:
             self._undo[key] = old
         self.store.write(key, spare if out is not None else self.ops.from_numpy(buf))
         return got
+
+    def flush(self, key: str, x: Array, owned: Sequence[tuple[str, int, int]] = ()) -> Array:
+        """Deliver a tensor's residuals with a step that sends it uncompressed (``auto``'s
+        measured plan handed it to Horovod's fp16 or fp32: :mod:`hvd_gradq.plan.trial`): ``x``
+        plus ``key``'s residual, plus each owner residual ``(key, lo, hi)`` (scatter's reduced
+        chunk, hierarchical's piece: :func:`hvd_gradq.reduce.table.owned`) on the slice of ``x``
+        its values belong to, all in the step's loss-scale units; then the residuals are gone
+        (into the undo log: a skipped step restores them). What compression left out of earlier
+        steps is sent once, with this step, and never again: a tensor that returns to
+        compression starts from zero. ``x`` itself (not a copy) where there is nothing to add."""
+        out = x
+        n = self.ops.shape(x)[0]
+        for k, lo, hi in ((key, 0, n), *owned):
+            e = self.store.read(k, x)
+            if e is None:
+                continue
+            if self._undo is not None and k not in self._undo:
+                self._undo[k] = e
+            part = e[: hi - lo]
+            if (lo, hi) != (0, n):
+                part = self.ops.concat([self.ops.zeros((lo,), "float32"), part,
+                                        self.ops.zeros((n - hi,), "float32")], 0)
+            out = out + (part * self.scale if self._scaled() else part)
+            self.store.forget(k)
+        return out
 
     def _graph(self, *arrays: Array) -> bool:
         """Whether the classic rule's passes run as host ops of a graph: the Ops make them (a

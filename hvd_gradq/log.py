@@ -105,6 +105,22 @@ def first_step(summary: dict[str, Any], rank: int) -> None:
         log.info(describe(summary, "first step") + " (with any one-time kernel compiling)")
 
 
+def trial_done(report: dict[str, Any], rank: int | None = None) -> None:
+    """Log what a trial of ``auto``'s plans measured and took (:mod:`hvd_gradq.plan.trial`):
+    each candidate's step, the cost model's seconds for its reductions beside it, the plan."""
+    log = configure(0 if rank is None else rank)
+    if not log.isEnabledFor(logging.INFO):
+        return
+    parts = []
+    for plan, c in report["candidates"].items():
+        measured = "-" if c["measured_s"] is None else f"{c['measured_s'] * 1e3:.1f} ms"
+        model = "" if c["model_s"] is None else f" (model {c['model_s'] * 1e3:.1f} ms)"
+        parts.append(f"{plan} {measured}{model}" + (f" [{c['skipped']}]" if c["skipped"] else ""))
+    log.info(f"hvd_gradq auto, trial {report['trials']}: a step took {'; '.join(parts)} -> plan {report['plan']}: "
+             f"{report['why']}; trials cost {report['cost_s']:.3g} s of {report['elapsed_s']:.3g} s "
+             f"({100 * report['cost_share']:.2g}%)")
+
+
 def step(summary: dict[str, Any], rank: int) -> None:
     """Log a step's figures at DEBUG (off unless asked: ``HVD_GRADQ_LOG=debug``)."""
     log = configure(rank)

@@ -30,6 +30,7 @@ for checkpoint tracking.
 from __future__ import annotations
 
 import hashlib
+import time
 import warnings
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -43,8 +44,9 @@ from ..errors import GradqError
 from ..kernels import parallel
 from ..plan import hosts
 from ..plan.cpu_cost import Figures
-from ..plan.decide import Choice, choose, decide
+from ..plan.decide import Choice, choose, decide, seconds
 from ..plan.pattern import EVERY, ONE_RANK_WHY, REQUESTABLE, Pattern, in_warmup, parse_pattern, warmup_why
+from ..plan.trial import COMPRESSED, PLANS, START, Phase, Trial, plan_choice
 from ..policy import Policy
 from ..reduce import handshake, stop
 from ..reduce.names import Kind
@@ -125,6 +127,18 @@ class Agreement:
     figures: dict[Hashable, Figures | None] = field(default_factory=dict)
 
 
+@dataclass
+class Measured:
+    """The measured choice of ``auto`` (:mod:`hvd_gradq.plan.trial`) as a compressor runs it:
+    the trial, the process set its ranks exchange step times on (the first step's first
+    tensor's), and what each tensor it saw while warming is, for the model's prediction."""
+
+    trial: Trial | None = None
+    key: Hashable = None
+    off: str = ""  # why the trial stopped for good (a step over two process sets)
+    seen: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)  # name: n, ndim, size, local
+
+
 class CompressorCore(Reports):
     """The framework-free part of a ``GradqCompressor`` (see the module docstring).
 
@@ -145,6 +159,10 @@ class CompressorCore(Reports):
     #: (``nonfinite=raise``, ``fp16:overflow=raise``), and why, for the error
     UNPOISONABLE: ClassVar[frozenset[Pattern]] = frozenset()
     UNPOISONABLE_WHY: ClassVar[str] = ""
+    #: whether ``auto`` measures its plans in the job (:mod:`hvd_gradq.plan.trial`): a frontend
+    #: that can switch a tensor's plan from one step to the next (PyTorch's eager calls). Where it
+    #: cannot (a traced graph), ``fallback`` is the cost model's, off by default.
+    MEASURES: ClassVar[bool] = False
 
     settings: Config
     scheme: Scheme
@@ -170,7 +188,7 @@ class CompressorCore(Reports):
         self.scheme, self.policy = self.settings.scheme, self.settings.policy
         self.pattern = parse_pattern(pattern)
         self.link_gbps = hosts.link_gbps(link_gbps)
-        self.fallback = probe.resolve_fallback(fallback)
+        self.fallback = probe.resolve_fallback(fallback, default=self.MEASURES)
         self.check_ranks = bool(check_ranks)
         self.process_set = check_process_set(process_set)
         if self.pattern is Pattern.SUMMABLE:
@@ -188,6 +206,7 @@ class CompressorCore(Reports):
         self.log_every = log.resolve_every(log_every)
         self._stats = Stats(self.TIME_KINDS)
         self._agreement = Agreement()
+        self._measured = Measured(self._new_trial())
         prefetch.start([self.scheme], probe.priced(self.pattern))  # kernels load as the job starts, not in its 1st step
 
     # -- the configuration ranks compare ------------------------------------------------------------
@@ -256,9 +275,88 @@ class CompressorCore(Reports):
                                                         lambda row: bounded(row, Kind.CPU))
 
     def forget_handshakes(self) -> None:
-        """A new world (elastic reset): every process set shakes hands again."""
+        """A new world (elastic reset): every process set shakes hands again, and ``auto``
+        measures its plans again in it (every rank of the new world from the same step)."""
         self._agreement.checked.clear()
         self._agreement.figures.clear()
+        self._measured = Measured(self._new_trial())
+
+    # -- the measured choice (plan/trial.py) -----------------------------------------------------------
+    def _new_trial(self) -> Trial | None:
+        """A trial where ``auto`` measures (this frontend can, and ``fallback`` is on); the
+        policy's warm-up steps run first (they are fp32, not the plans the trial would time)."""
+        if not (self.MEASURES and self.fallback and self.pattern is Pattern.AUTO):
+            return None
+        return Trial(start=self.policy.warmup + START)
+
+    @property
+    def trial(self) -> Trial | None:
+        """The measured choice's state (None: ``auto`` does not measure here)."""
+        return self._measured.trial
+
+    def trial_step(self, key: Hashable, size: int, gather: Gather | None) -> None:
+        """At a step's first reduction (over process set ``key`` of ``size`` ranks, after its
+        handshake): the trial's step start, and where it asks, the exchange of step times through
+        ``gather`` (the maximum over ranks), before any tensor of the step is decided."""
+        m = self._measured
+        t = m.trial
+        if t is None or size <= 1 or gather is None:
+            return
+        if m.key is None:
+            m.key = key
+        elif key != m.key:  # step times are compared on one process set; stop measuring
+            self._stop_trial(f"steps start on more than one process set ({m.key!r}, {key!r})")
+            return
+        row = t.begin(time.perf_counter())
+        if row is None:
+            return
+        before = t.phase
+        try:
+            rows = gather(row, Kind.TRIAL, self.handshake_timeout)
+        except handshake.Stalled as e:
+            raise handshake.stalled(e, self.FRONTEND, "the trial's step times", size) from None
+        t.agreed(np.asarray(rows, np.float64).reshape(-1, row.size).max(axis=0))
+        if before is Phase.TRIAL and t.phase is Phase.CHOSEN:
+            log.trial_done(self.trial_report())
+
+    def stats(self) -> dict[str, Any]:
+        """:meth:`Reports.stats`, and under ``auto`` what the measured choice took and why
+        (``stats()['auto']``: :meth:`trial_report`)."""
+        out = super().stats()
+        out["auto"] = self.trial_report()
+        return out
+
+    def _stop_trial(self, why: str) -> None:
+        m = self._measured
+        m.off = f"not measured: {why}; every tensor as the cost model decides"
+        m.trial = None
+
+    def trial_report(self) -> dict[str, Any]:
+        """``stats()['auto']``: the measured choice (:meth:`hvd_gradq.plan.trial.Trial.report`)
+        with the cost model's seconds for each candidate's reductions beside the measured steps."""
+        m = self._measured
+        if m.trial is None:
+            return {"plan": None, "why": m.off or ("not measured: pattern= names a pattern" if
+                                                   self.pattern is not Pattern.AUTO else
+                                                   "not measured: fallback=False" if self.MEASURES else
+                                                   "not measured by this frontend: the cost model decides")}
+        return m.trial.report(self._predicted())
+
+    def _predicted(self) -> dict[str, float]:
+        """The cost model's seconds (:func:`hvd_gradq.plan.decide.seconds`, link rate and CPU
+        figures as it prices them) for every tensor seen, under each plan."""
+        m = self._measured
+        assert m.trial is not None
+        out: dict[str, float] = {}
+        for plan in PLANS:
+            total = 0.0
+            for name, (n, ndim, size, local) in m.seen.items():
+                figures = self.agreed(m.key)
+                model = self._model(n, ndim, size, local, figures)
+                c = plan_choice(plan, name, model, m.trial.large, str)
+                total += seconds(self.scheme, n, ndim, size, c.pattern, local, self.link_gbps, figures)
+            out[plan] = total
+        return out
 
     def reduction_set(self, called: Any, global_set: Any) -> Any:
         """The process set a reduction runs on: the one Horovod's call names, else the
@@ -276,14 +374,36 @@ class CompressorCore(Reports):
         """The patterns ``auto`` may take: all but those this frontend cannot run with this policy."""
         return EVERY - self.UNPOISONABLE if stop.stops_on_values(self.settings) else EVERY
 
-    def decide(self, n: int, ndim: int, size: int, local: int, figures: Figures | None) -> Choice:
-        """How a tensor of ``n`` elements (``ndim`` dimensions) is reduced over ``size`` ranks,
-        ``local`` a host, and why (:func:`hvd_gradq.plan.decide.decide` with this compressor's
-        options and ``figures``, the CPU figures its ranks agreed on: :meth:`agreed`); before warm-up."""
+    def decide(self, n: int, ndim: int, size: int, local: int, figures: Figures | None,
+               name: str | None = None) -> Choice:
+        """How tensor ``name`` of ``n`` elements (``ndim`` dimensions) is reduced over ``size``
+        ranks, ``local`` a host, and why (:func:`hvd_gradq.plan.decide.decide` with this
+        compressor's options and ``figures``, the CPU figures its ranks agreed on: :meth:`agreed`),
+        under the measured plan of this step where ``auto`` measures (:meth:`trial_step`); before warm-up."""
         if size == 1 and self.PASSES_ONE_RANK:
             return Choice(Pattern.FP32, ONE_RANK_WHY)
+        model = self._model(n, ndim, size, local, figures)
+        t = self._measured.trial
+        if t is None or size <= 1 or name is None:
+            return model
+        if t.phase is Phase.WARMING:
+            t.saw(name, n, compresses(model.pattern))
+            self._measured.seen[name] = (n, ndim, size, local)
+        if t.plan == COMPRESSED:
+            return model
+        return plan_choice(t.plan, name, model, t.large, self._plan_why)
+
+    def _model(self, n: int, ndim: int, size: int, local: int, figures: Figures | None) -> Choice:
+        """The cost model's decision; its own fp16 fallback only where nothing is measured."""
         return decide(self.settings, n, ndim, size, self.pattern, self.offered(), local, self.link_gbps,
-                      self.fallback, figures)
+                      self.fallback and self._measured.trial is None and not self.MEASURES, figures)
+
+    def _plan_why(self, plan: str) -> str:
+        t = self._measured.trial
+        assert t is not None
+        if t.phase is Phase.TRIAL:
+            return f"trial: timing plan {plan} (trial {t.trials})"
+        return f"measured: {t.why}"
 
     def warm(self, choice: Choice, step: int) -> Choice:
         """A decision at a tensor's ``step`` (0-based, counted while it compresses): Horovod's

@@ -38,10 +38,12 @@ from . import figure_cache, prefetch
 ELEMENTS = 1 << 16
 #: Timed runs of each, the best kept (a preempted run only ever makes a figure larger).
 REPS = 3
-#: The default of the compressors' ``fallback=`` (1/true/yes/on or 0/false/no/off; unset: off).
-#: Off by default until the model knows the network's real efficiency: it prices Horovod's fp16
-#: ring at the link rate, and on the emulated 1 Gbit/s link that ring ran 4.6x slower than that
-#: (results/e2e/e2e_fallback_on.md), so a default fallback sent ORQ-5 as fp16 and made its step slower.
+#: The compressors' ``fallback=`` where none is given (1/true/yes/on or 0/false/no/off). Unset:
+#: on where ``auto`` measures its plans in the job (PyTorch: :mod:`hvd_gradq.plan.trial`), off
+#: where it could only follow the cost model (TensorFlow's traced graphs): the model prices
+#: Horovod's fp16 ring at the link rate, and on the emulated 1 Gbit/s link that ring ran 4.6x
+#: slower than that (results/e2e/e2e_fallback_on.md), so a modelled default sent ORQ-5 as fp16
+#: and made its step slower.
 FALLBACK_ENV = "HVD_GRADQ_FALLBACK"
 #: ``kept`` (the default), ``measure`` or ``table``. ``kept``: this machine's figures, each
 #: scheme's timed once and kept beside the kernel cache for later jobs (:mod:`.figure_cache`: a
@@ -58,12 +60,12 @@ SOURCES = ("kept", "measure", "table")
 _WORDS = {"1": True, "true": True, "yes": True, "on": True, "0": False, "false": False, "no": False, "off": False}
 
 
-def resolve_fallback(value: bool | None = None) -> bool:
-    """The compressors' ``fallback``: ``value``, else ``HVD_GRADQ_FALLBACK``, else False."""
+def resolve_fallback(value: bool | None = None, default: bool = False) -> bool:
+    """The compressors' ``fallback``: ``value``, else ``HVD_GRADQ_FALLBACK``, else ``default``."""
     if value is None:
         raw = os.environ.get(FALLBACK_ENV)
         if raw is None:
-            return False
+            return default
         if raw.strip().lower() not in _WORDS:
             raise GradqError(f"{FALLBACK_ENV}={raw!r} is not valid: write 1 or 0 (true/false, yes/no, on/off)")
         return _WORDS[raw.strip().lower()]

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..feedback import host_key, keeps_owner_residuals, reduced_key
 from ..plan.decide import Choice
@@ -31,9 +32,12 @@ from .summable import summable
 Run = Callable[[Reduction, Part, Array, Ops, Choice], Phases]
 #: (key, n, bucket, group, choice) -> the (key, width) of each owner residual the pattern keeps.
 Widths = Callable[[str, int, int, Group, Choice], list[tuple[str, int]]]
+#: (key, n, bucket, group, choice) -> the (key, lo, hi) of each owner residual this rank keeps:
+#: the slice of the flat tensor its values belong to.
+Owned = Callable[[str, int, int, Group, Choice], list[tuple[str, int, int]]]
 
 
-def _none(key: str, n: int, bucket: int, g: Group, choice: Choice) -> list[tuple[str, int]]:
+def _none(key: str, n: int, bucket: int, g: Group, choice: Choice) -> list[Any]:
     return []
 
 
@@ -51,6 +55,21 @@ def _hier_widths(key: str, n: int, bucket: int, g: Group, choice: Choice) -> lis
     out = [(host_key(key), max(pieces))]  # the piece of the host's sum this rank owns
     if choice.cross is Pattern.SCATTER:  # and the sub-piece it reduces across hosts
         out.append((reduced_key(host_key(key)), max(_widest(m, bucket, hosts.count) for m in pieces)))
+    return out
+
+
+def _scatter_owned(key: str, n: int, bucket: int, g: Group, choice: Choice) -> list[tuple[str, int, int]]:
+    lo, hi = chunk_bounds(n, bucket, g.size)[g.rank]
+    return [(reduced_key(key), lo, hi)]
+
+
+def _hier_owned(key: str, n: int, bucket: int, g: Group, choice: Choice) -> list[tuple[str, int, int]]:
+    hosts = hosts_of(g)
+    lo, hi = chunk_bounds(n, bucket, hosts.local)[hosts.local_rank]
+    out = [(host_key(key), lo, hi)]
+    if choice.cross is Pattern.SCATTER:
+        slo, shi = chunk_bounds(hi - lo, bucket, hosts.count)[hosts.host]
+        out.append((reduced_key(host_key(key)), lo + slo, lo + shi))
     return out
 
 
@@ -81,16 +100,17 @@ class Entry:
     whole: bool = False
     raw: bool = False
     feeds: bool = False
+    owned: Owned = _none
 
 
 PATTERNS: dict[Pattern, Entry] = {
     Pattern.GATHER: Entry(lambda red, t, x, ops, c: gather(red, t, x), encodes_first=True, whole=True,
                             feeds=True),
     Pattern.SCATTER: Entry(lambda red, t, x, ops, c: scatter(red, t, x), encodes_first=True, widths=_scatter_widths,
-                             feeds=True),
+                             feeds=True, owned=_scatter_owned),
     Pattern.SUMMABLE: Entry(lambda red, t, x, ops, c: summable(red, t, x, ops), raw=True),
     Pattern.HIERARCHICAL: Entry(lambda red, t, x, ops, c: hierarchical(red, t, x, hosts_of(t.group), c.cross),
-                                host_fp32=True, widths=_hier_widths),
+                                host_fp32=True, widths=_hier_widths, owned=_hier_owned),
 }
 
 
@@ -106,6 +126,15 @@ def entry(pattern: Pattern) -> Entry:
 def phases(choice: Choice, red: Reduction, part: Part, x: Array, ops: Ops) -> Phases:
     """The decided pattern's phases on ``x`` for ``part``: what every driver starts."""
     return entry(choice.pattern).run(red, part, x, ops, choice)
+
+
+def owned(choice: Choice, key: str, n: int, bucket: int, group: Group) -> list[tuple[str, int, int]]:
+    """(key, lo, hi) of each owner residual this rank keeps for tensor ``key`` of ``n`` elements
+    under ``choice`` (a pattern that re-quantizes a reduced part; none for fp32, fp16 and the
+    others): where in the flat tensor its values belong, so that a step sending the tensor
+    uncompressed can deliver them (:meth:`hvd_gradq.feedback.Memory.flush`)."""
+    row = PATTERNS.get(choice.pattern)
+    return [] if row is None else row.owned(key, n, bucket, group, choice)
 
 
 def keeps_owners(choice: Choice, ef: bool) -> bool:

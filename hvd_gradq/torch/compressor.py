@@ -61,8 +61,9 @@ from ..frontend.guards import check_tensor, instance_only
 from ..frontend.membership import host_count, membership, ranks_a_host
 from ..frontend.workers import Workers
 from ..plan.decide import fp16_cost, fp32_cost
-from ..plan.pattern import Pattern
-from ..reduce import Group
+from ..plan.pattern import Pattern, why_tag
+from ..plan.trial import MEASURED
+from ..reduce import Group, table
 from ..schemes.scheme import Scheme
 from ..spec import Config
 from . import checkpoint, handshake, resume
@@ -132,6 +133,7 @@ class GradqCompressor(CompressorCore):
 
     FRONTEND, WORLD_NAME, CONFIG_TAG = "hvd_gradq.torch", "torch", "torch"
     PASSES_ONE_RANK = True  # a one-rank set passes through exactly, as Horovod's own allreduce
+    MEASURES = True  # auto times its plans in the job: a tensor's plan may change from one step to the next
 
     def __init__(
         self,
@@ -239,7 +241,8 @@ class GradqCompressor(CompressorCore):
         check_tensor(tensor, "hvd_gradq.torch")  # before Horovod: a TF tensor means the wrong frontend
         site = inspect_call()
         self._refuse(site, tensor)
-        if self._decompressing:  # the first compress() after a decompress(): a new step
+        starts = self._decompressing  # the first compress() after a decompress(): a new step
+        if starts:
             self._elastic.begin_step()  # an elastic reset: a new generation, decisions made again
             self._reducer.begin_step()  # the previous step's verdicts (.verdict), after any reset
             self._decompressing = False
@@ -249,6 +252,8 @@ class GradqCompressor(CompressorCore):
         self._reducer.verdicts.compressed()  # read them (at the previous step's last call: waited for)
         group = self._group(site)
         self._check(group)
+        if starts:  # auto's measured plans: the step's start, ranks agreeing (plan/trial.py)
+            self.trial_step(group.key, group.size, handshake.gatherer(group))
         resume.check_first_step(self._resume, group, self.policy.warmup)  # before any counter moves
         name = self._name_of(tensor, site)
         if name is None:
@@ -263,7 +268,7 @@ class GradqCompressor(CompressorCore):
             self._resume.note(name, tensor.shape)
         n = tensor.numel()
         # one-rank sets pass through exactly; otherwise the shared policy (plan/decide.py)
-        choice = self.decide(n, tensor.dim(), group.size, group.local, self.agreed(group.key))
+        choice = self.decide(n, tensor.dim(), group.size, group.local, self.agreed(group.key), name)
         step = self._steps.get(name, 0)
         if compresses(choice.pattern):
             self._steps[name] = step + 1
@@ -275,6 +280,8 @@ class GradqCompressor(CompressorCore):
             # what hvd.Compression.fp16 does: cast to float16, Horovod's allreduce, cast back
             c = (fp32_cost if pattern is Pattern.FP32 else fp16_cost)(n, group.size)
             self._stats.record(name, c.sent, c.received)
+            if self.policy.ef and why_tag(choice.why) in MEASURED:  # earlier steps' residuals go with this one
+                tensor = self._flushed(name, tensor, group)
             out = tensor.to(torch.float16) if pattern is Pattern.FP16 else (
                 tensor.to(torch.float32) if tensor.dtype == torch.bfloat16 else tensor)
             return self._telemetry.compressed(t0, (out, Pass(name, tensor.dtype)))
@@ -285,6 +292,17 @@ class GradqCompressor(CompressorCore):
         into = site is not None and site.writes_back and tensor.dtype == torch.float32 and tensor.is_contiguous()
         ctx.flow = self._reducer.start(choice, name, step, group, x, tensor.detach().view(-1) if into else None)
         return self._telemetry.compressed(t0, (torch.ones(1, dtype=torch.float32), ctx))
+
+    def _flushed(self, name: str, tensor: torch.Tensor, group: Group) -> torch.Tensor:
+        """``tensor`` with the residuals its compressed steps left (its own, and the owner
+        residuals of the pattern it compressed with), delivered by this uncompressed step
+        (:meth:`hvd_gradq.feedback.Memory.flush`); ``tensor`` itself where there are none."""
+        n = tensor.numel()
+        model = self._model(n, tensor.dim(), group.size, group.local, self.agreed(group.key))
+        owned = table.owned(model, name, n, self.scheme.bucket, group)
+        x = tensor.detach().reshape(-1).to(torch.float32)
+        out = self.memory.flush(name, x, owned)
+        return tensor if out is x else out.reshape(tensor.shape).to(tensor.dtype)
 
     def decompress(self, tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
         if ctx is None:  # sparse gradients bypass compression
