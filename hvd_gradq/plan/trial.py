@@ -27,10 +27,18 @@ handshake runs), so every rank sees the same figures and takes the same decision
 step: a plan is never half-switched. A rank that is slower is the one all others wait for, so
 its time is the step's time.
 
-**Deciding.** Each candidate's figure is the fastest of its timed steps (a preempted step only
-ever makes one longer); a candidate whose first timed step takes :data:`ABORT` x the best so far
-stops there. The incumbent (the plan in force, ``compressed`` at the start) is kept unless
-another is :data:`MARGIN` faster: a hysteresis against switching on noise.
+**A race, in rounds.** Step times on a busy host move by tens of percent from one step to the
+next, and with the load, so candidates are not timed one after another (a change of load would
+decide) but in interleaved rounds: in each round every candidate still in the race runs a block
+of :data:`SETTLE` untimed steps (a switch negotiates new collectives with Horovod) and
+:data:`TIMED` timed ones, the incumbent first. After each round a candidate is ruled out where
+its median step is above the best median by more than :data:`Z` standard errors of the
+difference (the steps' spread about their medians, pooled), or :data:`ABORT` x it; the race ends
+when one is left or after :data:`ROUNDS` rounds. What a trial costs is each of its steps' time
+beyond the best plan's, so a clearly slower candidate is ruled out early, and one close to the
+best may be timed longer because each of its steps costs little. The incumbent (the plan in
+force, ``compressed`` at the start) is kept unless another's median is :data:`MARGIN` faster: a
+hysteresis against switching on noise.
 
 **Checking.** After a trial the ranks compare the median step of every :data:`CHECK_EVERY`
 steps (the same exchange); where it drifts by :data:`DRIFT` from the first such median after
@@ -65,9 +73,13 @@ PLANS = (COMPRESSED, FP16, MIXED, FP32)
 START = 2
 #: Untimed steps after a switch (a plan's first step negotiates new collectives with Horovod).
 SETTLE = 1
-#: Timed steps a candidate gets; its figure is the fastest.
-TIMED = 3
-#: A candidate whose first timed step takes this many times the best so far stops there.
+#: Timed steps in each block of a candidate's steps.
+TIMED = 2
+#: Rounds at most: every live candidate runs a block in each, in turn.
+ROUNDS = 4
+#: A candidate is ruled out when its median is this many standard errors above the best's...
+Z = 2.0
+#: ... or this many times it.
 ABORT = 1.5
 #: Another plan replaces the incumbent only when this much faster.
 MARGIN = 0.03
@@ -103,8 +115,16 @@ class Candidate:
     skipped: str = ""  # why it was not timed in this trial
 
     @property
-    def best(self) -> float | None:
-        return min(self.times) if self.times else None
+    def median(self) -> float | None:
+        return statistics.median(self.times) if self.times else None
+
+
+def pooled_spread(samples: list[list[float]]) -> float:
+    """A standard deviation of one step about its candidate's median, pooled over candidates
+    (1.25 x the mean absolute deviation, which is the standard deviation for normal noise and
+    is not thrown by one preempted step as a sum of squares is)."""
+    dev = [abs(x - statistics.median(xs)) for xs in samples if len(xs) > 1 for x in xs]
+    return 1.25 * sum(dev) / len(dev) if dev else 0.0
 
 
 def large_set(sizes: dict[str, int], share: float = LARGE_SHARE) -> frozenset[str]:
@@ -128,10 +148,10 @@ class Trial:
     row, the frontend allgathers it, takes the maximum over ranks, and hands it to :meth:`agreed`
     before deciding any tensor of the step. :attr:`plan` is the step's plan."""
 
-    def __init__(self, start: int = START, *, settle: int = SETTLE, timed: int = TIMED, margin: float = MARGIN,
-                 drift: float = DRIFT, budget: float = BUDGET, check_every: int = CHECK_EVERY,
+    def __init__(self, start: int = START, *, settle: int = SETTLE, timed: int = TIMED, rounds: int = ROUNDS,
+                 margin: float = MARGIN, drift: float = DRIFT, budget: float = BUDGET, check_every: int = CHECK_EVERY,
                  every: int = EVERY) -> None:
-        self.start, self.settle, self.timed = start, settle, timed
+        self.start, self.settle, self.timed, self.rounds = start, settle, timed, rounds
         self.margin, self.drift, self.budget = margin, drift, budget
         self.check_every, self.every = check_every, every
         self.phase = Phase.WARMING
@@ -149,8 +169,10 @@ class Trial:
         self.history: list[str] = []  # one line per trial: what it measured and took
         self._t0: float | None = None
         self._last: float | None = None
-        self._queue: list[str] = []
-        self._in_plan = 0  # steps the current candidate has run in this trial
+        self._live: list[str] = []  # candidates still in the race, the incumbent first
+        self._round = self._turn = 0
+        self._in_plan = 0  # steps of the current block run so far, this one included
+        self.best = 0.0  # the last trial's best median step
         self._trial_times: list[float] = []  # every trial step's agreed time (its cost)
         self._window: list[float] = []  # this rank's step times since the last comparison
         self._since = 0  # steps since the last trial ended
@@ -226,64 +248,95 @@ class Trial:
             self.candidates[MIXED].skipped = (f"the largest tensors holding {LARGE_SHARE:.0%} of the elements are "
                                               f"{len(self.large)} of {len(self.sizes)}: too close to compressed")
         order = [self._incumbent] + [p for p in PLANS if p != self._incumbent]
-        self._queue = [p for p in order if not self.candidates[p].skipped]
+        self._live = [p for p in order if not self.candidates[p].skipped]
         self._trial_times = []
-        self._next_candidate()
+        self._round, self._turn = 1, -1
+        self._next_turn()
 
-    def _next_candidate(self) -> None:
-        while self._queue:
-            p = self._queue.pop(0)
+    def _next_turn(self) -> None:
+        """The next live candidate's block of steps in this round; a new round after the last
+        (eliminating what the figures so far rule out); the choice when one is left or the rounds
+        are done."""
+        while True:
+            self._turn += 1
+            if self._turn >= len(self._live):
+                self._eliminate()
+                if len(self._live) <= 1 or self._round >= self.rounds:
+                    self._close_trial()
+                    return
+                self._round, self._turn = self._round + 1, 0
+            p = self._live[self._turn]
             if p == FP32 and not self._fp32_worth():
+                self._live.remove(p)
+                self._turn -= 1
                 continue
-            self.plan, self._in_plan = p, 1  # this step is the plan's first
+            self.plan, self._in_plan = p, 1  # this step is the block's first
             return
-        self._close_trial()
 
     def _fp32_worth(self) -> bool:
         best = self._best()
-        fp16 = self.candidates[FP16].best
-        if best is None or fp16 is None or fp16 <= FP32_WITHIN * best[1]:
+        fp16 = self.candidates[FP16].median
+        if best is None or (fp16 is not None and fp16 <= FP32_WITHIN * best[1]):
             return True
-        self.candidates[FP32].skipped = (f"fp16 took {duration(fp16)}, over {FP32_WITHIN:.2f}x the best "
-                                         f"({duration(best[1])}): twice its bytes cannot win")
+        self.candidates[FP32].skipped = (
+            f"fp16 took {duration(fp16)}, over {FP32_WITHIN:.2f}x the best ({duration(best[1])}): twice its bytes "
+            "cannot win" if fp16 is not None else "fp16 was ruled out: fp32, twice its bytes, cannot win")
         return False
 
     def _best(self) -> tuple[str, float] | None:
-        timed = [(p, c.best) for p, c in self.candidates.items() if c.best is not None]
-        return min(timed, key=lambda pc: pc[1]) if timed else None
+        """The live candidate with the lowest median step so far, and that median."""
+        timed = [(p, m) for p in self._live if (m := self.candidates[p].median) is not None]
+        return min(timed, key=lambda pm: pm[1]) if timed else None
+
+    def _eliminate(self) -> None:
+        """End of a round: drop each candidate whose median is above the best's by more than
+        :data:`Z` standard errors of the difference (the spread of every candidate's steps about
+        its own median, pooled: the machine's noise is common to them) and by more than the
+        margin (one within it may still be kept as the incumbent), or by :data:`ABORT` x."""
+        best = self._best()
+        if best is None:
+            return
+        spread = pooled_spread([self.candidates[p].times for p in self._live])
+        b = self.candidates[best[0]]
+        for p in list(self._live):
+            c = self.candidates[p]
+            if p == best[0] or c.median is None:
+                continue
+            se = spread * (1.0 / len(c.times) + 1.0 / len(b.times)) ** 0.5
+            gap = c.median - best[1]
+            if c.median >= ABORT * best[1] or gap > max(Z * se, self.margin * best[1]):
+                c.skipped = (f"ruled out after {len(c.times)} timed steps: a median of {duration(c.median)} against "
+                             f"{best[0]}'s {duration(best[1])}")
+                self._live.remove(p)
 
     def _trial_step(self, took: float) -> None:
-        """The previous step, :attr:`plan`'s step number :attr:`_in_plan`, took ``took`` (agreed);
-        what runs now."""
+        """The previous step, step :attr:`_in_plan` of :attr:`plan`'s block, took ``took``
+        (agreed); what runs now."""
         self._trial_times.append(took)
         if self._in_plan > self.settle:  # the previous step was a timed one
-            c = self.candidates[self.plan]
-            best = self._best()
-            c.times.append(took)
-            aborted = best is not None and len(c.times) == 1 and best[0] != self.plan and took >= ABORT * best[1]
-            if aborted:
-                c.skipped = f"stopped after one timed step: {duration(took)}, over {ABORT}x the best"
-            if aborted or len(c.times) >= self.timed:
-                self._next_candidate()
-                return
+            self.candidates[self.plan].times.append(took)
+        if self._in_plan >= self.settle + self.timed:
+            self._next_turn()
+            return
         self._in_plan += 1
 
     def _close_trial(self) -> None:
         best = self._best()
-        inc = self.candidates[self._incumbent].best
-        figures = ", ".join(f"{p} {duration(c.best)}" if c.best is not None else f"{p} -"
+        inc = self.candidates[self._incumbent].median if self._incumbent in self._live else None
+        figures = ", ".join(f"{p} {duration(c.median)}" if c.median is not None else f"{p} -"
                             for p, c in self.candidates.items())
         if best is None:
             take, why = self._incumbent, "no plan could be timed"
         elif inc is None or best[1] < (1.0 - self.margin) * inc:
-            take, why = best[0], f"{best[0]} measured fastest ({figures})"
+            take, why = best[0], f"{best[0]} measured fastest (median steps: {figures})"
         else:
             take = self._incumbent
-            why = (f"{take} kept: no plan {self.margin:.0%} faster ({figures})" if best[0] != take
-                   else f"{take} measured fastest ({figures})")
+            why = (f"{take} kept: no plan {self.margin:.0%} faster (median steps: {figures})" if best[0] != take
+                   else f"{take} measured fastest (median steps: {figures})")
         floor = best[1] if best is not None else 0.0
         self.last_cost = sum(max(t - floor, 0.0) for t in self._trial_times)
         self.cost += self.last_cost
+        self.best = floor
         if take == self._incumbent and self.trials > 1:
             self._every *= 2  # a plan that holds is checked less often
         self.plan, self.phase, self.why = take, Phase.CHOSEN, why
@@ -300,10 +353,12 @@ class Trial:
         pred = predicted or {}
         return {
             "plan": self.plan, "phase": self.phase.value, "why": self.why, "trials": self.trials,
-            "candidates": {p: {"measured_s": c.best, "timed_steps": len(c.times), "skipped": c.skipped or None,
+            "candidates": {p: {"measured_s": c.median, "timed_steps": len(c.times), "skipped": c.skipped or None,
                                "model_s": pred.get(p)} for p, c in self.candidates.items()},
             "cost_s": self.cost, "elapsed_s": self.elapsed,
             "cost_share": self.cost / self.elapsed if self.elapsed > 0 else 0.0,
+            # what the trials cost against 1,000 steps of the plan taken (issue: <= 2%)
+            "cost_per_1000_steps": self.cost / (1000 * self.best) if self.best > 0 else 0.0,
             "history": list(self.history),
         }
 
