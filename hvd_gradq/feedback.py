@@ -352,7 +352,7 @@ class Memory:
         out = x
         n = self.ops.shape(x)[0]
         for k, lo, hi in ((key, 0, n), *owned):
-            e = self.store.read(k, x)
+            e = self.store.read(k, x if (lo, hi) == (0, n) else x[lo:hi])  # a store checks the size it holds
             if e is None:
                 continue
             if self._undo is not None and k not in self._undo:

@@ -145,4 +145,54 @@ def _run_section(run: dict[str, Any], unit: str) -> list[str]:
         lines.append(f"| {spec} | {row['per_s']:.1f} ({row['min']:.1f}-{row['max']:.1f}) | {_ratio(row['vs_fp16'])} "
                      f"| {_ratio(row['vs_fp32'])} | {_ratio(b)} | {'-' if c is None else f'{1e3 * c:.0f}'} "
                      f"| {'yes' if row['ranks_equal'] else '**NO**'} |")
+    return [*lines, "", *_auto_section(r)]
+
+
+def fixed_of(spec: str) -> str:
+    """The entry that runs ``spec``'s scheme as a fixed plan: the cost model's patterns, never
+    handed to Horovod (``fallback=false``)."""
+    return f"{spec},fallback=false" if ":" in spec else f"{spec}:fallback=false"
+
+
+def auto_rows(result: dict[str, Any]) -> list[dict[str, Any]]:
+    """Per compression that measured its plans (``auto`` in the raw result): the plan it took,
+    its throughput against the best fixed plan of the launch (Horovod's fp32 and fp16, and the
+    scheme's own patterns as ``fallback=false`` where the list has it), and what its first trial
+    cost against 1,000 steps of the plan it took (the trial ran before the timed rounds)."""
+    rows = throughput(result)
+    out = []
+    for spec, c in result["compressions"].items():
+        auto = c.get("auto")
+        if not auto:
+            continue
+        fixed = {k: rows[k]["per_s"] for k in ("fp32", "fp16", fixed_of(spec)) if k in rows}
+        best = max(fixed, key=lambda k: fixed[k]) if fixed else None
+        step_s = sum(c["block_s"]) / (len(c["block_s"]) * result["steps"])
+        out.append({"spec": spec, "plan": auto["plan"], "vs_best": rows[spec]["per_s"] / fixed[best] if best else None,
+                    "best": best, "trial_steps": c.get("trial_steps"), "cost_s": auto["cost_s"],
+                    "cost_1000": auto["cost_s"] / (1000 * step_s), "candidates": auto["candidates"],
+                    "why": auto["why"]})
+    return out
+
+
+def _ms(seconds: float | None) -> str:
+    return "-" if seconds is None else f"{1e3 * seconds:.0f} ms"
+
+
+def _auto_section(r: dict[str, Any]) -> list[str]:
+    rows = auto_rows(r)
+    if not rows:
+        return []
+    lines = ["Measured `auto` (`stats()['auto']`, after its first trial): the plan it took, its throughput "
+             "against the best fixed plan of this launch, the trial's steps and cost against 1,000 steps of "
+             "the plan taken, each candidate's median step in the trial (the cost model's seconds for its "
+             "reductions in brackets).", "",
+             "| compression | plan | vs best fixed | trial steps | trial cost / 1,000 steps | candidates |",
+             "|---|---|---:|---:|---:|---|"]
+    for a in rows:
+        cands = "; ".join(f"{p} {_ms(c['measured_s'])}" + ("" if c["model_s"] is None else f" ({_ms(c['model_s'])})")
+                          for p, c in a["candidates"].items())
+        vs = "-" if a["vs_best"] is None else f"{a['vs_best']:.2f}x {a['best']}"
+        lines.append(f"| {a['spec']} | {a['plan']} | {vs} | {a['trial_steps']} | {100 * a['cost_1000']:.2f}% "
+                     f"| {cands} |")
     return [*lines, ""]

@@ -80,15 +80,42 @@ def compressor_s(tr: Any) -> float:
     return float(tr.compressor.stats()["time"]["total"].get("compressor_s", 0.0)) if tr.compressor is not None else 0.0
 
 
+#: Steps at most that a compressor measuring its plans (pattern=auto) may take to finish its
+#: first trial before the timed rounds (hvd_gradq.plan.trial: a few tens of steps).
+TRIAL_STEPS = 120
+
+
+def settle_trial(tr: Any) -> int:
+    """Run ``tr`` until its first trial of auto's plans is over (its ranks agree, so every rank
+    leaves the loop at the same step), so that the timed rounds time the plan it took and not
+    the trial: what the trial costs is reported on its own (``auto``). Returns the steps run."""
+    trial = getattr(tr.compressor, "trial", None)
+    steps = 0
+    while trial is not None and trial.phase.value != "chosen" and steps < TRIAL_STEPS:
+        tr.step()
+        steps += 1
+    return steps
+
+
+def auto_of(tr: Any) -> dict[str, Any] | None:
+    """What a compressor's measured choice took and why (``stats()['auto']``), or None."""
+    if tr.compressor is None:
+        return None
+    report: dict[str, Any] = tr.compressor.stats().get("auto", {})
+    return report if report.get("plan") else None
+
+
 def run(fw: Any, args: argparse.Namespace) -> dict[str, Any]:
     """The benchmark on this rank (``fw``: :mod:`trainer_torch` or :mod:`trainer_tf`); the raw result."""
     rank, size = fw.init()
     info = catalog.MODELS[args.model]
     t0 = time.perf_counter()
     trainers = [fw.make(spec, i, args) for i, spec in enumerate(args.compressions)]
+    trial_steps = {}
     for tr in trainers:
         for _ in range(args.warmup):
             tr.step()
+        trial_steps[tr.spec] = settle_trial(tr)
     setup_s = time.perf_counter() - t0
     before = [compressor_s(tr) for tr in trainers]
     blocks = np.zeros((args.rounds, len(trainers)))
@@ -115,7 +142,8 @@ def run(fw: Any, args: argparse.Namespace) -> dict[str, Any]:
             tr.spec: {"block_s": slowest[:, i].tolist(), "ranks_equal": equal[i],
                       "bytes_vs_fp32": (float(tr.compressor.stats()["total"]["all"]["ratio_vs_fp32"])
                                         if tr.compressor is not None else None),
-                      "compressor_s_a_step": float(spent[i]) if tr.compressor is not None else None}
+                      "compressor_s_a_step": float(spent[i]) if tr.compressor is not None else None,
+                      "auto": auto_of(tr), "trial_steps": trial_steps[tr.spec]}
             for i, tr in enumerate(trainers)
         },
     }

@@ -151,3 +151,30 @@ def test_compiled_rule_holds_nothing_from_earlier_steps() -> None:
         y = x + e
         e = y - torch.sign(y) * 0.5
     assert torch.allclose(store.residuals["w"].reshape(-1), e, atol=1e-6)
+
+
+@pytest.mark.parametrize("scale", [None, 8.0])
+def test_flush_delivers_every_residual_once_on_its_slice_and_rollback_restores_them(scale: float | None) -> None:
+    """A step sent uncompressed (auto's measured plan) carries the tensor's own residual and each
+    owner residual on the slice it belongs to, in the step's loss-scale units; then none is held.
+    A skipped step (rollback) puts them back as they were."""
+    for ops, store in ((NUMPY, DictStore()), (TorchOps("cpu"), TensorStore())):
+        m = Memory(ops, store)
+        arr = (lambda a: a) if ops is NUMPY else torch.from_numpy
+        own = np.arange(10, dtype=np.float32) / 7
+        owner = np.array([0.5, -0.25, 0.125], np.float32)
+        store.write("w", arr(own.copy()))
+        store.write(reduced_key("w"), arr(owner.copy()))
+        m.begin_step(scale)
+        g = np.linspace(-1, 1, 10, dtype=np.float32)
+        out = np.asarray(m.flush("w", arr(g.copy()), [(reduced_key("w"), 4, 7)]))
+        s = 1.0 if scale is None else scale
+        want = g.astype(np.float64) + own * s
+        want[4:7] += owner * s
+        np.testing.assert_allclose(out, want, rtol=1e-6)
+        assert store.read("w", arr(g)) is None and store.read(reduced_key("w"), arr(g[4:7])) is None
+        m.rollback()
+        np.testing.assert_array_equal(np.asarray(store.read("w", arr(g))), own)
+        np.testing.assert_array_equal(np.asarray(store.read(reduced_key("w"), arr(g[4:7]))), owner)
+        x = arr(g.copy())
+        assert m.flush("other", x) is x  # nothing held: the tensor itself, no copy

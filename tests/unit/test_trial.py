@@ -5,6 +5,7 @@ ranks exchange rows and take the maximum, exactly as the frontends do. The oracl
 scripted times themselves: which plan is fastest, and what the trial's steps cost beyond it."""
 from __future__ import annotations
 
+import itertools
 from collections.abc import Callable
 
 import numpy as np
@@ -141,7 +142,7 @@ def test_a_plan_that_holds_is_checked_less_often() -> None:
     simulate([t], [flat({COMPRESSED: 1.0, FP16: 1.05, MIXED: 1.04, FP32: 1.2})], 1700)
     starts = [int(h.split("at step ")[1].split(" ")[0]) for h in t.history]
     gaps = np.diff(starts)
-    assert len(starts) == 4 and all(b > 1.8 * a for a, b in zip(gaps, gaps[1:])), starts
+    assert len(starts) == 4 and all(b > 1.8 * a for a, b in itertools.pairwise(gaps)), starts
     assert t.plan == COMPRESSED
 
 
