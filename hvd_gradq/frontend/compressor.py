@@ -30,7 +30,6 @@ for checkpoint tracking.
 from __future__ import annotations
 
 import hashlib
-import time
 import warnings
 from collections.abc import Callable, Hashable
 from dataclasses import dataclass, field
@@ -46,7 +45,7 @@ from ..plan import hosts
 from ..plan.cpu_cost import Figures
 from ..plan.decide import Choice, choose, decide, seconds
 from ..plan.pattern import EVERY, ONE_RANK_WHY, REQUESTABLE, Pattern, in_warmup, parse_pattern, warmup_why
-from ..plan.trial import COMPRESSED, PLANS, START, Phase, Trial, plan_choice
+from ..plan.trial import START, Trial
 from ..policy import Policy
 from ..reduce import handshake, stop
 from ..reduce.names import Kind
@@ -54,6 +53,7 @@ from ..reduce.stats import KINDS, Reports, Stats
 from ..schemes.scheme import Scheme
 from ..spec import Config, SchemeLike, as_config
 from . import prefetch, probe, workers
+from .measured import Measured
 
 #: A frontend's allgather for the handshake: (this rank's row, what it is, the seconds it may wait
 #: for the other ranks) -> every rank's rows; past the wait it raises
@@ -127,18 +127,6 @@ class Agreement:
     figures: dict[Hashable, Figures | None] = field(default_factory=dict)
 
 
-@dataclass
-class Measured:
-    """The measured choice of ``auto`` (:mod:`hvd_gradq.plan.trial`) as a compressor runs it:
-    the trial, the process set its ranks exchange step times on (the first step's first
-    tensor's), and what each tensor it saw while warming is, for the model's prediction."""
-
-    trial: Trial | None = None
-    key: Hashable = None
-    off: str = ""  # why the trial stopped for good (a step over two process sets)
-    seen: dict[str, tuple[int, int, int, int]] = field(default_factory=dict)  # name: n, ndim, size, local
-
-
 class CompressorCore(Reports):
     """The framework-free part of a ``GradqCompressor`` (see the module docstring).
 
@@ -206,7 +194,7 @@ class CompressorCore(Reports):
         self.log_every = log.resolve_every(log_every)
         self._stats = Stats(self.TIME_KINDS)
         self._agreement = Agreement()
-        self._measured = Measured(self._new_trial())
+        self._measured = self._new_measured()
         prefetch.start([self.scheme], probe.priced(self.pattern))  # kernels load as the job starts, not in its 1st step
 
     # -- the configuration ranks compare ------------------------------------------------------------
@@ -279,15 +267,19 @@ class CompressorCore(Reports):
         measures its plans again in it (every rank of the new world from the same step)."""
         self._agreement.checked.clear()
         self._agreement.figures.clear()
-        self._measured = Measured(self._new_trial())
+        self._measured = self._new_measured()
 
-    # -- the measured choice (plan/trial.py) -----------------------------------------------------------
-    def _new_trial(self) -> Trial | None:
+    # -- the measured choice (plan/trial.py, .measured) --------------------------------------------
+    def _new_measured(self) -> Measured:
         """A trial where ``auto`` measures (this frontend can, and ``fallback`` is on); the
         policy's warm-up steps run first (they are fp32, not the plans the trial would time)."""
-        if not (self.MEASURES and self.fallback and self.pattern is Pattern.AUTO):
-            return None
-        return Trial(start=self.policy.warmup + START)
+        if self.pattern is not Pattern.AUTO:
+            return Measured(None, "not measured: pattern= names a pattern")
+        if not self.MEASURES:
+            return Measured(None, "not measured by this frontend: the cost model decides")
+        if not self.fallback:
+            return Measured(None, "not measured: fallback=False (the cost model decides)")
+        return Measured(Trial(start=self.policy.warmup + START))
 
     @property
     def trial(self) -> Trial | None:
@@ -295,67 +287,17 @@ class CompressorCore(Reports):
         return self._measured.trial
 
     def trial_step(self, key: Hashable, size: int, gather: Gather | None) -> None:
-        """At a step's first reduction (over process set ``key`` of ``size`` ranks, after its
-        handshake): the trial's step start, and where it asks, the exchange of step times through
-        ``gather`` (the maximum over ranks), before any tensor of the step is decided."""
-        m = self._measured
-        t = m.trial
-        if t is None or size <= 1 or gather is None:
-            return
-        if m.key is None:
-            m.key = key
-        elif key != m.key:  # step times are compared on one process set; stop measuring
-            self._stop_trial(f"steps start on more than one process set ({m.key!r}, {key!r})")
-            return
-        row = t.begin(time.perf_counter())
-        if row is None:
-            return
-        before = t.phase
-        try:
-            rows = gather(row, Kind.TRIAL, self.handshake_timeout)
-        except handshake.Stalled as e:
-            raise handshake.stalled(e, self.FRONTEND, "the trial's step times", size) from None
-        t.agreed(np.asarray(rows, np.float64).reshape(-1, row.size).max(axis=0))
-        if before is Phase.TRIAL and t.phase is Phase.CHOSEN:
-            log.trial_done(self.trial_report())
+        """At a step's first reduction: :meth:`.measured.Measured.step`."""
+        self._measured.step(key, size, gather, self.handshake_timeout, self.FRONTEND)
 
     def stats(self) -> dict[str, Any]:
-        """:meth:`Reports.stats`, and under ``auto`` what the measured choice took and why
-        (``stats()['auto']``: :meth:`trial_report`)."""
+        """:meth:`Reports.stats`, and what ``auto``'s measured choice took and why
+        (``stats()['auto']``: :meth:`.measured.Measured.report`, the cost model's seconds beside)."""
         out = super().stats()
-        out["auto"] = self.trial_report()
-        return out
-
-    def _stop_trial(self, why: str) -> None:
         m = self._measured
-        m.off = f"not measured: {why}; every tensor as the cost model decides"
-        m.trial = None
-
-    def trial_report(self) -> dict[str, Any]:
-        """``stats()['auto']``: the measured choice (:meth:`hvd_gradq.plan.trial.Trial.report`)
-        with the cost model's seconds for each candidate's reductions beside the measured steps."""
-        m = self._measured
-        if m.trial is None:
-            return {"plan": None, "why": m.off or ("not measured: pattern= names a pattern" if
-                                                   self.pattern is not Pattern.AUTO else
-                                                   "not measured: fallback=False" if self.MEASURES else
-                                                   "not measured by this frontend: the cost model decides")}
-        return m.trial.report(self._predicted())
-
-    def _predicted(self) -> dict[str, float]:
-        """The cost model's seconds (:func:`hvd_gradq.plan.decide.seconds`, link rate and CPU
-        figures as it prices them) for every tensor seen, under each plan."""
-        m = self._measured
-        assert m.trial is not None
-        out: dict[str, float] = {}
-        for plan in PLANS:
-            total = 0.0
-            for name, (n, ndim, size, local) in m.seen.items():
-                figures = self.agreed(m.key)
-                model = self._model(n, ndim, size, local, figures)
-                c = plan_choice(plan, name, model, m.trial.large, str)
-                total += seconds(self.scheme, n, ndim, size, c.pattern, local, self.link_gbps, figures)
-            out[plan] = total
+        figures = self.agreed(m.key)
+        out["auto"] = m.report(lambda n, nd, s, loc: self._model(n, nd, s, loc, figures),
+                               lambda n, nd, s, loc, p: seconds(self.scheme, n, nd, s, p, loc, self.link_gbps, figures))
         return out
 
     def reduction_set(self, called: Any, global_set: Any) -> Any:
@@ -382,28 +324,12 @@ class CompressorCore(Reports):
         under the measured plan of this step where ``auto`` measures (:meth:`trial_step`); before warm-up."""
         if size == 1 and self.PASSES_ONE_RANK:
             return Choice(Pattern.FP32, ONE_RANK_WHY)
-        model = self._model(n, ndim, size, local, figures)
-        t = self._measured.trial
-        if t is None or size <= 1 or name is None:
-            return model
-        if t.phase is Phase.WARMING:
-            t.saw(name, n, compresses(model.pattern))
-            self._measured.seen[name] = (n, ndim, size, local)
-        if t.plan == COMPRESSED:
-            return model
-        return plan_choice(t.plan, name, model, t.large, self._plan_why)
+        return self._measured.choose(name, n, ndim, size, local, self._model(n, ndim, size, local, figures))
 
     def _model(self, n: int, ndim: int, size: int, local: int, figures: Figures | None) -> Choice:
         """The cost model's decision; its own fp16 fallback only where nothing is measured."""
         return decide(self.settings, n, ndim, size, self.pattern, self.offered(), local, self.link_gbps,
-                      self.fallback and self._measured.trial is None and not self.MEASURES, figures)
-
-    def _plan_why(self, plan: str) -> str:
-        t = self._measured.trial
-        assert t is not None
-        if t.phase is Phase.TRIAL:
-            return f"trial: timing plan {plan} (trial {t.trials})"
-        return f"measured: {t.why}"
+                      self.fallback and not self.MEASURES, figures)
 
     def warm(self, choice: Choice, step: int) -> Choice:
         """A decision at a tensor's ``step`` (0-based, counted while it compresses): Horovod's

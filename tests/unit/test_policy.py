@@ -1,5 +1,5 @@
 """The policy beside a scheme (hvd_gradq/policy.py) and error feedback's variant slot
-(hvd_gradq/feedback.py): what a spec's ef/warmup/nonfinite become, and a variant plugged in by
+(hvd_gradq/feedback.py, hvd_gradq/ef_rules.py): what a spec's ef/warmup/nonfinite become, and a variant plugged in by
 registering one class."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import pytest
 from stores import DictStore
 
 import hvd_gradq
-from hvd_gradq import feedback, spec
+from hvd_gradq import ef_rules, spec
 from hvd_gradq.errors import SpecError
 from hvd_gradq.feedback import Memory, Rule, register_rule
 from hvd_gradq.policy import KEYS, Policy
@@ -68,7 +68,7 @@ def test_classic_rule_is_the_old_arithmetic():
 def test_a_registered_variant_is_valid_in_specs_and_factories_and_memory_runs_it(monkeypatch):
     # one class: a damped residual (e <- (p - decode(p)) / 2), the kind of variant EF21-style
     # schemes need; nothing else changes for it to work
-    monkeypatch.setattr(feedback, "_RULES", dict(feedback._RULES))
+    monkeypatch.setattr(ef_rules, "_RULES", dict(ef_rules._RULES))
 
     @register_rule("half")
     class Half(Rule):

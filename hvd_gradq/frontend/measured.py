@@ -1,0 +1,101 @@
+"""``auto``'s measured choice as a compressor runs it: :class:`Measured`, for both frontends'
+core (:class:`~.compressor.CompressorCore`), around the framework-free trial
+(:class:`hvd_gradq.plan.trial.Trial`).
+
+It owns what the trial needs from a running job and nothing else: the clock at each step's
+start, the exchange of step times (the frontend's allgather, the maximum over ranks, bounded as
+the handshake is), the process set those times are compared on (the first step's; a step that
+starts on another stops the trial for good, since times of two sets are not one step's), the
+tensors seen while the job warms up (what ``mixed`` picks from, and what the cost model's
+prediction of each plan sums over), the plan's choice for each tensor, and the report."""
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Hashable
+from typing import Any
+
+import numpy as np
+from numpy.typing import NDArray
+
+from .. import log
+from ..plan.decide import Choice
+from ..plan.pattern import Pattern
+from ..plan.trial import COMPRESSED, PLANS, Phase, Trial, plan_choice
+from ..reduce import handshake
+from ..reduce.names import Kind
+
+#: A frontend's bounded allgather (:data:`hvd_gradq.frontend.compressor.Gather`).
+Gather = Callable[[NDArray[Any], Kind, float], NDArray[Any]]
+#: The cost model's choice for a tensor of (n, ndim, size, local).
+Model = Callable[[int, int, int, int], Choice]
+#: The cost model's seconds for a tensor of (n, ndim, size, local) under a pattern.
+Price = Callable[[int, int, int, int, Pattern], float]
+
+
+class Measured:
+    """The trial of one compressor (None: ``auto`` does not measure; ``off`` says why)."""
+
+    def __init__(self, trial: Trial | None, off: str = "") -> None:
+        self.trial = trial
+        self.off = off
+        self.key: Hashable = None  # the process set whose steps are timed
+        self.seen: dict[str, tuple[int, int, int, int]] = {}  # name: n, ndim, size, local (while warming)
+
+    def step(self, key: Hashable, size: int, gather: Gather | None, timeout: float, frontend: str) -> None:
+        """At a step's first reduction (over process set ``key`` of ``size`` ranks, after its
+        handshake): the trial's step start, and where it asks, the exchange of step times through
+        ``gather`` (the maximum over ranks), before any tensor of the step is decided. The line
+        of a trial that ends is logged (:func:`hvd_gradq.log.trial_done`)."""
+        t = self.trial
+        if t is None or size <= 1 or gather is None:
+            return
+        if self.key is None:
+            self.key = key
+        elif key != self.key:
+            self.trial = None
+            self.off = (f"not measured: steps start on more than one process set ({self.key!r}, {key!r}); every "
+                        "tensor as the cost model decides")
+            return
+        row = t.begin(time.perf_counter())
+        if row is None:
+            return
+        before = t.phase
+        try:
+            rows = gather(row, Kind.TRIAL, timeout)
+        except handshake.Stalled as e:
+            raise handshake.stalled(e, frontend, "the trial's step times", size) from None
+        t.agreed(np.asarray(rows, np.float64).reshape(-1, row.size).max(axis=0))
+        if before is Phase.TRIAL and t.phase is Phase.CHOSEN:
+            log.trial_done(t.report())
+
+    def choose(self, name: str | None, n: int, ndim: int, size: int, local: int, model: Choice) -> Choice:
+        """Tensor ``name``'s choice under the step's plan, ``model`` being the cost model's."""
+        t = self.trial
+        if t is None or size <= 1 or name is None:
+            return model
+        if t.phase is Phase.WARMING:
+            t.saw(name, n, model.pattern not in (Pattern.FP32, Pattern.FP16))
+            self.seen[name] = (n, ndim, size, local)
+        if t.plan == COMPRESSED:
+            return model
+        return plan_choice(t.plan, name, model, t.large, self._why)
+
+    def _why(self, plan: str) -> str:
+        t = self.trial
+        assert t is not None
+        if t.phase is Phase.TRIAL:
+            return f"trial: timing plan {plan} (trial {t.trials})"
+        return f"measured: {t.why}"
+
+    def report(self, model: Model, price: Price) -> dict[str, Any]:
+        """``stats()['auto']``: the trial's report (:meth:`hvd_gradq.plan.trial.Trial.report`) with
+        the cost model's seconds for each plan's reductions of the tensors seen (``price`` of
+        each tensor under the plan's choice) beside the measured steps."""
+        t = self.trial
+        if t is None:
+            return {"plan": None, "why": self.off}
+        predicted = {}
+        for plan in PLANS:
+            predicted[plan] = sum(price(*shape, plan_choice(plan, name, model(*shape), t.large, str).pattern)
+                                  for name, shape in self.seen.items())
+        return t.report(predicted)
