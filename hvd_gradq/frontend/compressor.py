@@ -288,17 +288,20 @@ class CompressorCore(Reports):
 
     def trial_step(self, key: Hashable, size: int, gather: Gather | None) -> None:
         """At a step's first reduction: :meth:`.measured.Measured.step`."""
-        self._measured.step(key, size, gather, self.handshake_timeout, self.FRONTEND)
+        self._measured.step(key, size, gather, self.handshake_timeout, self.FRONTEND, self._auto_report)
 
     def stats(self) -> dict[str, Any]:
         """:meth:`Reports.stats`, and what ``auto``'s measured choice took and why
         (``stats()['auto']``: :meth:`.measured.Measured.report`, the cost model's seconds beside)."""
         out = super().stats()
+        out["auto"] = self._auto_report()
+        return out
+
+    def _auto_report(self) -> dict[str, Any]:
         m = self._measured
         figures = self.agreed(m.key)
-        out["auto"] = m.report(lambda n, nd, s, loc: self._model(n, nd, s, loc, figures),
-                               lambda n, nd, s, loc, p: seconds(self.scheme, n, nd, s, p, loc, self.link_gbps, figures))
-        return out
+        return m.report(lambda n, nd, s, loc: self._model(n, nd, s, loc, figures),
+                        lambda n, nd, s, loc, p: seconds(self.scheme, n, nd, s, p, loc, self.link_gbps, figures))
 
     def reduction_set(self, called: Any, global_set: Any) -> Any:
         """The process set a reduction runs on: the one Horovod's call names, else the

@@ -41,11 +41,13 @@ class Measured:
         self.key: Hashable = None  # the process set whose steps are timed
         self.seen: dict[str, tuple[int, int, int, int]] = {}  # name: n, ndim, size, local (while warming)
 
-    def step(self, key: Hashable, size: int, gather: Gather | None, timeout: float, frontend: str) -> None:
+    def step(self, key: Hashable, size: int, gather: Gather | None, timeout: float, frontend: str,
+             report: Callable[[], dict[str, Any]]) -> None:
         """At a step's first reduction (over process set ``key`` of ``size`` ranks, after its
         handshake): the trial's step start, and where it asks, the exchange of step times through
         ``gather`` (the maximum over ranks), before any tensor of the step is decided. The line
-        of a trial that ends is logged (:func:`hvd_gradq.log.trial_done`)."""
+        of a trial that ends is logged (:func:`hvd_gradq.log.trial_done`, ``report()``: what
+        ``stats()['auto']`` says)."""
         t = self.trial
         if t is None or size <= 1 or gather is None:
             return
@@ -66,7 +68,7 @@ class Measured:
             raise handshake.stalled(e, frontend, "the trial's step times", size) from None
         t.agreed(np.asarray(rows, np.float64).reshape(-1, row.size).max(axis=0))
         if before is Phase.TRIAL and t.phase is Phase.CHOSEN:
-            log.trial_done(t.report())
+            log.trial_done(report())
 
     def choose(self, name: str | None, n: int, ndim: int, size: int, local: int, model: Choice) -> Choice:
         """Tensor ``name``'s choice under the step's plan, ``model`` being the cost model's."""

@@ -266,7 +266,7 @@ class Trial:
                     return
                 self._round, self._turn = self._round + 1, 0
             p = self._live[self._turn]
-            if p == FP32 and not self._fp32_worth():
+            if p == FP32 and not self.candidates[p].times and not self._fp32_worth():  # once timed, it races
                 self._live.remove(p)
                 self._turn -= 1
                 continue

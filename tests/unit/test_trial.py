@@ -170,3 +170,11 @@ def test_noisy_steps_end_the_race_in_bounded_steps_alike_on_every_rank(seed: int
     first = int(t.history[0].split("at step ")[1].split(" ")[0])
     assert first <= t.start + tr.ROUNDS * len(tr.PLANS) * (tr.SETTLE + tr.TIMED)
     assert all(len(c.times) <= tr.ROUNDS * tr.TIMED for c in t.candidates.values())
+
+
+def test_fp32_once_timed_races_on_its_own_figures() -> None:
+    """fp32 is let in while fp16 is within 10% of the best; once timed, it stays in the race
+    by its own figures (the fastest here), not by fp16's against it."""
+    t = sized(Trial(), FEW_LARGE)
+    simulate([t], [flat({COMPRESSED: 2.0, FP16: 1.04, MIXED: 1.9, FP32: 1.0})], 60)
+    assert t.plan == FP32, t.history
