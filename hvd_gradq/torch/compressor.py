@@ -177,6 +177,7 @@ class GradqCompressor(CompressorCore):
         self._reducer = Reducer(self.scheme, self.policy, seed, self.memory, self._stats, self.workers,
                                 resolve_codec(codec))
         self._decompressing = True  # the next compress() starts a new step
+        self._trained: set[str] = set()  # DistributedOptimizer's tensors of this step not yet back
         self._elastic = Elastic(self)  # elastic Horovod: generation, commit/restore/sync (.elastic)
         # resuming: the first step's check of the counters (not in elastic jobs: state.sync() aligns them)
         # armed on every rank whatever its check_ranks, as the handshake: ranks run the same collectives
@@ -241,8 +242,7 @@ class GradqCompressor(CompressorCore):
         check_tensor(tensor, "hvd_gradq.torch")  # before Horovod: a TF tensor means the wrong frontend
         site = inspect_call()
         self._refuse(site, tensor)
-        starts = self._decompressing  # the first compress() after a decompress(): a new step
-        if starts:
+        if self._decompressing:  # the first compress() after a decompress(): a new step
             self._elastic.begin_step()  # an elastic reset: a new generation, decisions made again
             self._reducer.begin_step()  # the previous step's verdicts (.verdict), after any reset
             self._decompressing = False
@@ -252,7 +252,11 @@ class GradqCompressor(CompressorCore):
         self._reducer.verdicts.compressed()  # read them (at the previous step's last call: waited for)
         group = self._group(site)
         self._check(group)
-        if starts:  # auto's measured plans: the step's start, ranks agreeing (plan/trial.py)
+        # auto's measured plans time the optimizer's steps (plan/trial.py): a step starts at the
+        # first tensor DistributedOptimizer hands over after the last one came back, whatever
+        # direct hvd.allreduce calls (which may run on some ranks only) come between
+        trained = site is not None and site.writes_back
+        if trained and not self._trained:
             self.trial_step(group.key, group.size, handshake.gatherer(group))
         resume.check_first_step(self._resume, group, self.policy.warmup)  # before any counter moves
         name = self._name_of(tensor, site)
@@ -268,7 +272,10 @@ class GradqCompressor(CompressorCore):
             self._resume.note(name, tensor.shape)
         n = tensor.numel()
         # one-rank sets pass through exactly; otherwise the shared policy (plan/decide.py)
-        choice = self.decide(n, tensor.dim(), group.size, group.local, self.agreed(group.key), name)
+        if trained:
+            self._trained.add(name)
+        choice = self.decide(n, tensor.dim(), group.size, group.local, self.agreed(group.key),
+                             name if trained else None)
         step = self._steps.get(name, 0)
         if compresses(choice.pattern):
             self._steps[name] = step + 1
@@ -309,6 +316,8 @@ class GradqCompressor(CompressorCore):
             return tensor
         t0 = time.perf_counter()
         self._decompressing = True
+        if isinstance(ctx, (Pass, Ctx)):
+            self._trained.discard(ctx.name)
         if isinstance(ctx, Pass):
             self._reducer.verdicts.read()  # a step of fewer compress() calls than the last
             out = tensor.to(ctx.dtype)
