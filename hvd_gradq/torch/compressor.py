@@ -92,15 +92,17 @@ class GradqCompressor(CompressorCore):
             are used where Horovod calls the compressor; these let ``load_state_dict`` check a
             checkpoint against the model, and name gradients compressed outside Horovod's optimizer.
         seed: base seed of the rounding noise; draws differ across ranks, steps and tensors.
-        pattern: ``auto`` (cost model), ``gather``, ``summable``, ``scatter`` or ``hierarchical``
-            (:mod:`hvd_gradq.plan.decide`).
+        pattern: ``auto`` (the cost model, then measured: ``fallback``), ``gather``, ``summable``,
+            ``scatter`` or ``hierarchical`` (:mod:`hvd_gradq.plan.decide`).
         link_gbps: the link rate (Gbit/s) the cost model weighs bytes with against encoding and
             decoding time under ``auto``. Default: ``HVD_GRADQ_LINK_GBPS``, else 10.
-        fallback: under ``auto``, send a tensor as Horovod's fp16 (``hvd.Compression.fp16``, bit for
-            bit) where the cost model says the scheme's encode + bytes + decode would take longer
-            (:func:`hvd_gradq.plan.decide.decide`; the CPU figures measured at the first step
-            on every rank, the maximum agreed, :mod:`hvd_gradq.frontend.probe`). False: never.
-            Default: ``HVD_GRADQ_FALLBACK`` (1 or 0), else False (see ``probe.FALLBACK_ENV`` for why).
+        fallback: under ``auto``, measure the plans in the job and keep the fastest
+            (:mod:`hvd_gradq.plan.trial`): every tensor compressed as the cost model decides,
+            every tensor as Horovod's fp16 or fp32 (handed to Horovod as ``hvd.Compression.fp16``
+            or ``none`` would be), or the largest compressed and the rest fp16; raced on real
+            steps after the first ones, the ranks agreeing on each step's slowest time, raced
+            again when the step time drifts; ``stats()['auto']`` says what it measured. False:
+            the cost model's plan, never measured. Default: ``HVD_GRADQ_FALLBACK`` (1 or 0), else True.
         check_ranks: at the first step, stop every rank with an error naming the ranks and the
             fields that differ if their configurations disagree (compared by digest), or if their
             step counters do (a checkpoint loaded on some ranks only: :mod:`.resume`). Every rank
