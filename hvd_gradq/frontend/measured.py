@@ -23,6 +23,7 @@ from ..plan.pattern import Pattern
 from ..plan.trial import COMPRESSED, PLANS, Phase, Trial, plan_choice
 from ..reduce import handshake
 from ..reduce.names import Kind
+from . import prefetch
 
 #: A frontend's bounded allgather (:data:`hvd_gradq.frontend.compressor.Gather`).
 Gather = Callable[[NDArray[Any], Kind, float], NDArray[Any]]
@@ -58,6 +59,8 @@ class Measured:
             self.off = (f"not measured: steps start on more than one process set ({self.key!r}, {key!r}); every "
                         "tensor as the cost model decides")
             return
+        if t.phase is Phase.WARMING and t.step + 1 >= t.start:
+            prefetch.settle()  # kernels still loading beside the trial would time their loading
         row = t.begin(time.perf_counter())
         if row is None:
             return
