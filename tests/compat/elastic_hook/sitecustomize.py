@@ -140,6 +140,8 @@ def _record() -> None:
             "generation": c._elastic.generation.number if c is not None else -1,
             "compressed_tensors": sum(v > 0 for v in steps.values()),
             "steps": sum(steps.values()), "params": h.hexdigest(),
+            # auto measuring its plans: the steps its trial has counted since the last reset
+            "trial_steps": (c.trial.step + 1) if getattr(c, "trial", None) is not None else 0,
         }
         with open(os.path.join(OUT, f"{os.getpid()}.json"), "w") as f:
             json.dump(rec, f)
