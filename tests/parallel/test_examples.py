@@ -40,6 +40,9 @@ def run_script(path: Path, args: list[str], timeout: float) -> str:
         "PYTHONPATH": os.pathsep.join([str(ROOT), env.get("PYTHONPATH", "")]),
         "OMPI_ALLOW_RUN_AS_ROOT": "1", "OMPI_ALLOW_RUN_AS_ROOT_CONFIRM": "1", "OMP_NUM_THREADS": "1",
         "TF_CPP_MIN_LOG_LEVEL": "2", "PYTHONUNBUFFERED": "1",
+        # the checks read the scheme's bytes; auto's measured choice (the default in PyTorch) would
+        # rightly send these small models on loopback as Horovod's fp16 (test_torch_trial.py tests it)
+        "HVD_GRADQ_FALLBACK": "0",
     })
     t0 = time.monotonic()
     proc = subprocess.Popen(cmd, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

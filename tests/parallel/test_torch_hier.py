@@ -28,14 +28,15 @@ def test_hierarchical(np_: int, per_host: int, link: float, cross: str) -> None:
             assert abs(case["model_sent"] - case["sent"]) <= (case["slack"] if cross == "scatter" else 0), (r, key, case)
         assert_ranks_equal({r: {"d": rep[key]["digests"]} for r, rep in reports.items()}, "d")
     assert {rep["oracle|orq:levels=5|big|Average"]["cross"] for rep in reports.values()} == {cross}
-    # the fp16 fallback: ranks that measured apart (alone they would decide differently) agree on
-    # the maximum, all send fp16, with stock Compression.fp16's bits; fallback=False keeps ORQ
+    # the CPU figures: ranks that measured apart (alone they would decide differently) agree on the
+    # maximum and decide alike. In PyTorch fallback=True no longer applies the model's fp16 fallback:
+    # auto measures its plans on DistributedOptimizer's steps (plan/trial.py; tests/parallel/
+    # test_torch_trial.py), so a direct reduction keeps the model's pattern either way
     fb = {r: rep["fallback"] for r, rep in reports.items()}
     assert len({f["alone"] for f in fb.values()}) > 1 and fb[0]["alone"] != "fp16", fb
     for r, f in fb.items():
-        assert f["True"]["pattern"] == "fp16" and f["True"]["why"].startswith("fallback: modelled "), (r, f)
-        assert f["equal_fp16"] and not f["equal_fp32"], (r, f)
-        assert f["False"]["pattern"] not in ("fp16", "fp32"), (r, f)
+        assert f["True"]["pattern"] == f["False"]["pattern"] == fb[0]["True"]["pattern"], (r, f)
+        assert f["True"]["pattern"] not in ("fp16", "fp32"), (r, f)
         assert f["True"]["figures"] == fb[0]["True"]["figures"], (r, f)
     top = {k: (e, d) for k, e, d in fb[0]["True"]["figures"]}
     assert max(e for e, _ in top.values()) == 400.0 + np_ - 1, top  # the slowest rank's encode: the maximum

@@ -47,6 +47,7 @@ def test_error_feedback_across_a_switch_delivers_each_residual_once(pattern: str
                     assert reduced in s["held"], s
                 tol = 1e-6 if s["plan"] == "fp32" else 2.0**-9
                 assert s["err"] <= tol * s["scale"], f"rank {r} step {k} ({s['plan']}): {s['err']} vs {s['scale']}"
+                assert s["stock_equal"], f"rank {r} step {k}: not stock Horovod's {s['plan']} allreduce, bit for bit"
                 assert s["after"] == [], f"rank {r} step {k}: residuals kept after they were delivered: {s['after']}"
                 nxt = steps[k + 1]
                 assert nxt["plan"] == "compressed" and nxt["held"] == [], "the next compressed step must start from zero"

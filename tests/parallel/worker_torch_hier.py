@@ -184,9 +184,9 @@ check("auto", auto_case)
 
 
 def fallback_case() -> dict:
-    """pattern=auto's fp16 fallback across ranks that measured different CPU figures: every rank
-    holds the same agreed figures (the maximum), decides alike (fp16), and the tensor's result is
-    bit for bit hvd.Compression.fp16's (and not fp32's); fallback=False keeps the scheme."""
+    """pattern=auto across ranks that measured different CPU figures: every rank holds the same
+    agreed figures (the maximum) and decides alike, with fallback on or off (PyTorch measures its
+    plans on DistributedOptimizer's steps instead of the model's fp16 fallback: plan/trial.py)."""
     spec, n, link = "orq:levels=5", 1 << 16, 10.0
     with measured_as(rank):
         g = torch.from_numpy(np.random.default_rng(rank).standard_normal(n).astype(np.float32))
@@ -195,14 +195,9 @@ def fallback_case() -> dict:
             name = f"t.fallback{int(fb)}"
             comp = gq.from_spec(spec, named_parameters=[(name, torch.nn.Parameter(torch.zeros(n)))], fallback=fb,
                                 link_gbps=link)
-            got, _ = reduce_once(comp, name, g, hvd.Average)
+            reduce_once(comp, name, g, hvd.Average)
             t = comp.stats()["tensors"][name]
             res[str(fb)] = {"pattern": t["pattern"], "why": t["why"], "figures": [list(r) for r in comp._figures[""].ns]}
-            if fb:
-                stock = hvd.allreduce(g.clone(), op=hvd.Average, name="stock.fp16", compression=hvd.Compression.fp16)
-                exact = hvd.allreduce(g.clone(), op=hvd.Average, name="stock.fp32")
-                res["equal_fp16"] = bool(torch.equal(got, stock)) and got.dtype == stock.dtype
-                res["equal_fp32"] = bool(torch.equal(got, exact))
         res["alone"] = alone(spec, n, rank, size, L, link)
         return res
 

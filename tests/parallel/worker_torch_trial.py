@@ -99,13 +99,16 @@ def switch_mode(pattern: str) -> dict:
         loss.backward()
         # what this rank must deliver with an uncompressed step: its own residual, and the
         # owner residual (scatter) on the chunk this rank owns
-        extra = torch.zeros_like(g)
-        if name in held:
-            extra += held[name]
+        sent = g + held[name] if name in held else g
         if f"{name}#reduce" in held:
             lo, hi = chunk_bounds(g.numel(), comp.scheme.bucket, size)[rank]
-            extra[lo:hi] += held[f"{name}#reduce"][: hi - lo]
-        every_g = hvd.allgather((g + extra).reshape(1, -1), name=f"oracle.{pattern}.{step}")
+            owner = torch.zeros_like(g)
+            owner[lo:hi] = held[f"{name}#reduce"][: hi - lo]
+            sent = sent + owner
+        every_g = hvd.allgather(sent.reshape(1, -1), name=f"oracle.{pattern}.{step}")
+        # stock Horovod on the same values: what the plan must equal bit for bit
+        stock = hvd.allreduce(sent.clone(), op=hvd.Average, name=f"stock.{pattern}.{step}",
+                              compression=hvd.Compression.fp16 if plan == "fp16" else hvd.Compression.none)
         opt.step()  # the reduced gradient, averaged, lands in p.grad before SGD uses it
         reduced = p.grad.detach().reshape(-1)
         after = sorted(k for k in comp._residuals if k.startswith(name))
@@ -115,6 +118,7 @@ def switch_mode(pattern: str) -> dict:
             if plan == "fp16":  # Horovod's fp16: each rank's value cast, summed in fp16, cast back
                 exact = every_g.half().float().double().mean(0)
             row["err"] = float((reduced.double() - exact).abs().max())
+            row["stock_equal"] = bool(torch.equal(reduced, stock))
             row["scale"] = float(exact.abs().max())
         out["steps"].append(row)
     out["digest"] = digest(model)
