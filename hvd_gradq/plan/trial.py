@@ -17,9 +17,11 @@ reduction and the optimizer), and the job then runs the fastest.
 * ``mixed``: the scheme for the largest tensors, which hold :data:`LARGE_SHARE` of the elements,
   Horovod's fp16 for the rest: most of the bytes saved for a fraction of the per-tensor cost
   (tried only where it leaves out at least a quarter of the compressed tensors);
-* ``fp32``: every tensor as Horovod's own allreduce, exactly; tried only where fp16 came within
-  :data:`FP32_WITHIN` of the best (fp32 moves twice fp16's bytes: it can only win where the wire
-  is nearly free and fp16's casts are not).
+* ``fp32``: every tensor as Horovod's own allreduce, exactly (where the wire is nearly free,
+  fp16's two casts cost more than the bytes they save: on loopback it beat fp16 by 1.2-1.6x).
+
+A candidate whose first timed step takes :data:`EARLY` x the best median so far is ruled out
+there (the wire at 100 Mbit/s makes fp32's step several times the best: one step says so).
 
 **Agreement.** Every rank times its own steps; after each trial step the ranks exchange the
 step's duration and take the maximum (one small allgather at the next step's start, as the
@@ -83,8 +85,8 @@ Z = 2.0
 ABORT = 1.5
 #: Another plan replaces the incumbent only when this much faster.
 MARGIN = 0.03
-#: fp32 is tried only where fp16 came within this of the best (see the module docstring).
-FP32_WITHIN = 1.10
+#: A candidate whose first timed step takes this many times the best median so far is out at once.
+EARLY = 2.0
 #: ``mixed`` compresses the largest tensors that hold this share of the elements.
 LARGE_SHARE = 0.90
 #: Steps between two comparisons of the median step after a trial.
@@ -257,31 +259,14 @@ class Trial:
         """The next live candidate's block of steps in this round; a new round after the last
         (eliminating what the figures so far rule out); the choice when one is left or the rounds
         are done."""
-        while True:
-            self._turn += 1
-            if self._turn >= len(self._live):
-                self._eliminate()
-                if len(self._live) <= 1 or self._round >= self.rounds:
-                    self._close_trial()
-                    return
-                self._round, self._turn = self._round + 1, 0
-            p = self._live[self._turn]
-            if p == FP32 and not self.candidates[p].times and not self._fp32_worth():  # once timed, it races
-                self._live.remove(p)
-                self._turn -= 1
-                continue
-            self.plan, self._in_plan = p, 1  # this step is the block's first
-            return
-
-    def _fp32_worth(self) -> bool:
-        best = self._best()
-        fp16 = self.candidates[FP16].median
-        if best is None or (fp16 is not None and fp16 <= FP32_WITHIN * best[1]):
-            return True
-        self.candidates[FP32].skipped = (
-            f"fp16 took {duration(fp16)}, over {FP32_WITHIN:.2f}x the best ({duration(best[1])}): twice its bytes "
-            "cannot win" if fp16 is not None else "fp16 was ruled out: fp32, twice its bytes, cannot win")
-        return False
+        self._turn += 1
+        if self._turn >= len(self._live):
+            self._eliminate()
+            if len(self._live) <= 1 or self._round >= self.rounds:
+                self._close_trial()
+                return
+            self._round, self._turn = self._round + 1, 0
+        self.plan, self._in_plan = self._live[self._turn], 1  # this step is the block's first
 
     def _best(self) -> tuple[str, float] | None:
         """The live candidate with the lowest median step so far, and that median."""
@@ -313,9 +298,17 @@ class Trial:
         """The previous step, step :attr:`_in_plan` of :attr:`plan`'s block, took ``took``
         (agreed); what runs now."""
         self._trial_times.append(took)
+        early = False
         if self._in_plan > self.settle:  # the previous step was a timed one
-            self.candidates[self.plan].times.append(took)
-        if self._in_plan >= self.settle + self.timed:
+            c = self.candidates[self.plan]
+            best = self._best()
+            c.times.append(took)
+            if len(c.times) == 1 and best is not None and best[0] != self.plan and took >= EARLY * best[1]:
+                c.skipped = f"ruled out at its first timed step: {duration(took)}, over {EARLY:g}x {best[0]}'s median"
+                self._live.remove(self.plan)
+                self._turn -= 1  # the next candidate takes this one's place in the round
+                early = True
+        if early or self._in_plan >= self.settle + self.timed:
             self._next_turn()
             return
         self._in_plan += 1

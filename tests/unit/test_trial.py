@@ -52,13 +52,13 @@ def sized(trial: Trial, sizes: dict[str, int]) -> Trial:
 FEW_LARGE = {"conv.big": 1_000_000, **{f"bn.{i}": 64 for i in range(30)}}  # one tensor holds nearly all
 
 
-def test_keeps_compressed_where_it_is_fastest_and_skips_fp32() -> None:
+def test_keeps_compressed_where_it_is_fastest_and_stops_a_slow_plan_at_once() -> None:
     t = sized(Trial(), FEW_LARGE)
-    plans = simulate([t], [flat({COMPRESSED: 1.0, FP16: 2.0, MIXED: 1.2, FP32: 3.0})], 60)[0]
+    plans = simulate([t], [flat({COMPRESSED: 1.0, FP16: 1.6, MIXED: 1.2, FP32: 3.0})], 60)[0]
     assert t.phase is Phase.CHOSEN and t.plan == COMPRESSED
-    assert FP32 not in plans, "fp16 took 2x the best: fp32 (twice its bytes) must not be tried"
-    assert "twice its bytes" in (t.candidates[FP32].skipped or "")
-    assert t.candidates[FP16].skipped.startswith("ruled out after 2 timed steps")  # one block: 2.0 >= 1.5 x 1.0
+    assert plans.count(FP32) == tr.SETTLE + 1, "3x the best at its first timed step: out at once"
+    assert t.candidates[FP32].skipped.startswith("ruled out at its first timed step")
+    assert t.candidates[FP16].skipped.startswith("ruled out after 2 timed steps")  # one block: 1.6 >= 1.5 x 1.0
     assert t.candidates[MIXED].median == pytest.approx(1.2)
     assert plans[: t.start] == [COMPRESSED] * t.start
 
@@ -67,7 +67,7 @@ def test_takes_fp16_where_it_is_faster_than_the_margin() -> None:
     t = sized(Trial(), FEW_LARGE)
     simulate([t], [flat({COMPRESSED: 1.0, FP16: 0.9, MIXED: 0.95, FP32: 0.92})], 60)
     assert t.plan == FP16 and t.why.startswith("fp16 measured fastest")
-    assert t.candidates[FP32].median == pytest.approx(0.92), "fp16 within 10% of the best: fp32 is tried"
+    assert t.candidates[FP32].median == pytest.approx(0.92)
 
 
 def test_hysteresis_keeps_the_incumbent_within_the_margin() -> None:
@@ -107,8 +107,8 @@ def test_cost_is_each_trial_step_beyond_the_best_plan() -> None:
     # the trial's last row is the step before the plan is chosen: its steps are those timed
     assert t.cost == pytest.approx(sum(table[p] - 1.0 for p in trial_steps))
     # one round: a block (settle + 2 timed) of fp16 and of mixed, both then ruled out (no noise:
-    # any gap beyond the margin is significant); fp32 not tried (fp16 over 1.1x the best)
-    assert t.cost == pytest.approx(3 * 0.2 + 3 * 0.1)
+    # any gap beyond the margin is significant); fp32 out at its first timed step (3x the best)
+    assert t.cost == pytest.approx(3 * 0.2 + 3 * 0.1 + 2 * 2.0)
 
 
 def test_a_drift_runs_the_trial_again_and_the_budget_bounds_it() -> None:
@@ -172,9 +172,9 @@ def test_noisy_steps_end_the_race_in_bounded_steps_alike_on_every_rank(seed: int
     assert all(len(c.times) <= tr.ROUNDS * tr.TIMED for c in t.candidates.values())
 
 
-def test_fp32_once_timed_races_on_its_own_figures() -> None:
-    """fp32 is let in while fp16 is within 10% of the best; once timed, it stays in the race
-    by its own figures (the fastest here), not by fp16's against it."""
+def test_fp32_wins_where_fp16_is_far_behind() -> None:
+    """On loopback fp16's casts can cost more than its bytes save: fp32 is raced whatever fp16
+    measured (fp16 here 1.6x the best), and taken where fastest."""
     t = sized(Trial(), FEW_LARGE)
-    simulate([t], [flat({COMPRESSED: 2.0, FP16: 1.04, MIXED: 1.9, FP32: 1.0})], 60)
+    simulate([t], [flat({COMPRESSED: 1.3, FP16: 1.6, MIXED: 1.4, FP32: 1.0})], 60)
     assert t.plan == FP32, t.history
