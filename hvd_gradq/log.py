@@ -116,7 +116,7 @@ def trial_done(report: dict[str, Any], rank: int | None = None) -> None:
         measured = "-" if c["measured_s"] is None else f"{c['measured_s'] * 1e3:.1f} ms"
         model = "" if c["model_s"] is None else f" (model {c['model_s'] * 1e3:.1f} ms)"
         parts.append(f"{plan} {measured}{model}" + (f" [{c['skipped']}]" if c["skipped"] else ""))
-    log.info(f"hvd_gradq auto, trial {report['trials']}: a step took {'; '.join(parts)} -> plan {report['plan']}: "
+    log.info(f"auto, trial {report['trials']}: a step took {'; '.join(parts)} -> plan {report['plan']}: "
              f"{report['why']}; trials cost {report['cost_s']:.3g} s of {report['elapsed_s']:.3g} s "
              f"({100 * report['cost_share']:.2g}%)")
 
