@@ -117,8 +117,8 @@ def trial_done(report: dict[str, Any], rank: int | None = None) -> None:
         model = "" if c["model_s"] is None else f" (model {c['model_s'] * 1e3:.1f} ms)"
         parts.append(f"{plan} {measured}{model}" + (f" [{c['skipped']}]" if c["skipped"] else ""))
     log.info(f"auto, trial {report['trials']}: a step took {'; '.join(parts)} -> plan {report['plan']}: "
-             f"{report['why']}; trials cost {report['cost_s']:.3g} s of {report['elapsed_s']:.3g} s "
-             f"({100 * report['cost_share']:.2g}%)")
+             f"{report['why']}; trials so far cost {report['cost_s']:.3g} s, "
+             f"{100 * report['cost_per_1000_steps']:.2g}% of 1,000 steps of the plan taken")
 
 
 def step(summary: dict[str, Any], rank: int) -> None:
