@@ -47,7 +47,7 @@ from ..plan.decide import Choice, choose, decide, seconds
 from ..plan.pattern import EVERY, ONE_RANK_WHY, REQUESTABLE, Pattern, in_warmup, parse_pattern, warmup_why
 from ..plan.trial import START, Trial
 from ..policy import Policy
-from ..reduce import handshake, stop
+from ..reduce import Group, handshake, stop, table
 from ..reduce.names import Kind
 from ..reduce.stats import KINDS, Reports, Stats
 from ..schemes.scheme import Scheme
@@ -333,6 +333,13 @@ class CompressorCore(Reports):
         """The cost model's decision; its own fp16 fallback only where nothing is measured."""
         return decide(self.settings, n, ndim, size, self.pattern, self.offered(), local, self.link_gbps,
                       self.fallback and not self.MEASURES, figures)
+
+    def owned(self, name: str, n: int, ndim: int, group: Group) -> list[tuple[str, int, int]]:
+        """(key, lo, hi) of each owner residual tensor ``name`` keeps under the pattern the cost
+        model compresses it with (:func:`hvd_gradq.reduce.table.owned`): what a step that sends
+        it uncompressed delivers with its own residual."""
+        model = self._model(n, ndim, group.size, group.local, self.agreed(group.key))
+        return table.owned(model, name, n, self.scheme.bucket, group)
 
     def warm(self, choice: Choice, step: int) -> Choice:
         """A decision at a tensor's ``step`` (0-based, counted while it compresses): Horovod's

@@ -63,7 +63,7 @@ from ..frontend.workers import Workers
 from ..plan.decide import fp16_cost, fp32_cost
 from ..plan.pattern import Pattern, why_tag
 from ..plan.trial import MEASURED
-from ..reduce import Group, table
+from ..reduce import Group
 from ..schemes.scheme import Scheme
 from ..spec import Config
 from . import checkpoint, handshake, resume
@@ -96,13 +96,11 @@ class GradqCompressor(CompressorCore):
             ``scatter`` or ``hierarchical`` (:mod:`hvd_gradq.plan.decide`).
         link_gbps: the link rate (Gbit/s) the cost model weighs bytes with against encoding and
             decoding time under ``auto``. Default: ``HVD_GRADQ_LINK_GBPS``, else 10.
-        fallback: under ``auto``, measure the plans in the job and keep the fastest
-            (:mod:`hvd_gradq.plan.trial`): every tensor compressed as the cost model decides,
-            every tensor as Horovod's fp16 or fp32 (handed to Horovod as ``hvd.Compression.fp16``
-            or ``none`` would be), or the largest compressed and the rest fp16; raced on real
-            steps after the first ones, the ranks agreeing on each step's slowest time, raced
-            again when the step time drifts; ``stats()['auto']`` says what it measured. False:
-            the cost model's plan, never measured. Default: ``HVD_GRADQ_FALLBACK`` (1 or 0), else True.
+        fallback: under ``auto``, race the plans on the job's steps and keep the fastest
+            (:mod:`hvd_gradq.plan.trial`): compressed as the cost model decides, Horovod's fp16 or
+            fp32 (as ``hvd.Compression.fp16`` / ``none``), or the largest compressed and the rest
+            fp16; ``stats()['auto']`` says what it measured. False: the cost model's plan.
+            Default: ``HVD_GRADQ_FALLBACK`` (1 or 0), else True.
         check_ranks: at the first step, stop every rank with an error naming the ranks and the
             fields that differ if their configurations disagree (compared by digest), or if their
             step counters do (a checkpoint loaded on some ranks only: :mod:`.resume`). Every rank
@@ -254,9 +252,8 @@ class GradqCompressor(CompressorCore):
         self._reducer.verdicts.compressed()  # read them (at the previous step's last call: waited for)
         group = self._group(site)
         self._check(group)
-        # auto's measured plans time the optimizer's steps (plan/trial.py): a step starts at the
-        # first tensor DistributedOptimizer hands over after the last one came back, whatever
-        # direct hvd.allreduce calls (which may run on some ranks only) come between
+        # auto's trial times DistributedOptimizer's steps (plan/trial.py), whatever direct
+        # hvd.allreduce calls (which may run on some ranks only) come between
         trained = site is not None and site.writes_back
         if trained and not self._trained:
             self.trial_step(group.key, group.size, handshake.gatherer(group))
@@ -303,14 +300,10 @@ class GradqCompressor(CompressorCore):
         return self._telemetry.compressed(t0, (torch.ones(1, dtype=torch.float32), ctx))
 
     def _flushed(self, name: str, tensor: torch.Tensor, group: Group) -> torch.Tensor:
-        """``tensor`` with the residuals its compressed steps left (its own, and the owner
-        residuals of the pattern it compressed with), delivered by this uncompressed step
-        (:meth:`hvd_gradq.feedback.Memory.flush`); ``tensor`` itself where there are none."""
-        n = tensor.numel()
-        model = self._model(n, tensor.dim(), group.size, group.local, self.agreed(group.key))
-        owned = table.owned(model, name, n, self.scheme.bucket, group)
+        """``tensor`` plus the residuals its compressed steps left, delivered by this uncompressed
+        step (:meth:`hvd_gradq.feedback.Memory.flush`); ``tensor`` itself where there are none."""
         x = tensor.detach().reshape(-1).to(torch.float32)
-        out = self.memory.flush(name, x, owned)
+        out = self.memory.flush(name, x, self.owned(name, x.numel(), tensor.dim(), group))
         return tensor if out is x else out.reshape(tensor.shape).to(tensor.dtype)
 
     def decompress(self, tensor: torch.Tensor, ctx: Any) -> torch.Tensor:
