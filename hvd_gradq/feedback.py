@@ -257,7 +257,7 @@ class Memory:
         self.store.write(key, spare if out is not None else self.ops.from_numpy(buf))
         return got
 
-    def flush(self, key: str, x: Array, owned: Sequence[tuple[str, int, int]] = ()) -> Array:
+    def flush(self, key: str, x: Array, owned: Sequence[tuple[str, int, int]] = (), forget: bool = True) -> Array:
         """Deliver a tensor's residuals with a step that sends it uncompressed (``auto``'s
         measured plan handed it to Horovod's fp16 or fp32: :mod:`hvd_gradq.plan.trial`): ``x``
         plus ``key``'s residual, plus each owner residual ``(key, lo, hi)`` (scatter's reduced
@@ -265,21 +265,24 @@ class Memory:
         its values belong to, all in the step's loss-scale units; then the residuals are gone
         (into the undo log: a skipped step restores them). What compression left out of earlier
         steps is sent once, with this step, and never again: a tensor that returns to
-        compression starts from zero. ``x`` itself (not a copy) where there is nothing to add."""
+        compression starts from zero. ``x`` itself (not a copy) where there is nothing to add.
+        ``forget=False``: the residuals stay (a graph, which cannot undo, zeroes them once the
+        step's result is known: :mod:`hvd_gradq.tensorflow.switch`)."""
         out = x
         n = self.ops.shape(x)[0]
         for k, lo, hi in ((key, 0, n), *owned):
             e = self.store.read(k, x if (lo, hi) == (0, n) else x[lo:hi])  # a store checks the size it holds
             if e is None:
                 continue
-            if self._undo is not None and k not in self._undo:
+            if forget and self._undo is not None and k not in self._undo:
                 self._undo[k] = e
             part = e[: hi - lo]
             if (lo, hi) != (0, n):
                 part = self.ops.concat([self.ops.zeros((lo,), "float32"), part,
                                         self.ops.zeros((n - hi,), "float32")], 0)
             out = out + (part * self.scale if self._scaled() else part)
-            self.store.forget(k)
+            if forget:
+                self.store.forget(k)
         return out
 
     def _graph(self, *arrays: Array) -> bool:

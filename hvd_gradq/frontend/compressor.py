@@ -44,7 +44,7 @@ from ..kernels import parallel
 from ..plan import hosts
 from ..plan.cpu_cost import Figures
 from ..plan.decide import Choice, choose, decide, seconds
-from ..plan.pattern import EVERY, ONE_RANK_WHY, REQUESTABLE, Pattern, in_warmup, parse_pattern, warmup_why
+from ..plan.pattern import EVERY, ONE_RANK_WHY, REQUESTABLE, Pattern, compresses, in_warmup, parse_pattern, warmup_why
 from ..plan.trial import START, Trial
 from ..policy import Policy
 from ..reduce import Group, handshake, stop, table
@@ -85,12 +85,6 @@ def ranks_on_host(horovod: Any) -> int | None:
         return int(horovod.local_size())
     except ValueError:
         return None
-
-
-def compresses(pattern: Pattern | None) -> bool:
-    """Whether a decision sends the tensor through hvd_gradq's own collectives (not Horovod's
-    fp32 allreduce, None in TensorFlow's slots, nor its fp16 fallback): only those warm up."""
-    return pattern not in (None, Pattern.FP32, Pattern.FP16)
 
 
 def final_scale(total: Any, v: Any, size: int, select: Callable[..., Any] | None = None,
@@ -148,8 +142,8 @@ class CompressorCore(Reports):
     UNPOISONABLE: ClassVar[frozenset[Pattern]] = frozenset()
     UNPOISONABLE_WHY: ClassVar[str] = ""
     #: whether ``auto`` measures its plans in the job (:mod:`hvd_gradq.plan.trial`): a frontend
-    #: that can switch a tensor's plan from one step to the next (PyTorch's eager calls). Where it
-    #: cannot (a traced graph), ``fallback`` is the cost model's, off by default.
+    #: that can switch a tensor's plan from one step to the next (PyTorch's eager calls,
+    #: TensorFlow's ``tf.switch_case``). Where it cannot, ``fallback`` is the cost model's, off by default.
     MEASURES: ClassVar[bool] = False
 
     settings: Config
@@ -289,6 +283,11 @@ class CompressorCore(Reports):
     def trial_step(self, key: Hashable, size: int, gather: Gather | None) -> None:
         """At a step's first reduction: :meth:`.measured.Measured.step`."""
         self._measured.step(key, size, gather, self.handshake_timeout, self.FRONTEND, self._auto_report)
+
+    def planned(self, name: str, n: int, ndim: int, size: int, local: int, model: Choice) -> Choice:
+        """Tensor ``name``'s choice under this step's measured plan, ``model`` being the cost
+        model's (:meth:`decide` without the model: a graph frontend priced it when it traced)."""
+        return self._measured.choose(name, n, ndim, size, local, model)
 
     def stats(self) -> dict[str, Any]:
         """:meth:`Reports.stats`, and what ``auto``'s measured choice took and why

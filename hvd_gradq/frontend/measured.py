@@ -19,7 +19,7 @@ from numpy.typing import NDArray
 
 from .. import log
 from ..plan.decide import Choice
-from ..plan.pattern import Pattern
+from ..plan.pattern import Pattern, compresses
 from ..plan.trial import COMPRESSED, PLANS, Phase, Trial, plan_choice
 from ..reduce import handshake
 from ..reduce.names import Kind
@@ -79,7 +79,7 @@ class Measured:
         if t is None or size <= 1 or name is None:
             return model
         if t.phase is Phase.WARMING:
-            t.saw(name, n, model.pattern not in (Pattern.FP32, Pattern.FP16))
+            t.saw(name, n, compresses(model.pattern))
             self.seen[name] = (n, ndim, size, local)
         if t.plan == COMPRESSED:
             return model

@@ -75,6 +75,13 @@ def warmup_why(policy: Policy, step: int, then: Pattern) -> str:
     """Why a tensor's ``step`` (0-based) goes fp32: the warm-up (:func:`in_warmup`), and what follows."""
     return f"warm-up: step {step + 1} of {policy.warmup}, then {then.value}"
 
+def compresses(pattern: Pattern | None) -> bool:
+    """Whether a decision sends the tensor through hvd_gradq's own collectives (not Horovod's
+    fp32 allreduce, None in TensorFlow's slots, nor its fp16): only those warm up, and only those
+    a measured ``mixed`` plan may keep compressed."""
+    return pattern not in (None, Pattern.FP32, Pattern.FP16)
+
+
 def why_tag(why: str) -> str:
     """The tag of a reason of :func:`hvd_gradq.plan.decide.decide`: ``auto``, ``no saving``, ``warm-up``..."""
     return why.split(":", 1)[0]

@@ -47,6 +47,7 @@ class Kind(str, enum.Enum):
     FUSED = "f"  #: one alltoall carrying a round's fusable alltoalls of every tensor (``f0``, ``f1``...: PyTorch)
     STOP = "x"  #: the barrier ranks pass before raising a stop on a gradient (:func:`hvd_gradq.reduce.core.halt`)
     WARM = "w"  #: a warm-up step's exact sum (TensorFlow's, inside its branch)
+    PLAN = "p"  #: a measured plan's Horovod allreduce, ``p16`` / ``p32`` (TensorFlow's, inside its branch)
     VALUE = "v"  #: TensorFlow elastic's eager reduction of Horovod's [1.0]
     CONFIG = "config"  #: the one-time configuration check (allgather; its name never changes: handshake.py)
     CONFIG_TEXT = "configtext"  #: the whole configuration texts, where the ranks' digests differ (allgather)

@@ -23,15 +23,17 @@ payloads ``hvd.allgather`` ed, each decoded in rank order), ``summable`` (a shar
 by a Max-allreduce, int32 code lanes Sum-allreduced), ``scatter`` (per-chunk payloads
 alltoall'ed, each rank's chunk summed, re-encoded finer with its residual ``<key>#reduce`` and
 allgathered), ``hierarchical`` (fp32 sums inside a host, each owner's piece reduced among
-hosts; the residual variables of the owned parts sized by the table); ``auto`` weighs bytes at ``link_gbps``
-against CPU (:func:`hvd_gradq.plan.decide.decide`) and hands a tensor whose compressed
-traffic would not beat an fp32 ring (a bias), or whose shape is not static, to Horovod's own
-allreduce (whose fusion makes a sum's bits beyond 2 ranks depend on what it fused: set
-``HOROVOD_FUSION_THRESHOLD=0`` or ``pattern=gather`` to reproduce runs bit for bit). Horovod's
-``[1.0]`` scales the result as in PyTorch (:func:`hvd_gradq.frontend.compressor.final_scale`).
+hosts; the residual variables of the owned parts sized by the table); ``auto``: the cost model
+(:func:`hvd_gradq.plan.decide.decide`, bytes at ``link_gbps`` against CPU) picks each tensor's
+pattern; a tensor it would not gain on, or without a static shape, goes to Horovod's own allreduce
+(whose fusion makes a sum's bits beyond 2 ranks depend on what it fused: ``HOROVOD_FUSION_THRESHOLD=0``
+or ``pattern=gather`` reproduce runs bit for bit); then, with ``fallback`` on, it measures its plans
+in the job (:mod:`hvd_gradq.plan.trial`): the gradients switch between compressed, Horovod's fp16
+and fp32 by a ``tf.switch_case`` a gradient (:mod:`.switch`). Horovod's ``[1.0]`` scales the result
+as in PyTorch (:func:`hvd_gradq.frontend.compressor.final_scale`).
 
 **Warm-up** (``warmup=K``): the first K steps of each variable's gradient are an exact fp32
-sum (``hvd.allreduce``, named ``w<i>``), chosen by a ``tf.cond`` on the slot's step counter.
+sum (``hvd.allreduce``, named ``w<i>``), chosen by a ``tf.switch_case`` on the slot's step counter.
 **Not compressed.** ``tf.IndexedSlices`` (embeddings): Horovod allgathers them itself, unless
 ``sparse_as_dense=True``. **Non-finite values** (``nonfinite=propagate``, as Horovod carries
 infs): a level scheme's bucket holding NaN/Inf on any rank decodes to NaN on every rank (its
@@ -59,6 +61,7 @@ from ..errors import GradqError
 from ..feedback import Memory
 from ..frontend.compressor import CompressorCore, ranks_on_host
 from ..frontend.guards import check_tensor, instance_only
+from ..frontend.measured import Measured
 from ..frontend.membership import host_count, membership, ranks_a_host
 from ..plan.decide import Choice, fp32_cost
 from ..plan.pattern import Pattern
@@ -70,9 +73,9 @@ from ..schemes.options import NonFinite
 from ..schemes.plain import FP16Scheme, NoneScheme
 from ..spec import SchemeLike
 from ..wire.payload import DTYPE_CODES, MAX_NDIM
-from . import codec, handshake, reduce, residuals, resume, telemetry
+from . import codec, handshake, reduce, residuals, resume, switch, telemetry
 from . import elastic as tf_elastic
-from .callsite import check_op, function_graph, horovod_call_site, set_suffix
+from .callsite import check_op, horovod_call_site, set_suffix
 from .context import Ctx
 from .ops import TF
 from .slots import Bookkeeping, Slot, check_slot, describe, variable_key
@@ -96,7 +99,8 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         pattern: ``auto`` (cost model), ``gather``, ``summable``, ``scatter`` or ``hierarchical``.
         link_gbps: the link rate (Gbit/s) ``auto`` weighs bytes with against encoding and decoding
             time. Default: ``HVD_GRADQ_LINK_GBPS``, else 10.
-        fallback: ``auto`` sends a tensor as Horovod's fp16 where modelled faster (default off; ``HVD_GRADQ_FALLBACK``).
+        fallback: ``auto`` measures its plans in the job and runs the fastest (:mod:`hvd_gradq.plan.trial`,
+            ``stats()['auto']``); False: the cost model's plan. Default ``HVD_GRADQ_FALLBACK``, else on.
         check_ranks: at the first trace, compare the ranks' configurations (eagerly, by digest) and
             raise RankMismatchError on every rank naming the fields if they disagree. Every rank
             takes part whatever it says, and the check stops the job if any rank asks for it
@@ -114,6 +118,7 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
     """
 
     FRONTEND, WORLD_NAME, CONFIG_TAG = "hvd_gradq.tensorflow", "tensorflow", "tf"
+    MEASURES = True  # auto times its plans in the job: a tf.switch_case a gradient (.switch)
     #: Patterns with collectives started in ``decompress()``, after a decode that may raise
     UNPOISONABLE = frozenset({Pattern.SCATTER, Pattern.HIERARCHICAL})
     UNPOISONABLE_WHY = ("its later phases start in decompress(), and a step that stops on one tensor's values could "
@@ -134,10 +139,13 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         self.residuals: dict[str, Any] = {}  # residuals/<variable name> (ef only), unscaled
         self.owners: dict[str, Any] = {}  # owners/<variable name>: the rank whose residual it is
         self._host = Bookkeeping(loss_scale)
-        store = SlotStore(self.residuals, self.owners, hvd.rank())
-        self.memory = Memory(TF, store, undo=False, variant=self.policy.feedback)
-        self._telemetry = telemetry.Telemetry(self._stats, self.world, self._host.slots.values, self.log_every)
+        self._store = SlotStore(self.residuals, self.owners, hvd.rank())
+        self.memory = Memory(TF, self._store, undo=False, variant=self.policy.feedback)
+        self._switch = switch.Switch(self, self._stats)
+        self._telemetry = telemetry.Telemetry(self._stats, self.world, self._host.slots.values, self.log_every,
+                                              self._switch.rows)
         self._elastic = tf_elastic.attach(self, self.cid)
+        self._measured = self._new_measured()  # not in an elastic job
         self._resume = resume.FirstStep(self._elastic is None, f"{self.cid}.", self.policy.warmup)  # elastic: sync()
 
     # -- the core's hooks (frontend/compressor.py) -----------------------------------------------
@@ -153,6 +161,11 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
     def _intra_op_threads(self) -> int | None:
         return int(tf.config.threading.get_intra_op_parallelism_threads())
 
+    def _new_measured(self) -> Measured:
+        if getattr(self, "_elastic", None) is not None:  # its steps run eagerly, outside the traced switch
+            return Measured(None, "not measured in an elastic job (hvd.elastic): the cost model decides")
+        return super()._new_measured()
+
     def _hosts(self) -> int | None:
         return host_count(hvd, mpi_ops._basics) if hvd.is_initialized() else None
 
@@ -166,13 +179,6 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         choice = self.decide(n, ndim, size, local, self._host.agreed)
         return None if choice.pattern is Pattern.FP32 else choice
 
-    def _position_key(self) -> str:
-        """The key of a gradient without a known variable: its position in this trace."""
-        g = function_graph()
-        i = self._host.positions.get(g, 0)
-        self._host.positions[g] = i + 1
-        return f"#{i}"
-
     def _slot(self, shape: tuple[int, ...], dtype: str, variable: Any, size: int, local: int,
               key: str | None = None) -> Slot:
         """The slot of this gradient: by its variable, else by its position in this trace."""
@@ -180,7 +186,7 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         if variable is not None:
             key, ident = variable_key(variable, h.keys)
         else:
-            key, ident = key or self._position_key(), None
+            key, ident = key or self._host.position_key(), None
         slot = h.slots.get(key)
         if slot is not None:
             check_slot(slot, key, shape, dtype, size)
@@ -208,12 +214,6 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         h.slots[key] = slot = Slot(len(h.slots), key, ident, shape, dtype, n, size, choice, step, residual, owner,
                                    c.sent, c.received, fp32_cost(n, size).sent)
         return slot
-
-    def _loss_scale(self) -> Any:
-        ls = self._host.loss_scale
-        if ls is None:
-            return None
-        return tf.cast(ls() if callable(ls) and not isinstance(ls, tf.Variable) else ls, tf.float32)
 
     # -- Horovod's interface -------------------------------------------------------------------
     @instance_only
@@ -277,8 +277,9 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         with self._telemetry.recording(step):  # counts the step; the host functions' time (stats)
             if pattern is None or pattern is Pattern.FP16:  # Horovod's own allreduce: fp32, or fp16 as stock
                 return codec.horovod_operand(tensor, pattern is Pattern.FP16), ctx
-            if slot is not None and self.policy.warmup > 0 and n > 0:
-                return self._warm_or_compressed(tensor, ctx, step, stream, key, ps)
+            switched = self._switch.applies(slot, site.variable)
+            if slot is not None and n > 0 and (self.policy.warmup > 0 or switched):
+                return self._branched(tensor, ctx, step, stream, key, ps, switched)
             return self._start(tensor, ctx, step, stream, key, ps), ctx
 
     def _start(self, tensor: Any, ctx: Ctx, step: Any, stream: Streams, key: str, ps: Any) -> Any:
@@ -290,8 +291,9 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         flat = tf.reshape(tf.cast(tensor, tf.float32), (n,))
         assert ctx.choice is not None
         row = table.entry(ctx.choice.pattern)
-        fed = residuals.fed(self.memory, self.policy, self.scheme, ctx.slot, row, flat, self._loss_scale())
-        x = flat if fed is not None else residuals.compensate(self.memory, ctx.slot, flat, self._loss_scale())
+        fed = residuals.fed(self.memory, self.policy, self.scheme, ctx.slot, row, flat, self._host.scale(),
+                            ctx.branched)
+        x = flat if fed is not None else residuals.compensate(self.memory, ctx.slot, flat, self._host.scale())
         ctx.what = f"gradient {slot.key if slot is not None else '#' + key} {list(shape)}"
         raw = x  # the summable pattern decides on NaN/Inf itself (the core's summable)
         if self.policy.nonfinite is NonFinite.RAISE:
@@ -315,29 +317,39 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         ctx.result = ctx.flow.handle  # the first collective's result: a tensor of the graph, as callers may want it
         return one
 
-    def _warm_or_compressed(self, tensor: Any, ctx: Ctx, step: Any, stream: Streams, key: str,
-                            ps: Any) -> tuple[Any, Any]:
-        """``warmup=K``: while the slot's step is below K, Horovod's exact fp32 sum (our own
-        named allreduce: what Horovod reduces must keep one shape, our ``[1.0]``), else the
-        pattern, started and finished inside one ``tf.cond`` branch (every rank takes the same
-        branch: their step counters agree). Error feedback is written in ``decompress`` as
-        without warm-up, keeping every residual as it is during the warm steps."""
+    def _branched(self, tensor: Any, ctx: Ctx, step: Any, stream: Streams, key: str, ps: Any,
+                  switched: bool) -> tuple[Any, Any]:
+        """The gradient reduced by a branch of a ``tf.switch_case`` (:mod:`.switch`): ``warmup=K``'s
+        exact fp32 sum while the slot's step is below K, else the pattern, started and finished in
+        its branch, or where ``auto`` measures (``switched``) Horovod's fp16 or fp32, as the
+        trial's plan says. Every rank takes the same branch (their counters and figures agree).
+        Error feedback is written in ``decompress`` from the branch's outputs."""
         flat = tf.reshape(tf.cast(tensor, tf.float32), (ctx.n,))
-        name = names.collective(f"{self.cid}.", Kind.WARM, f"{key}{set_suffix(ps)}")
 
-        def exact() -> tuple[Any, ...]:
-            total = hvd.allreduce(flat, op=hvd.Sum, name=name, ignore_name_scope=True, process_set=ps)
-            return total, tf.ones((1,), tf.float32), flat, flat
+        def named(kind: Kind, phase: int | None = None) -> str:
+            return names.collective(f"{self.cid}.", kind, f"{key}{set_suffix(ps)}", phase)
 
         def compressed() -> tuple[Any, ...]:
-            inner = dataclasses.replace(ctx)  # the branch's tensors stay in the branch
+            inner = dataclasses.replace(ctx, branched=True)  # the branch's tensors stay in the branch
             one = self._start(tensor, inner, step, stream, key, ps)
             total, own = self._finish(inner)
             return total, one, inner.x, inner.x if own is None else own
 
-        warm = step < self.policy.warmup
-        ctx.total, one, ctx.x, ctx.own = tf.cond(warm, exact, compressed)
-        ctx.warm = warm
+        branches = [lambda: switch.exact(flat, named(Kind.WARM), ps), compressed]
+        if switched:
+            assert ctx.slot is not None and ctx.choice is not None
+            owned = table.owned(ctx.choice, ctx.slot.key, ctx.n, self.scheme.bucket,
+                                core.Group(ctx.rank, ctx.size, "", ctx.local))
+            branches += [switch.uncompressed(self.memory, self._store, ctx.slot, flat, owned, self._host.scale,
+                                             dtype, named(Kind.PLAN, bits), ps)
+                         for dtype, bits in ((tf.float16, 16), (tf.float32, 32))]
+            with tf.init_scope():
+                gather = handshake.gatherer(ps)
+            index = self._switch.index(ctx.slot, ps, ctx.size, ctx.local, gather, step, tensor)
+        else:
+            index = tf.cast(step >= self.policy.warmup, tf.int32)
+        ctx.total, one, ctx.x, ctx.own = tf.switch_case(index, branches)
+        ctx.warm = tf.equal(index, switch.WARM)
         return one, ctx
 
     @_no_convert
@@ -360,7 +372,7 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         # Horovod's [1.0] came back as v = post * op(pre * 1): the result is out * v / N, written
         # as out / N (v == 1) and out (v == N) so that the plain cases keep their bits.
         out = codec.final_scale(ctx.n, ctx.size)(out, tf.reshape(tensor, (-1,))[0])
-        residuals.keep(self.memory, ctx, own, out, self._loss_scale())
+        residuals.keep(self.memory, ctx, own, out, self._host.scale())
         return tf.cast(tf.reshape(out, ctx.shape), ctx.dtype)
 
     def _finish(self, ctx: Ctx) -> tuple[Any, Any]:
@@ -370,7 +382,7 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         assert ctx.flow is not None and ctx.choice is not None
         owners = ctx.slot is not None and table.keeps_owners(ctx.choice, self.policy.ef)
         if owners:
-            self.memory.begin_step(self._loss_scale())
+            self.memory.begin_step(self._host.scale())
         out = tf.ensure_shape(ctx.flow.finish(self.memory if owners else None), (ctx.n,))
         return out, ctx.flow.own
 

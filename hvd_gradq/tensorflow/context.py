@@ -39,6 +39,7 @@ class Ctx:
     total: Any = None  # ... the sum over ranks either way ...
     own: Any = None  # ... and what error feedback subtracts (x itself on warm steps: no change)
     step: Any = None  # the slot's step counter before this step (stats' time: :func:`.host.recording`)
+    branched: bool = False  # started inside a branch (warm-up, a measured plan): error feedback around the pattern
 
     @property
     def pattern(self) -> Pattern | None:

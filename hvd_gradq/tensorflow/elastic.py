@@ -67,8 +67,6 @@ class Host(Protocol):
 
     def decompress(self, tensor: Any, ctx: Any) -> Any: ...
 
-    def _position_key(self) -> str: ...
-
     def _compress_at(self, tensor: Any, site: Any, ps: Any, member: Any, key: str | None = None,
                      host: bool = False) -> tuple[Any, Any]: ...
 
@@ -125,7 +123,7 @@ class Elastic:
                              "(Horovod re-forms the world at each reset); drop process_set=")
         if not tensor.shape.is_fully_defined():
             raise GradqError("hvd_gradq.tensorflow in an elastic job needs gradients of a static shape")
-        key = None if site.variable is not None else self.c._position_key()
+        key = None if site.variable is not None else self.c._host.position_key()
         shape, dtype = tensor.shape, tensor.dtype
 
         def reduce(x: Any) -> Any:  # the compressor's own path, eagerly, and Horovod's [1.0] reduced here

@@ -12,9 +12,9 @@ Two ways, chosen per tensor when its graph is traced:
   decode and a residual op of six to eight TensorFlow operations (each a parallel region of
   TensorFlow's pool) or a host op;
 * **around it** (:func:`compensate`, then :meth:`Memory.update` in :func:`keep`), where the one
-  pass does not apply: the summable and hierarchical patterns, warm-up steps (a ``tf.cond`` of
-  two branches), ``nonfinite=raise`` (its check reads the compensated tensor), schemes without
-  buckets, tensors that are not float32 on the CPU.
+  pass does not apply: the summable and hierarchical patterns, a pattern started in a branch
+  (warm-up, ``auto``'s measured plans: a ``tf.switch_case``), ``nonfinite=raise`` (its check
+  reads the compensated tensor), schemes without buckets, tensors that are not float32 on the CPU.
 
 A graph has no step boundary: every call hands :meth:`Memory.begin_step` the step's loss scale.
 """
@@ -42,10 +42,11 @@ def compensate(memory: Memory, slot: Slot | None, x: Any, scale: Any) -> Any:
 
 
 def fed(memory: Memory, policy: Policy, scheme: Scheme, slot: Slot | None, row: Entry, x: Any,
-        scale: Any) -> Fed | None:
+        scale: Any, branched: bool) -> Fed | None:
     """What the pattern's encode takes to add the slot's residual itself, or None where
-    :func:`compensate` adds it (see the module's docstring for which)."""
-    if (slot is None or slot.residual is None or not row.feeds or policy.warmup > 0
+    :func:`compensate` adds it (see the module's docstring for which; ``branched``: the pattern
+    starts inside a branch, whose outputs are what :func:`keep` reads)."""
+    if (slot is None or slot.residual is None or not row.feeds or branched
             or policy.nonfinite is NonFinite.RAISE or not isinstance(scheme, LevelScheme)):
         return None
     memory.begin_step(scale)

@@ -20,11 +20,13 @@ from dataclasses import dataclass
 from typing import Any
 
 import numpy as np
+import tensorflow as tf
 
 from ..errors import GradqError
 from ..plan.cpu_cost import Figures
 from ..plan.decide import Choice
 from ..plan.pattern import Pattern
+from .callsite import function_graph
 from .store import variable
 
 
@@ -69,6 +71,20 @@ class Bookkeeping:
         self.agreed: Figures | None = None  # the CPU figures of the process set being reduced now
         self.loss_scale = loss_scale
         self._one: Any = None
+
+    def position_key(self) -> str:
+        """The key of a gradient without a known variable: its position in this trace."""
+        g = function_graph()
+        i = self.positions.get(g, 0)
+        self.positions[g] = i + 1
+        return f"#{i}"
+
+    def scale(self) -> Any:
+        """The loss scale now (float32 scalar tensor), or None without ``loss_scale``."""
+        ls = self.loss_scale
+        if ls is None:
+            return None
+        return tf.cast(ls() if callable(ls) and not isinstance(ls, tf.Variable) else ls, tf.float32)
 
     def one(self) -> Any:
         """Horovod's operand ``[1.0]``, read from a variable. A constant there would be folded by

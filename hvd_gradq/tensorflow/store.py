@@ -85,6 +85,12 @@ class SlotStore:
         var.assign(tf.pad(value, [[0, pad]]) if pad > 0 else value)
         self.owners[key].assign(tf.constant(self.rank, tf.int64))
 
+    def clear(self, key: str, hold: Any) -> None:
+        """Zero ``key``'s residual unless ``hold`` (a scalar bool tensor: a skipped step keeps it)."""
+        var = self.residuals.get(key)
+        if var is not None:
+            var.assign(tf.where(hold, var.read_value(), tf.zeros_like(var)))
+
     def forget(self, key: str) -> None:
         raise GradqError("a TensorFlow graph cannot undo a residual; Memory(undo=False) never asks")
 

@@ -14,7 +14,9 @@ step is the graph. So the figures a step produces are recorded by the graph itse
   functions); ``wait`` is the time from a payload leaving its encoder to the collective's result
   reaching its decoder (:class:`.host.Handoff`). The summable pattern runs in graph ops, not
   timed.
-* **Bytes**: each slot's static bytes a step, times its step counter (:class:`.state.Slot`).
+* **Bytes**: each slot's static bytes a step, times its step counter (:class:`.state.Slot`); a
+  gradient whose plan changes from step to step (``auto`` measuring: :mod:`.switch`), each
+  branch's bytes times the steps it ran.
 
 The first-step line (:func:`hvd_gradq.log.first_step`) is logged once step 1's figures are all
 in: when a host call of a later step arrives, or, for a compressor without host work, at the
@@ -38,14 +40,18 @@ from . import host
 from .callsite import function_graph
 from .slots import Slot
 
+#: (a slot, whether every step counts) -> (pattern, bytes sent, received, steps) a branch it ran, or None
+Rows = Callable[[Slot, bool], "list[tuple[str, int, int, int]] | None"]
+
 
 class Telemetry:
     """One compressor's figures (``stats``, the compressor's: :class:`~hvd_gradq.frontend.compressor.CompressorCore`
     decides what goes in) and its slots; ``world`` says what the run is."""
 
     def __init__(self, stats: Stats, world: Callable[[], dict[str, Any]], slots: Callable[[], Iterable[Slot]],
-                 every: int = 0) -> None:
+                 every: int = 0, rows: Rows | None = None) -> None:
         self.stats = stats
+        self.rows = rows  # a switched slot's bytes by branch (.switch.Switch.rows)
         self.world = world
         self.slots = slots
         self.every = every  # log_every: a line every this many steps (0: the first step's only)
@@ -110,6 +116,13 @@ class Telemetry:
         says, read without touching a variable)."""
         view = self.stats.fresh()
         for s in self.slots():
+            rows = self.rows(s, counted) if self.rows is not None else None
+            if rows is not None and s.key in view.tensors:
+                t = view.tensors[s.key]
+                for pattern, sent, received, k in rows:  # the last is the live decision's pattern
+                    view.decide(s.key, pattern, t.why, t.elements, t.ranks)
+                    view.record(s.key, sent, received, steps=k)
+                continue
             k = int(s.step.numpy()) if counted else 1
             if k and s.key in view.tensors:
                 view.record(s.key, s.sent, s.received, steps=k)

@@ -56,12 +56,12 @@ import torch
 from ..errors import GradqError
 from ..feedback import Memory
 from ..frontend import elastic as elastic_jobs
-from ..frontend.compressor import CompressorCore, compresses, final_scale, ranks_on_host
+from ..frontend.compressor import CompressorCore, final_scale, ranks_on_host
 from ..frontend.guards import check_tensor, instance_only
 from ..frontend.membership import host_count, membership, ranks_a_host
 from ..frontend.workers import Workers
 from ..plan.decide import fp16_cost, fp32_cost
-from ..plan.pattern import Pattern, why_tag
+from ..plan.pattern import Pattern, compresses, why_tag
 from ..plan.trial import MEASURED
 from ..reduce import Group
 from ..schemes.scheme import Scheme

@@ -16,11 +16,11 @@ import pytest
 import hvd_gradq
 from hvd_gradq.errors import GradqError, RankMismatchError, SpecError
 from hvd_gradq.frontend import figure_cache
-from hvd_gradq.frontend.compressor import CompressorCore, compresses, final_scale, ranks_on_host
+from hvd_gradq.frontend.compressor import CompressorCore, final_scale, ranks_on_host
 from hvd_gradq.kernels import parallel
 from hvd_gradq.plan import hosts
 from hvd_gradq.plan.decide import DEFAULT_LINK_GBPS, Choice, decide
-from hvd_gradq.plan.pattern import EVERY, ONE_RANK_WHY, Pattern, why_tag
+from hvd_gradq.plan.pattern import EVERY, ONE_RANK_WHY, Pattern, compresses, why_tag
 from hvd_gradq.reduce import handshake
 from hvd_gradq.reduce.names import Kind
 

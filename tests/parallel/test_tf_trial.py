@@ -1,0 +1,77 @@
+"""auto's measured choice in TensorFlow under horovodrun (hvd_gradq.plan.trial, hvd_gradq.tensorflow.switch)."""
+import pytest
+from harness import launch
+
+pytestmark = pytest.mark.parallel
+COMPRESSES = ("gather", "summable", "scatter", "hierarchical")
+
+
+def test_the_trial_ends_with_one_plan_on_every_rank_and_says_what_it_measured() -> None:
+    reps = launch("worker_tf_trial.py", np=2, args=["--mode", "trial"], timeout=500)
+    a, b = reps[0], reps[1]
+    assert a["plans"] == b["plans"], "the ranks took different plans at some step"
+    assert a["digest"] == b["digest"], "weights differ across ranks"
+    assert a["trial_steps"] == a["steps"], "the trial counted steps that are not the training loop's"
+    auto = a["auto"]
+    assert auto["phase"] == "chosen" and auto["trials"] >= 1, auto
+    assert auto["plan"] in ("compressed", "fp16", "mixed", "fp32")
+    assert a["plans"][-1] == auto["plan"]
+    assert set(a["plans"][:2]) == {"compressed"}, "the first steps run the compressed plan"
+    timed = {p: c for p, c in auto["candidates"].items() if c["measured_s"] is not None}
+    assert "compressed" in timed and "fp16" in timed, auto["candidates"]  # both are always raced
+    for p, c in auto["candidates"].items():
+        assert c["model_s"] is not None and c["model_s"] >= 0  # the model's prediction beside each
+        assert (c["measured_s"] is None) == (c["timed_steps"] == 0)
+        assert c["measured_s"] is not None or c["skipped"], f"{p}: neither timed nor said why not"
+    assert 0 < auto["cost_s"] and auto["history"]
+    assert f"-> plan {auto['plan']}" in a["log"] and "(model " in a["log"], a["log"]
+    assert "-> plan" not in b["log"]
+    # the bytes follow the branches each gradient ran: every fp16 tensor-step is a switched
+    # gradient's step under the fp16 plan, or under mixed outside the large set
+    switched = [k for k, p in a["slots"] if p in COMPRESSES]
+    assert switched, a["slots"]
+    small = [k for k in switched if k not in a["large"]]
+    want = a["plans"].count("fp16") * len(switched) + a["plans"].count("mixed") * len(small)
+    assert a["by_pattern"].get("fp16", 0) == want, (a["by_pattern"], a["plans"])
+    assert a["plans"].count("fp16") > 0, "fp16 was raced: its steps must show"
+    patterns = {a["tensors"][k] for k in switched}
+    if auto["plan"] in ("fp16", "fp32"):
+        assert patterns == {auto["plan"]}, patterns
+    elif auto["plan"] == "compressed":
+        assert patterns <= set(COMPRESSES), patterns
+
+
+@pytest.fixture(scope="module")
+def switched() -> dict:
+    return launch("worker_tf_trial.py", np=2, args=["--mode", "switch"], timeout=400)
+
+
+@pytest.mark.parametrize("pattern", ["gather", "scatter"])
+def test_error_feedback_across_a_switch_delivers_each_residual_once(switched: dict, pattern: str) -> None:
+    for r, rep in switched.items():
+        steps = rep[pattern]["steps"]
+        for k, s in enumerate(steps):
+            if s["plan"] in ("fp32", "fp16"):
+                assert s["pattern"] == s["plan"]
+                assert s["own"] is not None, f"rank {r} step {k}: no residual to deliver: the check would be empty"
+                if pattern == "scatter":
+                    assert any(h.endswith("#reduce") for h in s["held"]), s
+                tol = 2.0**-23 if s["plan"] == "fp32" else 2.0**-10  # one rounding of the sum (fp32 / fp16)
+                assert s["err"] <= tol * s["scale"], f"rank {r} step {k} ({s['plan']}): {s['err']} vs {s['scale']}"
+                assert s["stock_equal"], f"rank {r} step {k}: not stock Horovod's {s['plan']} allreduce, bit for bit"
+                assert s["after"] == [], f"rank {r} step {k}: residuals kept after they were delivered: {s['after']}"
+                nxt = steps[k + 1]
+                assert nxt["plan"] == "compressed" and nxt["held"] == [], "the next compressed step must start from zero"
+                assert any("#" not in h for h in nxt["after"]), "the next compressed step builds its residual"
+            else:
+                assert s["pattern"] == pattern
+                assert s["after"], f"rank {r} step {k}: a compressed step left no residual"
+        # each branch's steps as the script ran them: what the bytes are priced by
+        rows = {p: n for p, _, _, n in rep[pattern]["branches"]}
+        assert rows == {pattern: steps_of(steps, "compressed"), "fp32": steps_of(steps, "fp32"),
+                        "fp16": steps_of(steps, "fp16")}, rows
+    assert switched[0][pattern]["digest"] == switched[1][pattern]["digest"]
+
+
+def steps_of(steps: list, plan: str) -> int:
+    return sum(s["plan"] == plan for s in steps)
