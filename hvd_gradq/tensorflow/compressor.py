@@ -68,9 +68,7 @@ from ..plan.pattern import Pattern
 from ..plan.rank_cost import rank_cost
 from ..reduce import names, table
 from ..reduce.names import Kind, Streams
-from ..schemes.level import LevelScheme
 from ..schemes.options import NonFinite
-from ..schemes.plain import FP16Scheme, NoneScheme
 from ..spec import SchemeLike
 from ..wire.payload import DTYPE_CODES, MAX_NDIM
 from . import codec, handshake, reduce, residuals, resume, switch, telemetry
@@ -302,7 +300,7 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
             # payload, or +inf statistics) and every rank fails after it, with the same message.
             ctx.finite = tf.reduce_all(tf.math.is_finite(x))
             x = tf.where(ctx.finite, x, tf.zeros_like(x))
-        elif not isinstance(self.scheme, (LevelScheme, NoneScheme, FP16Scheme)):
+        elif switch.operand_carries_nan(self.scheme, self.policy):
             # no per-bucket scale to carry a NaN: Horovod's [1.0] does, for the whole tensor
             finite = tf.reduce_all(tf.math.is_finite(x))
             one = tf.where(finite, one, tf.fill((1,), float("nan")))
@@ -345,12 +343,13 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
                          for dtype, bits in ((tf.float16, 16), (tf.float32, 32))]
             with tf.init_scope():
                 gather = handshake.gatherer(ps)
-            index = self._switch.index(ctx.slot, ps, ctx.size, ctx.local, gather, step, tensor)
+            index = self._switch.index(ctx.slot, ps, ctx.size, ctx.local, gather, step)
         else:
             index = tf.cast(step >= self.policy.warmup, tf.int32)
-        ctx.total, one, ctx.x, ctx.own = tf.switch_case(index, branches)
+        ctx.total, one, ctx.x, ctx.own = (tf.ensure_shape(t, s) for t, s in zip(
+            tf.switch_case(index, branches), ((ctx.n,), (1,), (ctx.n,), (ctx.n,)), strict=True))
         ctx.warm = tf.equal(index, switch.WARM)
-        return one, ctx
+        return one if switch.operand_carries_nan(self.scheme, self.policy) else self._host.one(), ctx
 
     @_no_convert
     def decompress(self, tensor: Any, ctx: Any) -> Any:

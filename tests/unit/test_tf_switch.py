@@ -9,12 +9,12 @@ import pytest
 
 pytest.importorskip("tensorflow")
 
-from hvd_gradq.plan.decide import Choice  # noqa: E402
-from hvd_gradq.plan.pattern import Pattern  # noqa: E402
-from hvd_gradq.policy import Policy  # noqa: E402
-from hvd_gradq.reduce.stats import Stats  # noqa: E402
-from hvd_gradq.tensorflow import switch as sw  # noqa: E402
-from hvd_gradq.tensorflow.slots import Slot  # noqa: E402
+from hvd_gradq.plan.decide import Choice
+from hvd_gradq.plan.pattern import Pattern
+from hvd_gradq.policy import Policy
+from hvd_gradq.reduce.stats import Stats
+from hvd_gradq.tensorflow import switch as sw
+from hvd_gradq.tensorflow.slots import Slot
 
 GATHER = Choice(Pattern.GATHER, "auto: gather")
 
@@ -22,8 +22,8 @@ GATHER = Choice(Pattern.GATHER, "auto: gather")
 class Core:
     """What the switch reads of a compressor: a scripted plan, the step starts it was handed."""
 
-    def __init__(self, warmup: int = 0) -> None:
-        self.policy = Policy(warmup=warmup)
+    def __init__(self) -> None:
+        self.policy = Policy()
         self.plan: Pattern | None = None  # None: the model's choice (the compressed plan)
         self.starts = 0
         self.trial = object()
@@ -32,52 +32,59 @@ class Core:
         self.starts += 1
 
     def planned(self, name: str, n: int, ndim: int, size: int, local: int, model: Choice) -> Choice:
-        return model if self.plan is None else Choice(self.plan, f"measured: {self.plan.value}")
+        if self.plan is None or (self.plan is Pattern.GATHER and name == "big"):  # GATHER: "mixed" here
+            return model
+        return Choice(Pattern.FP16 if self.plan is Pattern.GATHER else self.plan, "measured: ...")
 
     def warm_note(self, choice: Choice) -> str:
         return choice.why
 
 
-def slot(key: str, n: int = 1000, sent: int = 123, received: int = 456) -> Slot:
-    return Slot(0, key, None, (n,), "float32", n, 2, GATHER, None, None, None, sent, received, 4 * n)
+def slot(index: int, key: str, n: int = 1000, sent: int = 123, received: int = 456) -> Slot:
+    return Slot(index, key, None, (n,), "float32", n, 2, GATHER, None, None, None, sent, received, 4 * n)
 
 
-def test_a_step_starts_at_the_first_callback_after_one_of_the_same_gradient() -> None:
-    core = Core()
-    s = sw.Switch(core, Stats())  # type: ignore[arg-type]
-    a, b, c = slot("a"), slot("b"), slot("c")
-    for order in ([a, b, c], [c, a, b], [b, c]):  # the executor's order varies; a gradient may skip a step
-        for x in order:
-            s._pick(x, 0, 2, 1, None, 5)
-    # starts: a (first ever); c (a new step: c ran in the first); b (b ran in the second)
-    assert core.starts == 3
+def function(*slots: Slot) -> Any:
+    return sw._Function(0, 2, 1, None, list(slots))
 
 
-def test_each_plan_takes_its_branch_and_stats_show_it() -> None:
-    core, stats = Core(warmup=2), Stats()
+def test_each_step_starts_once_and_gives_every_gradient_its_plans_branch() -> None:
+    core, stats = Core(), Stats()
     s = sw.Switch(core, stats)  # type: ignore[arg-type]
-    a = slot("a")
+    fn = function(slot(0, "big"), slot(2, "small"))  # slot 1: not switched (another function, or fp32)
     got = []
-    for step, plan in enumerate([None, Pattern.FP16, None, Pattern.FP16, Pattern.FP32, None]):
+    for plan in (None, Pattern.FP16, Pattern.GATHER, Pattern.FP32, None):
         core.plan = plan
-        got.append(s._pick(a, 0, 2, 1, None, step))
-        if step >= 2:
-            assert stats.tensors["a"].pattern == (plan or Pattern.GATHER).value
-    # the policy's warm-up comes first whatever the plan; then the plan's branch
-    assert got == [sw.WARM, sw.WARM, sw.COMPRESSED, sw.FP16, sw.FP32, sw.COMPRESSED]
+        got.append(list(s._start(fn)))
+        want = {None: "gather", Pattern.FP16: "fp16", Pattern.GATHER: "fp16", Pattern.FP32: "fp32"}[plan]
+        assert stats.tensors["small"].pattern == want  # stats() shows the branch each gradient took
+    assert core.starts == 5  # one step start a call of the traced function
+    C, H, F = sw.COMPRESSED, sw.FP16, sw.FP32
+    assert got == [[C, C, C], [H, C, H], [C, C, H], [F, C, F], [C, C, C]]
 
 
 def test_bytes_are_priced_by_the_branch_each_step_ran() -> None:
-    core = Core(warmup=1)
+    core = Core()
     s = sw.Switch(core, Stats())  # type: ignore[arg-type]
-    n, a = 1000, slot("a", n=1000)
+    n, a = 1000, slot(0, "a", n=1000)
+    fn = function(a)
     assert s.rows(a, True) is None  # not run yet
-    for step, plan in enumerate([None, None, Pattern.FP16, Pattern.FP16, Pattern.FP32, None]):
+    for plan in [None, None, Pattern.FP16, Pattern.FP16, Pattern.FP32, None]:
         core.plan = plan
-        s._pick(a, 0, 2, 1, None, step)
-    rows = s.rows(a, True)
-    assert rows is not None
+        s._start(fn)
     # 2 ranks: a ring sends (N-1)/N of the tensor twice: n elements' bytes a rank, fp16 half
-    assert rows[-1] == ("gather", 123, 456, 2)  # the last step's branch last: the live decision's
-    assert sorted(rows[:-1]) == [("fp16", 2 * n, 2 * n, 2), ("fp32", 4 * n, 4 * n, 1), ("fp32", 4 * n, 4 * n, 1)]
+    assert s.rows(a, True) == [("fp16", 2 * n, 2 * n, 2), ("fp32", 4 * n, 4 * n, 1), ("gather", 123, 456, 3)]
     assert s.rows(a, False) == [("gather", 123, 456, 1)]  # the log's one step: the last
+
+
+def test_horovods_operand_carries_nan_only_for_schemes_without_bucket_scales() -> None:
+    from hvd_gradq import parse
+    from hvd_gradq.schemes.options import NonFinite
+
+    # a level scheme's scale per bucket carries NaN (sign's too); top-k sends values, no scale
+    for spec, carries in (("orq", False), ("uniform:bits=4", False), ("fp16", False), ("sign", False),
+                          ("topk:ratio=0.1", True)):
+        config = parse(spec)
+        assert sw.operand_carries_nan(config.scheme, config.policy) is carries, spec
+    raising = parse("topk:ratio=0.1,nonfinite=raise")  # the pattern's own collectives stop the step instead
+    assert raising.policy.nonfinite is NonFinite.RAISE and not sw.operand_carries_nan(raising.scheme, raising.policy)
