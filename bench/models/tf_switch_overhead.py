@@ -22,10 +22,10 @@ import tensorflow as tf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import keras_models  # noqa: E402
+import keras_models
 
-import hvd_gradq.tensorflow as gq  # noqa: E402
-from hvd_gradq.plan import trial as tr  # noqa: E402
+import hvd_gradq.tensorflow as gq
+from hvd_gradq.plan import trial as tr
 
 
 def make(variant: str, model_name: str) -> tuple[Any, Any]:
