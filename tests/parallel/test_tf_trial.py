@@ -1,6 +1,7 @@
 """auto's measured choice in TensorFlow under horovodrun (hvd_gradq.plan.trial, hvd_gradq.tensorflow.switch)."""
 import pytest
 from harness import launch
+from trial_checks import check_trial
 
 pytestmark = pytest.mark.parallel
 COMPRESSES = ("gather", "summable", "scatter", "hierarchical")
@@ -9,23 +10,8 @@ COMPRESSES = ("gather", "summable", "scatter", "hierarchical")
 def test_the_trial_ends_with_one_plan_on_every_rank_and_says_what_it_measured() -> None:
     reps = launch("worker_tf_trial.py", np=2, args=["--mode", "trial"], timeout=500)
     a, b = reps[0], reps[1]
-    assert a["plans"] == b["plans"], "the ranks took different plans at some step"
-    assert a["digest"] == b["digest"], "weights differ across ranks"
+    auto = check_trial(a, b)
     assert a["trial_steps"] == a["steps"], "the trial counted steps that are not the training loop's"
-    auto = a["auto"]
-    assert auto["phase"] == "chosen" and auto["trials"] >= 1, auto
-    assert auto["plan"] in ("compressed", "fp16", "mixed", "fp32")
-    assert a["plans"][-1] == auto["plan"]
-    assert set(a["plans"][:2]) == {"compressed"}, "the first steps run the compressed plan"
-    timed = {p: c for p, c in auto["candidates"].items() if c["measured_s"] is not None}
-    assert "compressed" in timed and "fp16" in timed, auto["candidates"]  # both are always raced
-    for p, c in auto["candidates"].items():
-        assert c["model_s"] is not None and c["model_s"] >= 0  # the model's prediction beside each
-        assert (c["measured_s"] is None) == (c["timed_steps"] == 0)
-        assert c["measured_s"] is not None or c["skipped"], f"{p}: neither timed nor said why not"
-    assert 0 < auto["cost_s"] and auto["history"]
-    assert f"-> plan {auto['plan']}" in a["log"] and "(model " in a["log"], a["log"]
-    assert "-> plan" not in b["log"]
     # the bytes follow the branches each gradient ran: every fp16 tensor-step is a switched
     # gradient's step under the fp16 plan, or under mixed outside the large set
     switched = [k for k, p in a["slots"] if p in COMPRESSES]
