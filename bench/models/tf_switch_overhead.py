@@ -21,41 +21,21 @@ import horovod.tensorflow as hvd
 import tensorflow as tf
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-import keras_models
-
-import hvd_gradq.tensorflow as gq
-from hvd_gradq.plan import trial as tr
+from bench.models import trainer_tf
+from hvd_gradq.plan import trial
 
 
-def make(variant: str, model_name: str) -> tuple[Any, Any]:
-    """(a traced training step, its compressor or None) for one variant, on its own model copy."""
-    tf.keras.utils.set_random_seed(0)
-    model = keras_models.build(model_name, 64, 128, 2)
-    hvd.broadcast_variables(model.variables, root_rank=0)
-    x, y = keras_models.batch(model_name, 16, 64, 128, hvd.rank())
-    comp: Any
-    if variant in ("fp16", "fp32"):
-        comp, own = (hvd.Compression.fp16 if variant == "fp16" else hvd.Compression.none), None
-    else:
-        comp = own = gq.from_spec("orq", name=variant)
-        if variant in ("sw16", "sw32"):
-            script = tr.Trial(start=10**9)  # never runs on its own: the plan is set here
-            script.plan = "fp16" if variant == "sw16" else "fp32"
-            comp._measured.trial = script
-    opt = tf.keras.optimizers.legacy.SGD(0.01, momentum=0.9)
-    loss_fn = tf.keras.losses.SparseCategoricalCrossentropy(from_logits=True)
-
-    @tf.function
-    def step() -> Any:
-        with tf.GradientTape() as tape:
-            loss = loss_fn(y, model(x, training=True))
-        tape = hvd.DistributedGradientTape(tape, compression=comp, sparse_as_dense=True)
-        vs = model.trainable_variables
-        opt.apply_gradients(zip(tape.gradient(loss, vs), vs))
-        return loss
-
-    return step, own
+def make(variant: str, model_name: str) -> Any:
+    """The model benchmark's trainer (:class:`trainer_tf.Trainer`: the same model, batch,
+    optimizer and traced step) for one variant; the forced plans' trial is set before the step
+    is first traced."""
+    args = argparse.Namespace(model=model_name, image=64, seq=128, layers=2, batch=16, seed=0, lr=0.01)
+    tr = trainer_tf.Trainer(variant if variant in ("fp16", "fp32") else "orq", args)
+    if variant in ("sw16", "sw32"):
+        script = trial.Trial(start=10**9)  # never runs on its own: the plan is set here
+        script.plan = "fp16" if variant == "sw16" else "fp32"
+        tr.compressor._measured.trial = script
+    return tr
 
 
 def main() -> None:
@@ -69,21 +49,21 @@ def main() -> None:
     variants = args.variants.split(",")
     made = {v: make(v, args.model) for v in variants}
     for v in variants:  # traced, kernels loaded; a measuring compressor to its first choice
-        step, comp = made[v]
+        tr = made[v]
         for _ in range(3):
-            step().numpy()
+            tr.step()
         k = 0
-        while v == "auto" and comp.trial.phase.value != "chosen" and k < 200:
-            step().numpy()
+        while v == "auto" and tr.compressor.trial.phase.value != "chosen" and k < 200:
+            tr.step()
             k += 1
         if v == "auto" and hvd.rank() == 0:
-            print(f"auto took {comp.trial.plan} after {k} trial steps", flush=True)
+            print(f"auto took {tr.compressor.trial.plan} after {k} trial steps", flush=True)
     times: dict[str, list[float]] = {v: [] for v in variants}
     for r in range(args.rounds):
         for v in variants:
             for i in range(args.steps):
                 t = time.perf_counter()
-                made[v][0]().numpy()
+                made[v].step()
                 took = tf.constant(time.perf_counter() - t)
                 times[v].append(float(hvd.allreduce(took, op=hvd.Max, name=f"t.{v}.{r}.{i}").numpy()))
     if hvd.rank() == 0:
