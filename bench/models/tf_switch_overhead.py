@@ -6,8 +6,9 @@ first trial, one model each, in one launch, timed in interleaved rounds (the slo
 
 Prints each variant's median step and its ratio to the first variant's; ``--variants`` picks
 them: ``fp16``, ``fp32`` (stock), ``sw16``, ``sw32`` (the plan forced through the switch: a trial
-that never runs on its own, its plan set by hand), ``auto`` (ORQ-5 measuring, run until its
-first trial has chosen)."""
+that never runs on its own, its plan set by hand), ``auto`` (measuring, run until its first
+trial has chosen); ``--scheme`` is the compressor of the last three (``orq``: ORQ-5;
+``bingrad``: error feedback on, whose fp16/fp32 steps after the first take the PLAIN branches)."""
 from __future__ import annotations
 
 import argparse
@@ -25,12 +26,12 @@ from bench.models import trainer_tf
 from hvd_gradq.plan import trial
 
 
-def make(variant: str, model_name: str) -> Any:
+def make(variant: str, model_name: str, scheme: str) -> Any:
     """The model benchmark's trainer (:class:`trainer_tf.Trainer`: the same model, batch,
     optimizer and traced step) for one variant; the forced plans' trial is set before the step
     is first traced."""
     args = argparse.Namespace(model=model_name, image=64, seq=128, layers=2, batch=16, seed=0, lr=0.01)
-    tr = trainer_tf.Trainer(variant if variant in ("fp16", "fp32") else "orq", args)
+    tr = trainer_tf.Trainer(variant if variant in ("fp16", "fp32") else scheme, args)
     if variant in ("sw16", "sw32"):
         script = trial.Trial(start=10**9)  # never runs on its own: the plan is set here
         script.plan = "fp16" if variant == "sw16" else "fp32"
@@ -42,12 +43,13 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--variants", default="fp16,fp32,sw16,sw32,auto")
     ap.add_argument("--model", default="mobilenet_v2")
+    ap.add_argument("--scheme", default="orq", help="the switched variants' compressor (a spec)")
     ap.add_argument("--rounds", type=int, default=5)
     ap.add_argument("--steps", type=int, default=5, help="timed steps a variant a round")
     args = ap.parse_args()
     hvd.init()
     variants = args.variants.split(",")
-    made = {v: make(v, args.model) for v in variants}
+    made = {v: make(v, args.model, args.scheme) for v in variants}
     for v in variants:  # traced, kernels loaded; a measuring compressor to its first choice
         tr = made[v]
         for _ in range(3):

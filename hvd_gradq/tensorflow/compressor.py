@@ -321,8 +321,9 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         exact fp32 sum while the slot's step is below K, else the pattern, started and finished in
         its branch, or where ``auto`` measures (``switched``) Horovod's fp16 or fp32, as the
         trial's plan says. Every rank takes the same branch (their counters and figures agree).
-        Error feedback is written in ``decompress`` from the branch's outputs."""
+        Error feedback is written in the branches (:func:`.switch.plain_branches`) or in ``decompress``."""
         flat = tf.reshape(tf.cast(tensor, tf.float32), (ctx.n,))
+        ctx.kept = switch.plain_branches(self.scheme, self.policy, ctx.slot)
 
         def named(kind: Kind, phase: int | None = None) -> str:
             return names.collective(f"{self.cid}.", kind, f"{key}{set_suffix(ps)}", phase)
@@ -331,19 +332,21 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
             inner = dataclasses.replace(ctx, branched=True)  # the branch's tensors stay in the branch
             one = self._start(tensor, inner, step, stream, key, ps)
             total, own = self._finish(inner)
-            return total, one, inner.x, inner.x if own is None else own
+            own = inner.x if own is None else own
+            if ctx.kept:  # the sum is finite where the result is: Horovod's [1.0] carries no NaN here
+                residuals.keep(self.memory, inner, own, total, self._host.scale())
+            return total, one, inner.x, own
 
         branches = [lambda: switch.exact(flat, named(Kind.WARM), ps), compressed]
         if switched:
             assert ctx.slot is not None and ctx.choice is not None
             owned = table.owned(ctx.choice, ctx.slot.key, ctx.n, self.scheme.bucket,
                                 core.Group(ctx.rank, ctx.size, "", ctx.local))
-            branches += [switch.uncompressed(self.memory, self._store, ctx.slot, flat, owned, self._host.scale,
-                                             dtype, named(Kind.PLAN, bits), ps)
-                         for dtype, bits in ((tf.float16, 16), (tf.float32, 32))]
+            branches += switch.measured(self.memory, self._store, ctx.slot, flat, owned, self._host.scale,
+                                        lambda bits: named(Kind.PLAN, bits), ps, ctx.kept)
             with tf.init_scope():
                 gather = handshake.gatherer(ps)
-            index = self._switch.index(ctx.slot, ps, ctx.size, ctx.local, gather, step)
+            index = self._switch.index(ctx.slot, ps, ctx.size, ctx.local, gather, step, ctx.kept)
         else:
             index = tf.cast(step >= self.policy.warmup, tf.int32)
         ctx.total, one, ctx.x, ctx.own = (tf.ensure_shape(t, s) for t, s in zip(
@@ -371,7 +374,8 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         # Horovod's [1.0] came back as v = post * op(pre * 1): the result is out * v / N, written
         # as out / N (v == 1) and out (v == N) so that the plain cases keep their bits.
         out = codec.final_scale(ctx.n, ctx.size)(out, tf.reshape(tensor, (-1,))[0])
-        residuals.keep(self.memory, ctx, own, out, self._host.scale())
+        if not ctx.kept:
+            residuals.keep(self.memory, ctx, own, out, self._host.scale())
         return tf.cast(tf.reshape(out, ctx.shape), ctx.dtype)
 
     def _finish(self, ctx: Ctx) -> tuple[Any, Any]:

@@ -40,6 +40,7 @@ class Ctx:
     own: Any = None  # ... and what error feedback subtracts (x itself on warm steps: no change)
     step: Any = None  # the slot's step counter before this step (stats' time: :func:`.host.recording`)
     branched: bool = False  # started inside a branch (warm-up, a measured plan): error feedback around the pattern
+    kept: bool = False  # its branches keep its residual (switch.plain_branches): decompress() does not
 
     @property
     def pattern(self) -> Pattern | None:

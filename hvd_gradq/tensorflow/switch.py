@@ -11,7 +11,9 @@ each step (the compressor builds them: ``GradqCompressor._branched``):
 * :data:`COMPRESSED`: the pattern the cost model chose, started and finished in its branch;
 * :data:`FP16`: Horovod's allreduce (Sum) of the float16 cast, cast back: ``hvd.Compression.fp16``'s
   bytes through Horovod's own op and fusion buffer;
-* :data:`FP32`: Horovod's allreduce (Sum) of the tensor.
+* :data:`FP32`: Horovod's allreduce (Sum) of the tensor;
+* :data:`PLAIN16`, :data:`PLAIN32`: the same, where a gradient with error feedback holds no
+  residual to deliver (below): nothing but Horovod's allreduce.
 
 Horovod's own allreduce still reduces the compressor's ``[1.0]`` whichever branch ran (its
 operand is fixed when traced), which scales the sum as Horovod's call asks
@@ -40,9 +42,19 @@ rank (:func:`operand_carries_nan`) is it the branch's.
 
 **Error feedback across a switch** is PyTorch's rule (:meth:`hvd_gradq.feedback.Memory.flush`):
 the FP16 and FP32 branches send the gradient plus every residual it holds (its own, and the owner
-residuals of its pattern, each on its slice), which then hold zero: the own one through
-``decompress()``'s update (as after a warm-up step), the owner residuals in the branch
-(:meth:`.store.SlotStore.clear`); where the sum is not finite (a skipped step) all are kept.
+residuals of its pattern, each on its slice), which then hold zero (:meth:`.store.SlotStore.clear`
+in the branch; where the sum is not finite, a skipped step, all are kept). That is a step's
+worth of small operations a gradient (read, add, check, select, write: each a parallel region of
+TensorFlow's pool), so only the first step of an fp16/fp32 run pays it: the next ones take the
+PLAIN branches, which touch no residual, and are stock Horovod's allreduce and nothing else
+(:meth:`Switch._pick`: a gradient whose previous step was fp16/fp32 delivered what it held then).
+A residual that is still there (that step's sum was not finite, or a checkpoint restored one)
+is held, never dropped, until the gradient compresses again. For that, a gradient keeps its
+residual in its branches (:func:`plain_branches`), the COMPRESSED branch included (its update
+reads the branch's own sum), not in ``decompress()``, whose update would run under every plan.
+Where Horovod's ``[1.0]`` carries another rank's NaN (:func:`operand_carries_nan`) only
+``decompress()`` knows whether the step's result is finite: there the residual is kept there,
+and an fp16/fp32 step always flushes.
 
 **Bytes**: the callback counts each gradient's steps by branch, and the telemetry prices each
 branch's steps with that branch's bytes (:meth:`Switch.rows`); a warm-up step counts as the
@@ -74,15 +86,26 @@ from .callsite import function_graph
 from .slots import Slot
 from .store import SlotStore
 
-#: The branches of a switched gradient, in ``tf.switch_case``'s order.
-WARM, COMPRESSED, FP16, FP32 = 0, 1, 2, 3
+#: The branches of a switched gradient, in ``tf.switch_case``'s order (:data:`PLAIN16` and
+#: :data:`PLAIN32` only where it keeps its residual in its branches: :func:`plain_branches`).
+WARM, COMPRESSED, FP16, FP32, PLAIN16, PLAIN32 = 0, 1, 2, 3, 4, 5
 _OF = {Pattern.FP16: FP16, Pattern.FP32: FP32}
+_PLAIN = {FP16: PLAIN16, FP32: PLAIN32}
+#: What each branch's bytes are priced as (a plain step sends what its flushing twin sends).
+_PRICED = {WARM: COMPRESSED, COMPRESSED: COMPRESSED, FP16: FP16, FP32: FP32, PLAIN16: FP16, PLAIN32: FP32}
 
 
 def operand_carries_nan(scheme: Scheme, policy: Policy) -> bool:
     """Whether Horovod's ``[1.0]`` carries a gradient's NaN/Inf to every rank: a scheme without
     per-bucket scales to carry it (``nonfinite=propagate``), where the whole tensor goes NaN."""
     return policy.nonfinite is not NonFinite.RAISE and not isinstance(scheme, (LevelScheme, NoneScheme, FP16Scheme))
+
+
+def plain_branches(scheme: Scheme, policy: Policy, slot: Slot | None) -> bool:
+    """Whether a branched gradient keeps its residual in its branches and has the PLAIN ones: it
+    has error feedback, and its branch's own sum says whether the step's result is finite
+    (Horovod's ``[1.0]`` carries no other rank's NaN: :func:`operand_carries_nan`)."""
+    return slot is not None and slot.residual is not None and not operand_carries_nan(scheme, policy)
 
 
 @dataclass
@@ -105,8 +128,9 @@ class Switch:
         self.core, self.stats = core, stats
         self._lock = threading.Lock()
         self._functions: weakref.WeakKeyDictionary[Any, _Function] = weakref.WeakKeyDictionary()
-        self._counts: dict[str, list[int]] = {}  # steps a branch, per gradient
+        self._counts: dict[str, list[int]] = {}  # steps a priced branch (_PRICED), per gradient
         self._last: dict[str, int] = {}  # each gradient's branch at its last step
+        self._plain: set[str] = set()  # the gradients with PLAIN branches (plain_branches)
 
     def applies(self, slot: Slot | None, variable: Any) -> bool:
         """Whether a gradient is switched: ``auto`` measures, Horovod's gradient reduction handed
@@ -114,10 +138,14 @@ class Switch:
         return (self.core.trial is not None and slot is not None and variable is not None and slot.n > 0
                 and slot.choice is not None and slot.choice.pattern not in (Pattern.FP16, Pattern.FP32))
 
-    def index(self, slot: Slot, process_set: Any, size: int, local: int, gather: Gather | None, step: Any) -> Any:
+    def index(self, slot: Slot, process_set: Any, size: int, local: int, gather: Gather | None, step: Any,
+              plain: bool) -> Any:
         """The branch (a scalar int32 tensor) of ``slot``'s gradient this step, ``step`` being its
         counter before this step; ``gather``: the exchange's allgather over ``process_set``
-        (:func:`.handshake.gatherer`, made eagerly). Made while the gradient's branch is traced."""
+        (:func:`.handshake.gatherer`, made eagerly); ``plain``: it has PLAIN branches. Made while
+        the gradient's branch is traced."""
+        if plain:
+            self._plain.add(slot.key)
         g = function_graph()
         fn = self._functions.get(g)
         if fn is None:
@@ -147,6 +175,8 @@ class Switch:
         shown = choice if branch != COMPRESSED else Choice(slot.choice.pattern, self.core.warm_note(slot.choice))
         self.stats.decide(slot.key, shown.pattern.value, shown.why, slot.n, size)
         self._counts.setdefault(slot.key, [0, 0, 0, 0])[branch] += 1
+        if branch in _PLAIN and slot.key in self._plain and _PRICED.get(self._last.get(slot.key, WARM)) in _PLAIN:
+            branch = _PLAIN[branch]  # its previous step, fp16 or fp32, delivered what it held
         self._last[slot.key] = branch
         return branch
 
@@ -164,6 +194,7 @@ class Switch:
             FP16: lambda: ("fp16", *_sizes(fp16_cost(slot.n, slot.size))),
             FP32: lambda: ("fp32", *_sizes(fp32_cost(slot.n, slot.size))),
         }
+        last = _PRICED[last]
         order = [b for b in (COMPRESSED, FP16, FP32) if b != last] + [last]
         return [(*priced[b](), counts[b] if counted else 1) for b in order if (counts[b] if counted else b == last)]
 
@@ -189,11 +220,12 @@ def exact(flat: Any, name: str, process_set: Any) -> tuple[Any, ...]:
 
 
 def uncompressed(memory: Memory, store: SlotStore, slot: Slot, flat: Any, owned: Sequence[tuple[str, int, int]],
-                 scale: Callable[[], Any], dtype: Any, name: str, process_set: Any) -> Branch:
+                 scale: Callable[[], Any], dtype: Any, name: str, process_set: Any, own_here: bool) -> Branch:
     """:data:`FP16` (``dtype`` float16) or :data:`FP32`: the gradient plus every residual it
     holds (``owned``: the owner residuals of its compressed pattern, each on its slice:
     :func:`hvd_gradq.reduce.table.owned`) summed by Horovod, then those residuals zero unless the
-    sum is not finite (the own one by ``decompress``'s update: ``own == x``)."""
+    sum is not finite; the own one here too where ``own_here`` (:func:`plain_branches`), else by
+    ``decompress``'s update (``own == x``)."""
     def branch() -> tuple[Any, ...]:
         x = flat
         if slot.residual is not None:
@@ -201,7 +233,25 @@ def uncompressed(memory: Memory, store: SlotStore, slot: Slot, flat: Any, owned:
             x = memory.flush(slot.key, flat, owned, forget=False)
         total = _sum(x, dtype, name, process_set)
         kept = tf.logical_not(tf.reduce_all(tf.math.is_finite(total)))
-        for key, _, _ in owned if slot.residual is not None else ():
+        cleared = [key for key, _, _ in owned] if slot.residual is not None else []
+        for key in [slot.key] + cleared if own_here else cleared:
             store.clear(key, kept)
         return total, tf.ones((1,), tf.float32), x, x
     return branch
+
+
+def measured(memory: Memory, store: SlotStore, slot: Slot, flat: Any, owned: Sequence[tuple[str, int, int]],
+             scale: Callable[[], Any], name: Callable[[int], str], process_set: Any, kept: bool) -> list[Branch]:
+    """The branches after :data:`COMPRESSED`: :data:`FP16` and :data:`FP32` (:func:`uncompressed`),
+    and where the gradient keeps its residual in its branches (``kept``: :func:`plain_branches`)
+    :data:`PLAIN16` and :data:`PLAIN32` (:func:`plain`), on the same collectives, ``name(bits)``
+    (a branch not taken runs none)."""
+    sums = ((tf.float16, name(16)), (tf.float32, name(32)))
+    out = [uncompressed(memory, store, slot, flat, owned, scale, dtype, n, process_set, kept) for dtype, n in sums]
+    return out + [plain(flat, dtype, n, process_set) for dtype, n in sums] if kept else out
+
+
+def plain(flat: Any, dtype: Any, name: str, process_set: Any) -> Branch:
+    """:data:`PLAIN16` (``dtype`` float16) or :data:`PLAIN32`: Horovod's allreduce of the
+    gradient alone; every residual stays as it is (the gradient keeps them in its branches)."""
+    return lambda: (_sum(flat, dtype, name, process_set), tf.ones((1,), tf.float32), flat, flat)

@@ -9,9 +9,11 @@ step; the trial ends; stats()['auto'], the bytes by pattern and the log line say
 each step, no timing): a gradient that leaves compression for Horovod's fp32 delivers every
 residual it held with that step (the oracle: the exact mean over ranks of gradient + residuals,
 gathered raw), and holds none after it; back under compression it builds one again; fp16
-likewise, to fp16's rounding. The gradient is the step's input (``loss = sum(w * c)``), so the
-oracle knows it exactly. Once with gather (own residuals) and once with scatter (own and the
-owner's ``#reduce`` residual on the chunk this rank owns)."""
+likewise, to fp16's rounding. The step after such a step (fp16 or fp32 again) touches no
+residual: a residual written there by hand (as a restored checkpoint would) is held bit for bit
+and the step sends the gradient alone. The gradient is the step's input (``loss = sum(w * c)``),
+so the oracle knows it exactly. Once with gather (own residuals) and once with scatter (own and
+the owner's ``#reduce`` residual on the chunk this rank owns)."""
 from __future__ import annotations
 
 import argparse
@@ -79,7 +81,8 @@ def trial_mode() -> dict:
             "by_pattern": {p: c["tensors"] for p, c in stats["total"].items() if p != "all"}}
 
 
-SCRIPT = ["compressed"] * 4 + ["fp32", "compressed", "compressed", "fp16", "compressed", "fp32", "compressed"]
+SCRIPT = ["compressed"] * 4 + ["fp32", "compressed", "compressed", "fp16", "fp16", "fp32", "compressed", "fp32",
+                               "compressed"]
 N = 12000  # large enough that either pattern compresses it
 
 
@@ -100,13 +103,20 @@ def switch_mode(pattern: str) -> dict:
     for k, plan in enumerate(SCRIPT):
         g = np.random.default_rng(1000 * k + rank).standard_normal(N).astype(np.float32)
         script.plan = plan
+        plain = k > 0 and plan != "compressed" and SCRIPT[k - 1] != "compressed"
+        injected = None
+        if plain:  # what a restored checkpoint could leave: held, not sent
+            key0 = comp.slots()[0]["key"]
+            injected = np.random.default_rng(7 + k + rank).standard_normal(N).astype(np.float32) / 8
+            comp.residuals[key0].assign(injected)
+            comp.owners[key0].assign(rank)
         held = {key: v.numpy().copy() for key, v in comp.residuals.items()
                 if int(comp.owners[key].numpy()) == rank and np.any(v.numpy() != 0)}
         # what this rank must deliver with an uncompressed step: its own residual, and the owner
         # residual (scatter) on the chunk this rank owns
         own = next((key for key in held if "#" not in key), None)
-        sent = g + held[own] if own is not None else g
-        reduced_keys = [key for key in held if key.endswith("#reduce")]
+        sent = g + held[own] if own is not None and not plain else g
+        reduced_keys = [key for key in held if key.endswith("#reduce") and not plain]
         if reduced_keys:
             lo, hi = chunk_bounds(N, comp.scheme.bucket, size)[rank]
             owner = np.zeros_like(g)
@@ -120,7 +130,9 @@ def switch_mode(pattern: str) -> dict:
         after = sorted(key for key, v in comp.residuals.items() if np.any(v.numpy() != 0))
         key = comp.slots()[0]["key"]
         row = {"plan": plan, "held": sorted(held), "after": after, "pattern": comp.stats()["tensors"][key]["pattern"],
-               "own": own}
+               "own": own, "plain": plain}
+        if injected is not None:
+            row["held_bits"] = bool(np.array_equal(comp.residuals[key].numpy(), injected))
         if plan in ("fp32", "fp16"):
             exact = every.astype(np.float64).mean(0)
             if plan == "fp16":  # Horovod's fp16: each rank's value cast, summed in fp16, cast back

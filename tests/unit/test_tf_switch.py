@@ -63,6 +63,25 @@ def test_each_step_starts_once_and_gives_every_gradient_its_plans_branch() -> No
     assert got == [[C, C, C], [H, C, H], [C, C, H], [F, C, F], [C, C, C]]
 
 
+def test_only_the_first_uncompressed_step_delivers_residuals() -> None:
+    # a gradient with error feedback flushes its residuals at the first fp16/fp32 step after a
+    # compressed one; the next uncompressed steps take the PLAIN branches, which touch none
+    core = Core()
+    s = sw.Switch(core, Stats())  # type: ignore[arg-type]
+    a, b = slot(0, "a"), slot(1, "b")  # b: no plain branches (no error feedback)
+    s._plain.add("a")
+    fn = function(a, b)
+    got = []
+    for plan in (Pattern.FP16, None, Pattern.FP16, Pattern.FP16, Pattern.FP32, None, Pattern.FP32, Pattern.FP32):
+        core.plan = plan
+        got.append(list(s._start(fn)))
+    C, H, F, PH, PF = sw.COMPRESSED, sw.FP16, sw.FP32, sw.PLAIN16, sw.PLAIN32
+    assert [r[0] for r in got] == [H, C, H, PH, PF, C, F, PF]
+    assert [r[1] for r in got] == [H, C, H, H, F, C, F, F]
+    # a plain step's bytes are its flushing twin's
+    assert s.rows(a, True) == [("gather", 123, 456, 2), ("fp16", 2000, 2000, 3), ("fp32", 4000, 4000, 3)]
+
+
 def test_bytes_are_priced_by_the_branch_each_step_ran() -> None:
     core = Core()
     s = sw.Switch(core, Stats())  # type: ignore[arg-type]
