@@ -12,7 +12,8 @@ tracing and call-site reading, and hands everything else here, so that the two c
   format, :func:`hvd_gradq.reduce.handshake.config_text`) and its :meth:`~CompressorCore.digest`;
 * **the handshake** (:meth:`~CompressorCore.handshake`): once a process set, the configuration
   and cluster layout compared across its ranks, and the CPU figures the cost model prices with
-  agreed (:mod:`.probe`), through the frontend's allgather;
+  agreed (:mod:`.probe`), with the link rate where nobody gave one (:mod:`.link`), through the
+  frontend's allgather;
 * **the decision** (:meth:`~CompressorCore.decide`, :func:`hvd_gradq.plan.decide.decide`) and the
   **warm-up** (:meth:`~CompressorCore.warm` at a known step, :meth:`~CompressorCore.warm_note`
   where a graph picks the step at run time);
@@ -52,7 +53,7 @@ from ..reduce.names import Kind
 from ..reduce.stats import KINDS, Reports, Stats
 from ..schemes.scheme import Scheme
 from ..spec import Config, SchemeLike, as_config
-from . import prefetch, probe, workers
+from . import link, prefetch, probe, workers
 from .measured import Measured
 
 #: A frontend's allgather for the handshake: (this rank's row, what it is, the seconds it may wait
@@ -115,10 +116,12 @@ def final_scale(total: Any, v: Any, size: int, select: Callable[..., Any] | None
 @dataclass
 class Agreement:
     """What the ranks of each process set agreed on at their first reduction (keys: the
-    frontend's name for the set): whether they compared configurations, and the CPU figures."""
+    frontend's name for the set): whether they compared configurations, the CPU figures, and the
+    link measured beside them (:mod:`.link`; its rate is also in the figures, which price with it)."""
 
     checked: set[Hashable] = field(default_factory=set)
     figures: dict[Hashable, Figures | None] = field(default_factory=dict)
+    links: dict[Hashable, link.Link] = field(default_factory=dict)
 
 
 class CompressorCore(Reports):
@@ -170,6 +173,7 @@ class CompressorCore(Reports):
         self.scheme, self.policy = self.settings.scheme, self.settings.policy
         self.pattern = parse_pattern(pattern)
         self.link_gbps = hosts.link_gbps(link_gbps)
+        self.link_given = hosts.link_given(link_gbps)
         self.fallback = probe.resolve_fallback(fallback, default=self.MEASURES)
         self.check_ranks = bool(check_ranks)
         self.process_set = check_process_set(process_set)
@@ -253,14 +257,16 @@ class CompressorCore(Reports):
             differences = handshake.settle(rows, texts)  # raised where any rank has check_ranks
             warnings.warn(f"{differences} (check_ranks=False on every rank: running on)", stacklevel=2)
         if probe.priced(self.pattern):
-            self._agreement.figures[key] = probe.agreed(self.scheme, size, local, cast,
-                                                        lambda row: bounded(row, Kind.CPU))
+            figures = probe.agreed(self.scheme, size, local, cast, lambda row: bounded(row, Kind.CPU))
+            self._agreement.figures[key] = link.agreed(figures, lambda row: bounded(row, Kind.LINK), size,
+                                                       self.link_given, self._agreement.links, key)
 
     def forget_handshakes(self) -> None:
         """A new world (elastic reset): every process set shakes hands again, and ``auto``
         measures its plans again in it (every rank of the new world from the same step)."""
         self._agreement.checked.clear()
         self._agreement.figures.clear()
+        self._agreement.links.clear()
         self._measured = self._new_measured()
 
     # -- the measured choice (plan/trial.py, .measured) --------------------------------------------
@@ -300,7 +306,8 @@ class CompressorCore(Reports):
         m = self._measured
         figures = self.agreed(m.key)
         return m.report(lambda n, nd, s, loc: self._model(n, nd, s, loc, figures),
-                        lambda n, nd, s, loc, p: seconds(self.scheme, n, nd, s, p, loc, self.link_gbps, figures))
+                        lambda n, nd, s, loc, p: seconds(self.scheme, n, nd, s, p, loc,
+                                                         link.rate_of(figures, self.link_gbps), figures))
 
     def reduction_set(self, called: Any, global_set: Any) -> Any:
         """The process set a reduction runs on: the one Horovod's call names, else the
@@ -330,8 +337,8 @@ class CompressorCore(Reports):
 
     def _model(self, n: int, ndim: int, size: int, local: int, figures: Figures | None) -> Choice:
         """The cost model's decision; its own fp16 fallback only where nothing is measured."""
-        return decide(self.settings, n, ndim, size, self.pattern, self.offered(), local, self.link_gbps,
-                      self.fallback and not self.MEASURES, figures)
+        return decide(self.settings, n, ndim, size, self.pattern, self.offered(), local,
+                      link.rate_of(figures, self.link_gbps), self.fallback and not self.MEASURES, figures)
 
     def owned(self, name: str, n: int, ndim: int, group: Group) -> list[tuple[str, int, int]]:
         """(key, lo, hi) of each owner residual tensor ``name`` keeps under the pattern the cost
@@ -380,9 +387,14 @@ class CompressorCore(Reports):
 
     def world(self) -> dict[str, Any]:
         """What ``stats()`` and the log say of the run: ``intra_op_threads`` beside ``rank_cores``
-        (this rank's share of its host's cores) lets the log say when they oversubscribe."""
+        (this rank's share of its host's cores) lets the log say when they oversubscribe;
+        ``link_gbps`` is the rate the cost model prices with, ``link`` where it came from (the
+        measurement of the first process set that measured: :mod:`.link`)."""
         threads = self._intra_op_threads()
+        measured = next(iter(self._agreement.links.values()), None)
         return {"frontend": self.WORLD_NAME, "scheme": self.settings.spec, "pattern": self.pattern.value,
                 "ranks": self._ranks(), "hosts": self._hosts(), "ranks_a_host": self._ranks_a_host(),
-                "link_gbps": self.link_gbps, "intra_op_threads": parallel.cores() if threads == 0 else threads,
+                "link_gbps": measured.gbps if measured is not None else self.link_gbps,
+                "link": measured.describe() if measured is not None else "given" if self.link_given else "default",
+                "intra_op_threads": parallel.cores() if threads == 0 else threads,
                 "rank_cores": parallel.rank_cores(), **self._world_extra()}

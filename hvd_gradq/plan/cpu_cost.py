@@ -55,9 +55,11 @@ class Figures:
     """(encode, decode) ns an element measured on this job's ranks, by scheme spec (and
     :data:`CAST`), in place of the table's: what :mod:`.probe` measures at start-up and every
     rank agrees on (the maximum over ranks). Hashable, so the cached cost functions key on it;
-    a scheme it lacks falls back to the table."""
+    a scheme it lacks falls back to the table. ``link_gbps``: the link rate measured beside them
+    (:mod:`hvd_gradq.frontend.link`), None where the configured one prices."""
 
     ns: tuple[tuple[str, float, float], ...] = ()
+    link_gbps: float | None = None
 
     def get(self, key: str) -> tuple[float, float] | None:
         for k, e, d in self.ns:

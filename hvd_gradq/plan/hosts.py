@@ -80,6 +80,12 @@ def layout(nranks: int, local: int, link_gbps: float, fallback: bool = False,
     return text
 
 
+def link_given(value: float | None = None) -> bool:
+    """Whether the user gave the link rate (``link_gbps``, ``HVD_GRADQ_LINK_GBPS``); where not,
+    ``auto`` measures it at the handshake (:mod:`hvd_gradq.frontend.link`)."""
+    return value is not None or os.environ.get(LINK_ENV) is not None
+
+
 def link_gbps(value: float | None = None) -> float:
     """The link rate for the cost model: ``value``, else ``HVD_GRADQ_LINK_GBPS``, else
     :data:`~hvd_gradq.plan.decide.DEFAULT_LINK_GBPS` (Gbit/s)."""

@@ -52,6 +52,7 @@ class Kind(str, enum.Enum):
     CONFIG = "config"  #: the one-time configuration check (allgather; its name never changes: handshake.py)
     CONFIG_TEXT = "configtext"  #: the whole configuration texts, where the ranks' digests differ (allgather)
     CPU = "cpu"  #: the start-up codec figures (allgather)
+    LINK = "link"  #: the start-up link measurement's payloads and times (allgather: :mod:`hvd_gradq.frontend.link`)
     TRIAL = "trial"  #: ``auto``'s measured step times, maximum over ranks (allgather: :mod:`hvd_gradq.plan.trial`)
     RESUME = "resume"  #: the first step's check of the step counters, and ``broadcast_state()`` (PyTorch)
 

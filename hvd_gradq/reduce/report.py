@@ -67,7 +67,8 @@ def placement(world: dict[str, Any]) -> str:
         where = f"{_count(ranks, 'rank')} on {_count(hosts, 'host')}"
     else:
         where = f"{_count(ranks, 'rank')} on {hosts} hosts of {ranks // hosts}"
-    return f"{where}; cost model: {world.get('link_gbps', 0):g} Gbit/s, {_count(local, 'rank')} a host"
+    measured = " (measured)" if str(world.get("link", "")).startswith("measured") else ""
+    return f"{where}; cost model: {world.get('link_gbps', 0):.3g} Gbit/s{measured}, {_count(local, 'rank')} a host"
 
 
 def heading(summary: dict[str, Any], what: str) -> str:

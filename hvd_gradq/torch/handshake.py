@@ -29,7 +29,7 @@ def gatherer(group: Group) -> Gather:
     def gather(row: Any, kind: Kind, seconds: float) -> Any:
         name = names.collective(group.key, kind)
         handle = hvd.allgather_async(torch.from_numpy(row), name=name, process_set=group.process_set)
-        handshake.wait(lambda: bool(hvd.poll(handle)), name, seconds)
+        handshake.wait(lambda: bool(hvd.poll(handle)), name, seconds, timed=kind is Kind.LINK)
         return hvd.synchronize(handle).numpy()
 
     return gather

@@ -15,10 +15,11 @@ import pytest
 
 import hvd_gradq
 from hvd_gradq.errors import GradqError, RankMismatchError, SpecError
-from hvd_gradq.frontend import figure_cache
+from hvd_gradq.frontend import figure_cache, link, probe
 from hvd_gradq.frontend.compressor import CompressorCore, final_scale, ranks_on_host
 from hvd_gradq.kernels import parallel
 from hvd_gradq.plan import hosts
+from hvd_gradq.plan.cpu_cost import Figures
 from hvd_gradq.plan.decide import DEFAULT_LINK_GBPS, Choice, decide
 from hvd_gradq.plan.pattern import EVERY, ONE_RANK_WHY, Pattern, compresses, why_tag
 from hvd_gradq.reduce import handshake
@@ -313,6 +314,37 @@ def test_handshake_agrees_on_the_slowest_ranks_figures(monkeypatch: pytest.Monke
     assert c2.agreed("other set") is None
 
 
+def test_handshake_measures_the_link_where_nobody_gave_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34: the link rate is measured, not a default. The rate the ranks agree on prices
+    every decision (and the report); a given rate, or the table's figures, are not measured."""
+    monkeypatch.setattr(probe, "measure", lambda schemes, cast=None, **_: Figures(tuple((s.spec, 5.0, 1.0)
+                                                                                     for s in schemes)))
+    monkeypatch.setenv("HVD_GRADQ_FIGURES", "measure")
+    c = Core(ORQ, pattern="auto", check_ranks=False)
+    assert c.world()["link"] == "default" and c.world()["link_gbps"] == DEFAULT_LINK_GBPS
+    # a peer whose calls take 50 ms more, its 1 MiB payloads at 0.2 Gbit/s: slower than this one's
+    slow = np.array([0.05, 0.05 + link.LARGE * 8 / 0.2e9])
+    ranks = Ranks({Kind.LINK: [slow]})
+    c.handshake("", 2, 1, ranks, lambda x: x)
+    assert ranks.kinds[:2] == [Kind.CONFIG, Kind.CPU] and set(ranks.kinds[2:]) == {Kind.LINK}
+    figures = c.agreed("")
+    assert figures is not None and figures.link_gbps is not None
+    assert figures.link_gbps == pytest.approx(0.2 * (link.LARGE - link.SMALL) / link.LARGE, rel=1e-9)  # the peer's
+    assert link.rate_of(figures, c.link_gbps) == figures.link_gbps == c.world()["link_gbps"]
+    assert c.world()["link"].startswith("measured: ")
+    n = 1 << 16
+    assert c.decide(n, 1, 2, 1, figures) == decide(ORQ, n, 1, 2, Pattern.AUTO, local=1, link_gbps=figures.link_gbps,
+                                                     figures=figures)
+    for given, env in (({"link_gbps": 1.0}, {}), ({}, {"HVD_GRADQ_LINK_GBPS": "3"}), ({}, {"HVD_GRADQ_FIGURES": "table"})):
+        for k, v in env.items():
+            monkeypatch.setenv(k, v)
+        other = Ranks()
+        Core(ORQ, pattern="auto", check_ranks=False, **given).handshake("", 2, 1, other, lambda x: x)
+        assert Kind.LINK not in other.kinds, (given, env)
+        monkeypatch.delenv("HVD_GRADQ_LINK_GBPS", raising=False)
+        monkeypatch.setenv("HVD_GRADQ_FIGURES", "measure")
+
+
 def test_handshake_without_a_collective_or_peers_does_nothing() -> None:
     c = Core(ORQ, pattern="auto")
     c.handshake("", 4, 1, None, lambda x: x)  # no collective can run now (a TF1-style graph)
@@ -403,7 +435,7 @@ def test_the_reduction_set_is_horovods_the_constructors_or_the_global_one() -> N
 def test_world_and_stats_report_the_run() -> None:
     c = Core("qsgd:levels=4", pattern="gather", link_gbps=5.0)
     assert c.world() == {"frontend": "fake", "scheme": hvd_gradq.parse("qsgd:levels=4").spec, "pattern": "gather",
-                         "ranks": 4, "hosts": 2, "ranks_a_host": 2, "link_gbps": 5.0,
+                         "ranks": 4, "hosts": 2, "ranks_a_host": 2, "link_gbps": 5.0, "link": "given",
                          "intra_op_threads": None, "rank_cores": parallel.rank_cores()}
 
     class Telemetry:

@@ -347,6 +347,9 @@ def test_log_every_from_the_option_or_the_variable(monkeypatch: pytest.MonkeyPat
 def test_where_the_ranks_run_in_words_a_user_counts(world: dict[str, Any], said: str) -> None:
     # two ranks on one machine once read "on 2 ranks, 1 a host"; the cost model's view is apart
     assert placement({**world, "link_gbps": 10.0}) == said
+    # a rate the handshake measured (frontend/link.py) says so
+    measured = {**world, "link_gbps": 0.94123, "link": "measured: 0.941 Gbit/s (allgather ...)"}
+    assert placement(measured) == said.replace("10 Gbit/s", "0.941 Gbit/s (measured)")
 
 
 @pytest.mark.parametrize("frontend,threads,share,setting", [
