@@ -23,4 +23,14 @@ def check_trial(a: dict, b: dict) -> dict:
     # the trial's log line, on rank 0 only: each candidate, the model beside it, the plan taken
     assert f"-> plan {auto['plan']}" in a["log"] and "(model " in a["log"], a["log"]
     assert "-> plan" not in b["log"]
+    check_link(a["link"], b["link"])
     return auto
+
+
+def check_link(a: dict, b: dict) -> None:
+    """Each rank's report of a compressor that measured the link at its handshake
+    (:mod:`measuring_link`): the same rate on every rank, bit for bit (every decision reads
+    it), a real measurement and not the default."""
+    assert a["link"].startswith("measured: ") and b["link"].startswith("measured: "), (a, b)
+    assert a["gbps"] == b["gbps"], f"the ranks price with different link rates: {a['gbps']!r} vs {b['gbps']!r}"
+    assert 1e-3 < a["gbps"] < 400.0, a  # neither clamp: a 1 MiB allgather on loopback is timed

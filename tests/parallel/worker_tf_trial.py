@@ -25,6 +25,7 @@ import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
 from harness import report
+from measuring_link import link_report, measuring
 
 import hvd_gradq.tensorflow as gq
 from hvd_gradq.plan import trial as tr
@@ -74,11 +75,15 @@ def trial_mode() -> dict:
         plans.append(comp.trial.plan)
     sys.stderr = stderr
     stats = comp.stats()
+    with measuring():  # a compressor whose handshake measures the link rate (eagerly, as at a trace)
+        linked = gq.from_spec("orq", name="linked")
+        hvd.allreduce(tf.ones((4096,)), compression=linked, name="link.x")
     return {"plans": plans, "auto": stats["auto"], "digest": digest(model.variables), "log": stream.getvalue(),
             "trial_steps": comp.trial.step + 1, "steps": steps, "tensors": {k: v["pattern"] for k, v in
                                                                             stats["tensors"].items()},
             "slots": [(s["key"], s["pattern"]) for s in comp.slots()], "large": sorted(comp.trial.large),
-            "by_pattern": {p: c["tensors"] for p, c in stats["total"].items() if p != "all"}}
+            "by_pattern": {p: c["tensors"] for p, c in stats["total"].items() if p != "all"},
+            "link": link_report(linked.world())}
 
 
 SCRIPT = ["compressed"] * 4 + ["fp32", "compressed", "compressed", "fp16", "fp16", "fp32", "compressed", "fp32",

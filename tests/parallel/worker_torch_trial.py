@@ -21,6 +21,7 @@ import sys
 import horovod.torch as hvd
 import torch
 from harness import report
+from measuring_link import link_report, measuring
 
 import hvd_gradq.torch as gq
 from hvd_gradq.plan import trial as tr
@@ -73,8 +74,12 @@ def trial_mode() -> dict:
         plans.append(comp.trial.plan)
     sys.stderr = stderr
     auto = comp.stats()["auto"]
+    with measuring():  # a compressor whose handshake measures the link rate
+        linked = gq.from_spec("orq")
+        hvd.allreduce(torch.ones(4096), compression=linked, name="link.x")
     return {"plans": plans, "auto": auto, "digest": digest(model), "log": stream.getvalue(),
-            "tensors": {k: v["pattern"] for k, v in comp.stats()["tensors"].items()}}
+            "tensors": {k: v["pattern"] for k, v in comp.stats()["tensors"].items()},
+            "link": link_report(linked.world())}
 
 
 SCRIPT = ["compressed"] * 4 + ["fp32", "compressed", "compressed", "fp16", "compressed", "mixed", "compressed"]
