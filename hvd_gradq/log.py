@@ -107,14 +107,18 @@ def first_step(summary: dict[str, Any], rank: int) -> None:
 
 def trial_done(report: dict[str, Any], rank: int | None = None) -> None:
     """Log what a trial of ``auto``'s plans measured and took (:mod:`hvd_gradq.plan.trial`):
-    each candidate's step, the cost model's seconds for its reductions beside it, the plan."""
+    each candidate's step, the cost model's seconds for its reductions beside it (and where the
+    frontend measured it, what the reductions added after backward), the plan."""
     log = configure(0 if rank is None else rank)
     if not log.isEnabledFor(logging.INFO):
         return
     parts = []
     for plan, c in report["candidates"].items():
         measured = "-" if c["measured_s"] is None else f"{c['measured_s'] * 1e3:.1f} ms"
-        model = "" if c["model_s"] is None else f" (model {c['model_s'] * 1e3:.1f} ms)"
+        notes = [f"{what} {c[k] * 1e3:.1f} ms" for k, what in (("model_s", "model"),
+                                                               ("after_backward_s", "after backward"))
+                 if c.get(k) is not None]
+        model = f" ({'; '.join(notes)})" if notes else ""
         parts.append(f"{plan} {measured}{model}" + (f" [{c['skipped']}]" if c["skipped"] else ""))
     log.info(f"auto, trial {report['trials']}: a step took {'; '.join(parts)} -> plan {report['plan']}: "
              f"{report['why']}; trials so far cost {report['cost_s']:.3g} s, "

@@ -7,9 +7,12 @@ start, the exchange of step times (the frontend's allgather, the maximum over ra
 the handshake is), the process set those times are compared on (the first step's; a step that
 starts on another stops the trial for good, since times of two sets are not one step's), the
 tensors seen while the job warms up (what ``mixed`` picks from, and what the cost model's
-prediction of each plan sums over), the plan's choice for each tensor, and the report."""
+prediction of each plan sums over), the plan's choice for each tensor, and the report, with what
+each tensor's reduction added after backward under each plan where the frontend can say
+(PyTorch: :class:`hvd_gradq.torch.telemetry.Telemetry`; this rank's figures, reported only)."""
 from __future__ import annotations
 
+import statistics
 import time
 from collections.abc import Callable, Hashable
 from typing import Any
@@ -31,6 +34,8 @@ Gather = Callable[[NDArray[Any], Kind, float], NDArray[Any]]
 Model = Callable[[int, int, int, int], Choice]
 #: The cost model's seconds for a tensor of (n, ndim, size, local) under a pattern.
 Price = Callable[[int, int, int, int, Pattern], float]
+#: Tensors the report names under each plan: those whose reductions added the most after backward.
+SLOWEST = 3
 
 
 class Measured:
@@ -41,6 +46,8 @@ class Measured:
         self.off = off
         self.key: Hashable = None  # the process set whose steps are timed
         self.seen: dict[str, tuple[int, int, int, int]] = {}  # name: n, ndim, size, local (while warming)
+        self.after: dict[str, dict[str, list[float]]] = {}  # plan: tensor: seconds after backward, this trial
+        self._after_of = 0  # the trial they belong to
 
     def step(self, key: Hashable, size: int, gather: Gather | None, timeout: float, frontend: str,
              report: Callable[[], dict[str, Any]]) -> None:
@@ -73,6 +80,19 @@ class Measured:
         if before is Phase.TRIAL and t.phase is Phase.CHOSEN:
             log.trial_done(report())
 
+    def after_backward(self, seconds: dict[str, float]) -> None:
+        """A step's seconds each tensor's reduction added after backward ended (this rank's),
+        kept under its plan where the trial timed the step."""
+        t = self.trial
+        plan = None if t is None else t.timing()
+        if t is None or plan is None:
+            return
+        if self._after_of != t.trials:
+            self.after, self._after_of = {}, t.trials
+        kept = self.after.setdefault(plan, {})
+        for name, s in seconds.items():
+            kept.setdefault(name, []).append(s)
+
     def choose(self, name: str | None, n: int, ndim: int, size: int, local: int, model: Choice) -> Choice:
         """Tensor ``name``'s choice under the step's plan, ``model`` being the cost model's."""
         t = self.trial
@@ -103,4 +123,9 @@ class Measured:
         for plan in PLANS:
             predicted[plan] = sum(price(*shape, plan_choice(plan, name, model(*shape), t.large, str).pattern)
                                   for name, shape in self.seen.items())
-        return t.report(predicted)
+        out = t.report(predicted)
+        for plan, c in out["candidates"].items():
+            medians = {k: statistics.median(v) for k, v in self.after.get(plan, {}).items()}
+            c["after_backward_s"] = sum(medians.values()) if medians else None
+            c["slowest"] = sorted(medians.items(), key=lambda kv: -kv[1])[:SLOWEST]
+        return out

@@ -210,6 +210,10 @@ class Trial:
             return self._row(statistics.median(self._window))
         return None
 
+    def timing(self) -> str | None:
+        """The plan whose timed step is running now (None: not a timed step of a trial)."""
+        return self.plan if self.phase is Phase.TRIAL and self._in_plan > self.settle else None
+
     def _row(self, value: float) -> NDArray[np.float64]:
         assert self._t0 is not None and self._last is not None
         return np.array([value, self._last - self._t0, float(self.step)], np.float64)

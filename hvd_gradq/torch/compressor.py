@@ -172,7 +172,8 @@ class GradqCompressor(CompressorCore):
         self._loss_scale = check_loss_scale(loss_scale)
         self._store = TensorStore()
         self.memory = Memory(HOST, self._store, variant=self.policy.feedback)
-        self._telemetry: Telemetry = Telemetry(self._stats, self.world, self.log_every)
+        self._telemetry: Telemetry = Telemetry(self._stats, self.world, self.log_every,
+                                               lambda s: self._measured.after_backward(s))
         self.workers = Workers(min(self.threads, 1))  # the pipelining pool: one worker, or inline
         self._reducer = Reducer(self.scheme, self.policy, seed, self.memory, self._stats, self.workers,
                                 resolve_codec(codec))
@@ -252,8 +253,7 @@ class GradqCompressor(CompressorCore):
         self._reducer.verdicts.compressed()  # read them (at the previous step's last call: waited for)
         group = self._group(site)
         self._check(group)
-        # auto's trial times DistributedOptimizer's steps (plan/trial.py), whatever direct
-        # hvd.allreduce calls (which may run on some ranks only) come between
+        # auto's trial times DistributedOptimizer's steps, whatever direct hvd.allreduce calls come between
         trained = site is not None and site.writes_back
         if trained and not self._trained:
             self.trial_step(group.key, group.size, handshake.gatherer(group))
@@ -317,7 +317,7 @@ class GradqCompressor(CompressorCore):
             self._reducer.verdicts.read()  # a step of fewer compress() calls than the last
             out = tensor.to(ctx.dtype)
             self._check_output(out)
-            return self._telemetry.decompressed(t0, out)
+            return self._telemetry.decompressed(t0, out, ctx.name)
         if not isinstance(ctx, Ctx) or ctx.flow is None:
             raise GradqError("decompress() got a context hvd_gradq did not make")
         # Horovod reduced our [1.0] with this call's op and scale factors (frontend/compressor.py)
@@ -330,7 +330,7 @@ class GradqCompressor(CompressorCore):
             final_scale(view, v, ctx.group.size, in_place=True)
         out = total.reshape(ctx.shape).to(device=ctx.device, dtype=ctx.dtype)
         self._check_output(out)
-        return self._telemetry.decompressed(t0, out)
+        return self._telemetry.decompressed(t0, out, ctx.name)
 
     def _check_output(self, out: torch.Tensor) -> None:
         """A step whose reduced gradients hold NaN/Inf is skipped by GradScaler on every rank

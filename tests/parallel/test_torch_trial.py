@@ -10,6 +10,12 @@ def test_the_trial_ends_with_one_plan_on_every_rank_and_says_what_it_measured() 
     reps = launch("worker_torch_trial.py", np=2, args=["--mode", "trial"], timeout=400)
     a, b = reps[0], reps[1]
     auto = check_trial(a, b)
+    # what each tensor's reduction added after backward, under each plan the trial timed
+    for plan, c in auto["candidates"].items():
+        if c["timed_steps"]:
+            assert c["after_backward_s"] is not None and c["after_backward_s"] > 0, (plan, c)
+            assert c["slowest"] and {k for k, _ in c["slowest"]} <= set(a["tensors"]), (plan, c["slowest"])
+            assert [s for _, s in c["slowest"]] == sorted((s for _, s in c["slowest"]), reverse=True)
     # the tensors' patterns in stats() follow the plan taken
     patterns = set(a["tensors"].values())
     if auto["plan"] == "fp16":

@@ -178,3 +178,46 @@ def test_fp32_wins_where_fp16_is_far_behind() -> None:
     t = sized(Trial(), FEW_LARGE)
     simulate([t], [flat({COMPRESSED: 1.3, FP16: 1.6, MIXED: 1.4, FP32: 1.0})], 60)
     assert t.plan == FP32, t.history
+
+
+def test_what_each_tensor_added_after_backward_is_kept_by_the_plan_that_timed_it(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Issue 34: the trial times whole steps, and where the frontend can say (PyTorch's
+    telemetry) also what each tensor's reduction added after backward: stats()['auto'] gives
+    its sum and the slowest tensors under each plan, from the timed steps only."""
+    from hvd_gradq.frontend import measured as ms
+    from hvd_gradq.plan.decide import Choice
+    from hvd_gradq.plan.pattern import Pattern
+
+    step_s = {COMPRESSED: 0.10, FP16: 0.12, MIXED: 0.11, FP32: 0.125}
+    added = {COMPRESSED: {"a": 0.02, "b": 0.001}, FP16: {"a": 0.03, "b": 0.004}, MIXED: {"a": 0.02, "b": 0.003},
+             FP32: {"a": 0.05, "b": 0.006}}
+    clock = {"now": 0.0}
+    monkeypatch.setattr(ms.time, "perf_counter", lambda: clock["now"])
+    m = ms.Measured(Trial(start=2))
+    model = Choice(Pattern.GATHER, "auto: gather")
+    settle_seen = 0
+    for _ in range(200):
+        m.step("set", 2, lambda row, kind, timeout: row, 60.0, "test", dict)
+        for name, n in (("a", 1 << 20), ("b", 1000), *((f"c{i}", 10) for i in range(4))):
+            m.choose(name, n, 1, 2, 1, model)
+        t = m.trial
+        assert t is not None
+        plan = t.plan
+        timed = t.timing() is not None
+        settle_seen += t.phase is Phase.TRIAL and not timed
+        # a settling step's figures are far off: they must not be kept
+        m.after_backward({k: v if timed else 9.0 for k, v in added[plan].items()})
+        clock["now"] += step_s[plan]
+        if t.phase is Phase.CHOSEN:
+            break
+    assert settle_seen > 0
+    report = m.report(lambda *a: model, lambda *a: 0.0)
+    assert report["phase"] == "chosen"
+    for plan, c in report["candidates"].items():
+        if c["timed_steps"] == 0:
+            assert c["after_backward_s"] is None and c["slowest"] == []
+            continue
+        assert c["after_backward_s"] == pytest.approx(sum(added[plan].values()))
+        assert [k for k, _ in c["slowest"]] == ["a", "b"]
+        assert sum(len(v) for v in m.after[plan].values()) == 2 * c["timed_steps"]
