@@ -5,8 +5,9 @@ decide apart, and the check shows that the agreed maximum makes them decide alik
 from __future__ import annotations
 
 import contextlib
-import os
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
+
+from measuring_link import measuring_with
 
 from hvd_gradq.frontend import probe
 from hvd_gradq.plan.cpu_cost import CAST, Figures
@@ -25,17 +26,10 @@ def figures_of(rank: int) -> Callable[..., Figures]:
     return own
 
 
-@contextlib.contextmanager
-def measured_as(rank: int) -> Iterator[None]:
+def measured_as(rank: int) -> contextlib.AbstractContextManager[None]:
     """Compressors built inside time nothing and "measure" ``rank``'s figures; the harness pins
     the shipped table (``HVD_GRADQ_FIGURES=table``), so the block turns measuring back on."""
-    real, probe.measure = probe.measure, figures_of(rank)
-    os.environ[probe.FIGURES_ENV] = "measure"
-    try:
-        yield
-    finally:
-        probe.measure = real
-        os.environ[probe.FIGURES_ENV] = "table"
+    return measuring_with(figures_of(rank))
 
 
 def alone(spec: str, n: int, rank: int, size: int, local: int, link: float) -> str:
