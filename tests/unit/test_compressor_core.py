@@ -322,8 +322,8 @@ def test_handshake_measures_the_link_where_nobody_gave_one(monkeypatch: pytest.M
     monkeypatch.setenv("HVD_GRADQ_FIGURES", "measure")
     c = Core(ORQ, pattern="auto", check_ranks=False)
     assert c.world()["link"] == "default" and c.world()["link_gbps"] == DEFAULT_LINK_GBPS
-    # a peer whose calls take 50 ms more, its 1 MiB payloads at 0.2 Gbit/s: slower than this one's
-    slow = np.array([0.05, 0.05 + link.LARGE * 8 / 0.2e9])
+    # a peer whose calls take 5 ms more, its 1 MiB payloads at 0.2 Gbit/s: slower than this one's
+    slow = np.array([0.005, 0.005 + link.LARGE * 8 / 0.2e9])
     ranks = Ranks({Kind.LINK: [slow]})
     c.handshake("", 2, 1, ranks, lambda x: x)
     assert ranks.kinds[:2] == [Kind.CONFIG, Kind.CPU] and set(ranks.kinds[2:]) == {Kind.LINK}
