@@ -67,6 +67,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     ap.add_argument("--seq", type=int, default=None, help="BERT sequence length (128)")
     ap.add_argument("--layers", type=int, default=None, help=f"BERT encoder layers ({catalog.BERT_LAYERS}; fewer "
                     "for speed on a small machine)")
+    ap.add_argument("--link-rate", choices=["measured", "given"], default="measured",
+                    help="emulated links: auto measures the rate at its first step, as in a user's job (default), "
+                         "or is told it (HVD_GRADQ_LINK_GBPS)")
     ap.add_argument("--seed", type=int, default=catalog.RUN["seed"])
     ap.add_argument("--lr", type=float, default=catalog.RUN["lr"])
     ap.add_argument("--quick", action="store_true", help="smoke run: " + ", ".join(f"{k}={v}" for k, v in QUICK.items())
@@ -156,13 +159,16 @@ def launch_loopback(argv: list[str], timeout: float, log: IO[str]) -> str | None
     return None if code == 0 else f"horovodrun exited with {code}: {''.join(tail)[-1500:]}"
 
 
-def launch_emulated(argv: list[str], rate: str, timeout: float, log: IO[str]) -> str | None:
-    """2 emulated hosts with links shaped to ``rate`` (root); None, or why it failed."""
+def launch_emulated(argv: list[str], rate: str, timeout: float, log: IO[str], given: bool) -> str | None:
+    """2 emulated hosts with links shaped to ``rate`` (root); None, or why it failed. ``given``:
+    auto's cost model is told the rate (``HVD_GRADQ_LINK_GBPS``), else it measures it."""
     from bench import netemu
 
     env = run_env()
+    env.pop("HVD_GRADQ_LINK_GBPS", None)
     with netemu.EmulatedCluster(2, rate=rate) as c:
-        env["HVD_GRADQ_LINK_GBPS"] = f"{c.rate_bps / 1e9:g}"  # auto's cost model told the link, as a user would
+        if given:
+            env["HVD_GRADQ_LINK_GBPS"] = f"{c.rate_bps / 1e9:g}"
         res = c.run(argv, env=env, timeout=timeout, cwd=str(ROOT), echo=log)
     return None if res.ok else f"{res.error}\n{res.summary(1500)}"
 
@@ -175,7 +181,7 @@ def run_one(args: argparse.Namespace, link: str, threads: str, log: IO[str]) -> 
         argv = worker_argv(args, threads, result)
         log.write(f"\n=== {link}, threads {threads}: {shlex.join(argv)}\n")
         error = (launch_loopback(argv, args.timeout, log) if link == "loopback"
-                 else launch_emulated(argv, link, args.timeout, log))
+                 else launch_emulated(argv, link, args.timeout, log, args.link_rate == "given"))
         if error is None and not result.exists():
             error = "rank 0 wrote no result"
         if error is None:
@@ -203,7 +209,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
     given = list(sys.argv[1:] if argv is None else argv)
     doc: dict[str, Any] = {
-        "model": args.model, "framework": args.framework, "note": args.note,
+        "model": args.model, "framework": args.framework, "note": args.note, "link_rate": args.link_rate,
         "command": ("sudo " if emulated else "") + ".venv/bin/python bench/models/bench_models.py " + shlex.join(given),
         "date": datetime.datetime.now().astimezone().strftime("%Y-%m-%d %H:%M %Z"),
         "machine": f"{os.cpu_count()} cores, {platform.machine()}, Python {platform.python_version()}",

@@ -107,7 +107,10 @@ def markdown(doc: dict[str, Any]) -> str:
             "",
             "Links: **loopback** is `horovodrun --gloo -np 2` on this host (Gloo over TCP on loopback, no limit); "
             "**100mbit** and **1gbit** are 2 emulated hosts (`bench/netemu/`: network namespaces, each link "
-            "shaped by `tc tbf` both ways), one rank each, `HVD_GRADQ_LINK_GBPS` set to the rate. Threads: "
+            "shaped by `tc tbf` both ways), one rank each, "
+            + ("`HVD_GRADQ_LINK_GBPS` set to the rate" if doc.get("link_rate", "given") == "given" else
+               "the link rate measured by `auto` at its first step, as in a user's job (each compressor's "
+               "figure below its launch's table)") + ". Threads: "
             "**default** leaves `OMP_NUM_THREADS` unset, the frameworks' defaults.",
             "",
         ]
@@ -145,6 +148,10 @@ def _run_section(run: dict[str, Any], unit: str) -> list[str]:
         lines.append(f"| {spec} | {row['per_s']:.1f} ({row['min']:.1f}-{row['max']:.1f}) | {_ratio(row['vs_fp16'])} "
                      f"| {_ratio(row['vs_fp32'])} | {_ratio(b)} | {'-' if c is None else f'{1e3 * c:.0f}'} "
                      f"| {'yes' if row['ranks_equal'] else '**NO**'} |")
+    links = [f"{spec}: {c['link']}" for spec, c in r["compressions"].items() if c.get("link")]
+    if links:
+        lines += ["", "The link rate each compressor's cost model priced with (`stats()['world']`): " + "; ".join(links)
+                  + "."]
     return [*lines, "", *_auto_section(r)]
 
 

@@ -105,6 +105,15 @@ def auto_of(tr: Any) -> dict[str, Any] | None:
     return report if report.get("plan") else None
 
 
+def link_of(tr: Any) -> str | None:
+    """The link rate a compressor's cost model priced with and where it came from
+    (``stats()['world']``: ``measured: ...``, ``given`` or ``default``), or None."""
+    if tr.compressor is None:
+        return None
+    world = tr.compressor.stats().get("world", {})
+    return f"{world['link_gbps']:.3g} Gbit/s, {world['link']}" if "link" in world else None
+
+
 def run(fw: Any, args: argparse.Namespace) -> dict[str, Any]:
     """The benchmark on this rank (``fw``: :mod:`trainer_torch` or :mod:`trainer_tf`); the raw result."""
     rank, size = fw.init()
@@ -143,7 +152,7 @@ def run(fw: Any, args: argparse.Namespace) -> dict[str, Any]:
                       "bytes_vs_fp32": (float(tr.compressor.stats()["total"]["all"]["ratio_vs_fp32"])
                                         if tr.compressor is not None else None),
                       "compressor_s_a_step": float(spent[i]) if tr.compressor is not None else None,
-                      "auto": auto_of(tr), "trial_steps": trial_steps[tr.spec]}
+                      "auto": auto_of(tr), "trial_steps": trial_steps[tr.spec], "link": link_of(tr)}
             for i, tr in enumerate(trainers)
         },
     }

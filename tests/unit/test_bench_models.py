@@ -130,6 +130,12 @@ def test_report_has_the_summary_each_run_and_says_when_ranks_differ_or_a_run_fai
     assert "| fp16 | 80.0 (80.0-80.0) | 1.00x | - | - | - | yes |" in text  # Horovod's own: no compressor time
     assert "## 1gbit, OMP_NUM_THREADS=1" in text and "Failed: timeout after 5 s" in text
     assert "RANKS DIFFER" in models_report.progress_line(ok) and "FAILED" in models_report.progress_line(bad)
+    assert "`HVD_GRADQ_LINK_GBPS` set to the rate" in text  # a report from before the rate was measured
+    # the rate measured on emulated links (the default): the report says so, and what each compressor priced with
+    ok["result"]["compressions"]["orq"]["link"] = "0.941 Gbit/s, measured: 0.941 Gbit/s (allgather ...)"
+    text = models_report.markdown({**doc, "link_rate": "measured"})
+    assert "the link rate measured by `auto` at its first step" in text and "HVD_GRADQ_LINK_GBPS" not in text
+    assert "priced with (`stats()['world']`): orq: 0.941 Gbit/s, measured: 0.941 Gbit/s (allgather ...)." in text
 
 
 def test_driver_flags_quick_defaults_fp16_added_and_bad_input_refused(tmp_path: Path) -> None:
@@ -142,6 +148,7 @@ def test_driver_flags_quick_defaults_fp16_added_and_bad_input_refused(tmp_path: 
     full = bench_models.parse_args(["--model", "bert", "--framework", "tf"])
     assert full.links == ["100mbit", "1gbit", "loopback"] and full.threads == ["default", "1"]
     assert full.batch == 8 and full.compressions == ["fp32", "fp16", "orq", "bingrad"]
+    assert full.link_rate == "measured" and bench_models.parse_args(["--link-rate", "given"]).link_rate == "given"
     assert full.out == ROOT / "results" / "models" / "bert_tf.md"
     argv = bench_models.worker_argv(args, "default", tmp_path / "r.json")
     assert argv[:3] == ["env", "-u", "OMP_NUM_THREADS"] and "fp16;orq" in argv
