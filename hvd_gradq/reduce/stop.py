@@ -57,6 +57,18 @@ _PEER = {
     Stop.ERROR: "stopped with an error on this gradient (that rank's error says which)",
 }
 
+def plain_nonfinite(name: str, how: str) -> NonFiniteError:
+    """The error every rank raises under ``nonfinite=raise`` when a tensor that Horovod's own
+    allreduce reduced (``how``: which, and why this tensor went so) came back holding NaN/Inf.
+    The sum carries any rank's NaN/Inf to every rank, bit for bit, so every rank raises it alike;
+    which rank held them is not known there (a compressed tensor's stop names the rank)."""
+    return NonFiniteError(
+        f"{name}: the sum over ranks holds non-finite values (NaN/Inf) and nonfinite=raise: some rank's gradient "
+        f"held them (or overflowed fp16's range), and this tensor went through {how}, which carries them to every "
+        "rank, so every rank stops here. Find where the gradient overflows (a smaller learning rate or loss scale), "
+        "or set nonfinite=propagate to carry them through as Horovod does (GradScaler then skips the step)")
+
+
 def stopped(name: str, stops: dict[int, Stop]) -> GradqError:
     """The error a rank raises when peers stopped on a gradient: ``stops`` maps each such rank to
     why. A NonFiniteError if any had NaN/Inf, a RangeError if any had a value too large, else a

@@ -30,6 +30,9 @@ from types import FrameType
 from typing import Any
 
 import horovod.torch as hvd
+import torch
+
+from ..errors import GradqError
 
 
 @dataclass(frozen=True)
@@ -93,3 +96,26 @@ def inspect_call(depth: int = 2) -> CallSite | None:
         kind = "allreduce" if code == "allreduce" else "reducescatter"
         return CallSite(kind, _op_of(local), local.get("process_set"), local.get("name"))
     return None
+
+
+def refuse(site: CallSite | None, tensor: Any) -> None:
+    """Raise for a call hvd_gradq cannot serve (an error that says what to use instead): Adasum
+    (which reduces parameters, ``tensor`` a ``Parameter``), reducescatter, and ops other than
+    Average and Sum."""
+    if isinstance(tensor, torch.nn.Parameter) or (site is not None and site.kind == "adasum") or (
+        site is not None and site.op == hvd.Adasum
+    ):
+        raise GradqError(
+            "hvd_gradq compressors do not support op=hvd.Adasum (it reduces parameter deltas "
+            "pairwise, which quantized payloads cannot be); use op=hvd.Average or hvd.Sum"
+        )
+    if site is not None and site.kind == "reducescatter":
+        raise GradqError(
+            "hvd_gradq compressors serve allreduce (DistributedOptimizer, hvd.allreduce); "
+            "hvd.reducescatter with compression= is not supported: use Compression.none there"
+        )
+    if site is not None and site.op not in (hvd.Average, hvd.Sum):
+        raise GradqError(
+            f"hvd_gradq compressors support op=hvd.Average and hvd.Sum only (got op={site.op}): "
+            "quantized payloads are summed, not min/max/product-reduced"
+        )

@@ -35,11 +35,11 @@ forward pass; the rank that found it raises at that tensor's ``decompress()``, t
 the next step's ``compress()`` calls, all with the same :class:`~hvd_gradq.errors.CorruptionError`
 (after the last step, :meth:`GradqCompressor.check_last_step` reads it).
 
-**Non-finite values** follow the policy's ``nonfinite`` option (:mod:`hvd_gradq.policy`); the
-default ``propagate`` carries NaN/Inf to every rank as stock Horovod does, so ``GradScaler`` skips
-the step everywhere. Error feedback (:mod:`.feedback`) keeps its residuals in unscaled units
-(``loss_scale=``) and rolls back what a step wrote when that step's reduced gradients were not
-finite.
+**Non-finite values** follow the policy's ``nonfinite`` option (:mod:`hvd_gradq.policy`; under
+``raise``, tensors Horovod reduces itself are checked by :mod:`.plain_check`); the default
+``propagate`` carries NaN/Inf to every rank as stock Horovod does, so ``GradScaler`` skips the step
+everywhere. Error feedback keeps its residuals in unscaled units (``loss_scale=``) and rolls back
+what a step wrote when that step's reduced gradients were not finite.
 """
 
 from __future__ import annotations
@@ -67,11 +67,12 @@ from ..reduce import Group
 from ..schemes.scheme import Scheme
 from ..spec import Config
 from . import checkpoint, handshake, resume
-from .callsite import CallSite, inspect_call
+from .callsite import CallSite, inspect_call, refuse
 from .context import Ctx, Pass
 from .device import resolve_codec
 from .elastic import Elastic, register
 from .ops import HOST, all_finite
+from .plain_check import PlainCheck
 from .reduce import Reducer
 from .store import LossScale, TensorStore, check_loss_scale, read_loss_scale
 from .telemetry import Telemetry
@@ -172,8 +173,8 @@ class GradqCompressor(CompressorCore):
         self._loss_scale = check_loss_scale(loss_scale)
         self._store = TensorStore()
         self.memory = Memory(HOST, self._store, variant=self.policy.feedback)
-        self._telemetry: Telemetry = Telemetry(self._stats, self.world, self.log_every,
-                                               lambda s: self._measured.after_backward(s))
+        self._plain = PlainCheck(self.policy)
+        self._telemetry: Telemetry = Telemetry(self._stats, self.world, self.log_every, self._step_end)
         self.workers = Workers(min(self.threads, 1))  # the pipelining pool: one worker, or inline
         self._reducer = Reducer(self.scheme, self.policy, seed, self.memory, self._stats, self.workers,
                                 resolve_codec(codec))
@@ -211,26 +212,6 @@ class GradqCompressor(CompressorCore):
             raise GradqError(f"this rank ({hvd.rank()}) is not in {ps}, the process set of this reduction")
         return Group(member.rank, member.size, f"{self._elastic.prefix()}ps{ps.process_set_id}.", 1, ps)
 
-    @staticmethod
-    def _refuse(site: CallSite | None, tensor: torch.Tensor) -> None:
-        if isinstance(tensor, torch.nn.Parameter) or (site is not None and site.kind == "adasum") or (
-            site is not None and site.op == hvd.Adasum
-        ):
-            raise GradqError(
-                "hvd_gradq compressors do not support op=hvd.Adasum (it reduces parameter deltas "
-                "pairwise, which quantized payloads cannot be); use op=hvd.Average or hvd.Sum"
-            )
-        if site is not None and site.kind == "reducescatter":
-            raise GradqError(
-                "hvd_gradq compressors serve allreduce (DistributedOptimizer, hvd.allreduce); "
-                "hvd.reducescatter with compression= is not supported: use Compression.none there"
-            )
-        if site is not None and site.op not in (hvd.Average, hvd.Sum):
-            raise GradqError(
-                f"hvd_gradq compressors support op=hvd.Average and hvd.Sum only (got op={site.op}): "
-                "quantized payloads are summed, not min/max/product-reduced"
-            )
-
     def _check(self, group: Group) -> None:
         """The handshake (:meth:`CompressorCore.handshake`, over :mod:`.handshake`'s allgather),
         before anything depends on the configuration."""
@@ -242,12 +223,13 @@ class GradqCompressor(CompressorCore):
         t0 = time.perf_counter()  # stats: the training thread's time in here
         check_tensor(tensor, "hvd_gradq.torch")  # before Horovod: a TF tensor means the wrong frontend
         site = inspect_call()
-        self._refuse(site, tensor)
+        refuse(site, tensor)
         if self._decompressing:  # the first compress() after a decompress(): a new step
             self._elastic.begin_step()  # an elastic reset: a new generation, decisions made again
             self._reducer.begin_step()  # the previous step's verdicts (.verdict), after any reset
             self._decompressing = False
             self._telemetry.begin_step()
+            self._plain.begin_step()
             self.memory.begin_step(read_loss_scale(self._loss_scale))
             self._resume.begin_step(self._steps)
         self._reducer.verdicts.compressed()  # read them (at the previous step's last call: waited for)
@@ -290,7 +272,8 @@ class GradqCompressor(CompressorCore):
                 tensor = self._flushed(name, tensor, group)
             out = tensor.to(torch.float16) if pattern is Pattern.FP16 else (
                 tensor.to(torch.float32) if tensor.dtype == torch.bfloat16 else tensor)
-            return self._telemetry.compressed(t0, (out, Pass(name, tensor.dtype)))
+            how = f"Horovod's own {'fp16' if pattern is Pattern.FP16 else 'fp32'} allreduce ({choice.why})"
+            return self._telemetry.compressed(t0, (out, Pass(name, tensor.dtype, how)))
         x = tensor.detach().reshape(-1).to(torch.float32)  # its residual is added as the pattern starts
         ctx = Ctx(name, step, tensor.shape, tensor.dtype, tensor.device, group, choice)
         # where Horovod sets the gradient to the result, the result goes into the gradient's own
@@ -317,6 +300,7 @@ class GradqCompressor(CompressorCore):
             self._reducer.verdicts.read()  # a step of fewer compress() calls than the last
             out = tensor.to(ctx.dtype)
             self._check_output(out)
+            self._plain.saw(out, ctx)
             return self._telemetry.decompressed(t0, out, ctx.name)
         if not isinstance(ctx, Ctx) or ctx.flow is None:
             raise GradqError("decompress() got a context hvd_gradq did not make")
@@ -331,6 +315,12 @@ class GradqCompressor(CompressorCore):
         out = total.reshape(ctx.shape).to(device=ctx.device, dtype=ctx.dtype)
         self._check_output(out)
         return self._telemetry.decompressed(t0, out, ctx.name)
+
+    def _step_end(self, added: dict[str, float]) -> None:
+        """The step's last ``decompress()`` (:class:`.telemetry.Telemetry`): ``added``, each tensor's
+        seconds after backward, for ``auto``'s trial; a non-finite sum under ``nonfinite=raise``."""
+        self._measured.after_backward(added)
+        self._plain.end_of_step()
 
     def _check_output(self, out: torch.Tensor) -> None:
         """A step whose reduced gradients hold NaN/Inf is skipped by GradScaler on every rank

@@ -23,6 +23,7 @@ class Pass:
 
     name: str
     dtype: torch.dtype
+    how: str = "Horovod's own allreduce"  # which, and why: what an error about its sum says
 
 
 @dataclass

@@ -74,6 +74,26 @@ def test_nonfinite_on_one_rank_stops_every_rank_gather(threads: str) -> None:
     assert re.match(r"4\.weight: rank\(s\) \[1\] had non-finite values \(NaN/Inf\) in this gradient", e0), e0
 
 
+def test_nonfinite_raise_covers_what_horovod_reduces_itself() -> None:
+    """nonfinite=raise for tensors handed to Horovod's own allreduce (a tiny bias; every tensor
+    under warmup): no encoder sees this rank's NaN, the sum carries it to every rank, and every
+    rank raises the same error at the step's end, before the optimizer applies it. The default
+    (propagate) applies the NaN, as stock Horovod does."""
+    reps = launch("worker_torch_hardening.py", np=2, args=["--mode", "plain"], timeout=200)
+    for r in (0, 1):
+        cases = reps[r]["plain"]
+        for label, how in (("raise", "fp32 allreduce"), ("warmup", "fp32 allreduce")):
+            c = cases[label]
+            assert c["error"].startswith(f"{label}.4.bias: the sum over ranks holds non-finite values (NaN/Inf) and "
+                                         "nonfinite=raise"), (r, label, c)
+            assert f"Horovod's own {how}" in c["error"] and "nonfinite=propagate" in c["error"], (r, label, c)
+            assert c["unchanged"] and c["finite"], (r, label, c)
+            assert c["error"] == reps[1 - r]["plain"][label]["error"]  # every rank alike
+        assert cases["raise"]["decided"]["raise.4.weight"] not in ("fp32", "fp16")  # compressed beside it
+        assert cases["raise"]["decided"]["raise.4.bias"] == "fp32"
+        assert cases["propagate"]["error"] == "" and not cases["propagate"]["finite"], (r, cases["propagate"])
+
+
 def test_nonfinite_on_one_rank_stops_every_rank_summable() -> None:
     """summable (QSGD, pattern=summable): rank 1 sends +inf statistics; both ranks launch the
     lanes and raise hvd_gradq's error at the same tensor, rank 1 saying it held the NaN, rank 0

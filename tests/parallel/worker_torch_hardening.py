@@ -192,6 +192,36 @@ elif args.mode == "nonfinite":
         out["error"] = str(e)
     except RuntimeError as e:  # the rank that raised first may end Horovod before this one decodes
         out["error"] = "RuntimeError: " + str(e)
+elif args.mode == "plain":
+    # nonfinite=raise for tensors Horovod's own allreduce reduces (hvd_gradq/torch/plain_check.py):
+    # NaN in rank 1's 4.bias alone (3 elements: Horovod's fp32 allreduce; 4.weight and the others
+    # compressed), by a hook on that parameter for one step; under warmup every tensor goes as
+    # Horovod's fp32; the default nonfinite=propagate carries it, as stock Horovod does
+    cases = {}
+    for label, spec in (("raise", "orq:levels=5,nonfinite=raise"), ("warmup", "orq:levels=5,nonfinite=raise,warmup=5"),
+                        ("propagate", "orq:levels=5")):
+        model, opt, comp = model_and_opt(spec, prefix=label + ".")
+        hvd.broadcast_parameters(model.state_dict(), root_rank=0)
+        run(model, opt, 0, 2)
+        hook = model[4].bias.register_hook(lambda g: g + float("nan")) if rank == 1 else None
+        before = digest(model)
+        x, y = data(3)
+        res = {"error": ""}
+        try:
+            opt.zero_grad()
+            torch.nn.functional.cross_entropy(model(x), y).backward()
+            opt.step()
+        except hvd_gradq.NonFiniteError as e:
+            res["error"] = str(e)
+        except RuntimeError as e:  # Horovod's own error: what must not happen
+            res["error"] = "RuntimeError: " + str(e)
+        if hook is not None:
+            hook.remove()
+        res["unchanged"] = digest(model) == before  # the optimizer did not apply the step
+        res["finite"] = all(bool(torch.isfinite(p).all()) for p in model.parameters())
+        res["decided"] = {k: v["pattern"] for k, v in comp.stats()["tensors"].items()}
+        cases[label] = res
+    out["plain"] = cases
 elif args.mode == "range":
     # 2e38 is finite in float32 and beyond 2**127 (~1.7e38), the limit of ORQ's and QSGD's ranges
     for spec, pattern in (("orq:levels=5", "gather"), ("qsgd:levels=4", "summable"), ("orq:levels=5", "scatter")):
