@@ -350,7 +350,7 @@ class GradqCompressor(tf.Module, CompressorCore):  # type: ignore[misc]
         else:
             index = tf.cast(step >= self.policy.warmup, tf.int32)
         ctx.total, one, ctx.x, ctx.own = (tf.ensure_shape(t, s) for t, s in zip(
-            switch.case(index, branches), ((ctx.n,), (1,), (ctx.n,), (ctx.n,)), strict=True))
+            tf.switch_case(index, branches), ((ctx.n,), (1,), (ctx.n,), (ctx.n,)), strict=True))
         ctx.warm = tf.equal(index, switch.WARM)
         return one if switch.operand_carries_nan(self.scheme, self.policy) else self._host.one(), ctx
 

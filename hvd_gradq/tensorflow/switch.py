@@ -56,12 +56,6 @@ Where Horovod's ``[1.0]`` carries another rank's NaN (:func:`operand_carries_nan
 ``decompress()`` knows whether the step's result is finite: there the residual is kept there,
 and an fp16/fp32 step always flushes.
 
-**A function call, not Switch/Merge** (:func:`case`). TensorFlow lowers a ``tf.switch_case`` in
-a traced function to Switch/Merge ops, where every op of every branch not taken still passes a
-dead tensor through the executor at every step: the COMPRESSED branch is hundreds of ops, the
-flushing branches a dozen, so an fp16/fp32 step paid for all of them, in every switched gradient.
-Kept as a ``Case`` op, only the chosen branch's function runs.
-
 **Bytes**: the callback counts each gradient's steps by branch, and the telemetry prices each
 branch's steps with that branch's bytes (:meth:`Switch.rows`); a warm-up step counts as the
 compressed branch, as in a gradient that is not switched (its static bytes times its steps).
@@ -77,7 +71,6 @@ from typing import Any
 import horovod.tensorflow as hvd
 import numpy as np
 import tensorflow as tf
-from tensorflow.python.ops import control_flow_switch_case
 
 from ..feedback import Memory
 from ..frontend.compressor import CompressorCore, Gather
@@ -100,14 +93,6 @@ _OF = {Pattern.FP16: FP16, Pattern.FP32: FP32}
 _PLAIN = {FP16: PLAIN16, FP32: PLAIN32}
 #: What each branch's bytes are priced as (a plain step sends what its flushing twin sends).
 _PRICED = {WARM: COMPRESSED, COMPRESSED: COMPRESSED, FP16: FP16, FP32: FP32, PLAIN16: FP16, PLAIN32: FP32}
-
-
-def case(index: Any, branches: Sequence[Callable[[], Any]]) -> Any:
-    """``tf.switch_case(index, branches)``, kept a ``Case`` op that calls the chosen branch's
-    function (module docstring: not lowered to Switch/Merge, whose branches not taken cost every
-    step). Eager, it runs the branch directly, as ``tf.switch_case`` does."""
-    return control_flow_switch_case._indexed_case_helper(list(branches), None, index, "switch_case",
-                                                         lower_using_switch_merge=False)
 
 
 def operand_carries_nan(scheme: Scheme, policy: Policy) -> bool:
