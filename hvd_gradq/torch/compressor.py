@@ -299,8 +299,7 @@ class GradqCompressor(CompressorCore):
         if isinstance(ctx, Pass):
             self._reducer.verdicts.read()  # a step of fewer compress() calls than the last
             out = tensor.to(ctx.dtype)
-            self._check_output(out)
-            self._plain.saw(out, ctx)
+            self._check_output(out, ctx)
             return self._telemetry.decompressed(t0, out, ctx.name)
         if not isinstance(ctx, Ctx) or ctx.flow is None:
             raise GradqError("decompress() got a context hvd_gradq did not make")
@@ -322,11 +321,17 @@ class GradqCompressor(CompressorCore):
         self._measured.after_backward(added)
         self._plain.end_of_step()
 
-    def _check_output(self, out: torch.Tensor) -> None:
+    def _check_output(self, out: torch.Tensor, plain: Pass | None = None) -> None:
         """A step whose reduced gradients hold NaN/Inf is skipped by GradScaler on every rank
-        (every rank sees the same bits): the residuals it wrote are rolled back."""
-        if self.policy.ef and out.is_floating_point() and not all_finite(out):
-            self.memory.rollback()
+        (every rank sees the same bits): the residuals it wrote are rolled back; and under
+        ``nonfinite=raise`` the sum of a tensor Horovod reduced itself (``plain``) is noted, to be
+        raised at the step's end (:mod:`.plain_check`). One compiled pass over ``out`` for both."""
+        watched = self.policy.ef or (plain is not None and self._plain.on)
+        if watched and out.is_floating_point() and not all_finite(out):
+            if self.policy.ef:
+                self.memory.rollback()
+            if plain is not None:
+                self._plain.saw(plain)
 
     # -- state ----------------------------------------------------------------------------------
     def state_dict(self, all_ranks: bool = False, timeout: float | None = checkpoint.STATE_TIMEOUT) -> dict[str, Any]:

@@ -3,23 +3,21 @@
 
 A compressed tensor's encoder sees this rank's NaN/Inf before anything is sent, and the stop
 protocol (:mod:`hvd_gradq.reduce.stop`) tells every rank which rank held them. A tensor handed
-to Horovod as it is has no encoder: only its sum shows them, and a sum carries any rank's NaN/Inf
-to every rank, bit for bit. So each such sum is checked as ``decompress()`` returns it (one
-compiled pass over it, :func:`.ops.all_finite`), and the first that fails is raised at the
-step's last ``decompress()``: every rank then raises alike, before the optimizer applies the
-step; and where a compressed tensor of the same step stopped, its error (which names the rank)
-is the one raised, since it comes first or at the same call. Off unless ``nonfinite=raise``: the
-default ``propagate`` leaves the sums to the user's ``GradScaler``, as stock Horovod does.
+to Horovod as it is has no encoder: only its sum shows them, and a sum carries any rank's
+NaN/Inf to every rank, bit for bit. So each such sum is checked as ``decompress()`` returns it
+(the compressor's one compiled pass over it, which error feedback's rollback reads too), and the
+first that fails is raised at the step's last ``decompress()``: every rank then raises alike,
+before the optimizer applies the step; and where a compressed tensor of the same step stopped,
+its error (which names the rank) is the one raised, since it comes first or at the same call.
+Off unless ``nonfinite=raise``: the default ``propagate`` leaves the sums to the user's
+``GradScaler``, as stock Horovod does.
 """
 from __future__ import annotations
-
-import torch
 
 from ..policy import Policy
 from ..reduce.stop import plain_nonfinite
 from ..schemes.options import NonFinite
 from .context import Pass
-from .ops import all_finite
 
 
 class PlainCheck:
@@ -32,9 +30,9 @@ class PlainCheck:
     def begin_step(self) -> None:
         self._first = None  # a step that stopped on another error: nothing of it is raised later
 
-    def saw(self, out: torch.Tensor, ctx: Pass) -> None:
-        """``out``, the sum ``ctx``'s tensor came back as."""
-        if self.on and self._first is None and out.is_floating_point() and not all_finite(out):
+    def saw(self, ctx: Pass) -> None:
+        """``ctx``'s tensor came back as a sum holding NaN/Inf."""
+        if self.on and self._first is None:
             self._first = ctx
 
     def end_of_step(self) -> None:
